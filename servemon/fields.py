@@ -1,0 +1,59 @@
+"""Validate configuration mappings (YAML, JSON, flags) into frozen dataclasses.
+
+Validation happens at the edges only. :func:`load` turns a mapping into a dataclass
+through pydantic and reports the first problem as one line naming the source and the
+dotted field. This module imports nothing of servemon's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pydantic
+import yaml
+
+from servemon.errors import ConfigError
+
+__all__ = ["FORBID_EXTRA", "load", "read_yaml"]
+
+#: Put ``__pydantic_config__ = FORBID_EXTRA`` in a config dataclass to reject
+#: unknown fields.
+FORBID_EXTRA = pydantic.ConfigDict(extra="forbid")
+
+T = TypeVar("T")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML file whose top level is a mapping; an empty file is ``{}``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}:{where}: {problem}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: expected a mapping at the top level, got {type(data).__name__}"
+        )
+    return data
+
+
+def load(cls: type[T], data: Mapping[str, Any], source: str) -> T:
+    """Build ``cls`` (a dataclass) from ``data``; raise a one-line ConfigError."""
+    try:
+        return pydantic.TypeAdapter(cls).validate_python(dict(data))
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        got = first.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        raise ConfigError(f"{source}: {where}: {first['msg']}{shown}") from None

@@ -1,0 +1,14 @@
+"""A simulated vLLM endpoint: OpenAI API, vLLM-named ``/metrics``, an engine model.
+
+The engine model (:mod:`simulator.engine`) does continuous batching with chunked
+prefill over a paged KV cache with prefix caching (:mod:`simulator.kvcache`), and
+steps in real time with a cost model (:mod:`simulator.profiles`). The HTTP face is
+:mod:`simulator.server`; the metric names per dialect are in :mod:`simulator.metrics`.
+"""
+
+from simulator.config import Faults, SimConfig
+from simulator.engine import Engine
+from simulator.profiles import Profile
+from simulator.server import SimServer
+
+__all__ = ["Engine", "Faults", "Profile", "SimConfig", "SimServer"]

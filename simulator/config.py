@@ -1,0 +1,92 @@
+"""The simulator's configuration: engine arguments, faults, and the server's face.
+
+Every field can come from a YAML file (``servemon sim --config sim.yaml``) and from a
+flag; flags win. :class:`Faults` can also be changed while the simulator runs
+(``PUT /sim/config``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge, Gt, Le
+
+from servemon.errors import ConfigError
+from servemon.fields import FORBID_EXTRA, load
+
+__all__ = ["DIALECTS", "Faults", "SimConfig", "merge"]
+
+Fraction = Annotated[float, Ge(0), Le(1)]
+Seconds = Annotated[float, Ge(0)]
+
+Dialect = Literal["vllm", "vllm-0.10", "vllm-0.8", "vllm-v0", "sglang"]
+DIALECTS: tuple[str, ...] = ("vllm", "vllm-0.10", "vllm-0.8", "vllm-v0", "sglang")
+MetricsFault = Literal["ok", "garbage", "hang", "503"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Faults:
+    """Misbehaviour to inject; everything is off by default."""
+
+    __pydantic_config__ = FORBID_EXTRA
+
+    http_500_fraction: Fraction = 0.0
+    http_503_fraction: Fraction = 0.0
+    cut_stream_fraction: Fraction = 0.0
+    malformed_sse_fraction: Fraction = 0.0
+    first_token_stall_s: Seconds = 0.0
+    slow_headers_s: Seconds = 0.0
+    metrics: MetricsFault = "ok"
+    role_chunk: bool = True
+    role_chunk_delay_s: Seconds = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimConfig:
+    """Everything ``servemon sim`` takes."""
+
+    __pydantic_config__ = FORBID_EXTRA
+
+    host: str = "127.0.0.1"
+    port: Annotated[int, Ge(0), Le(65535)] = 8000
+    profile: str = "qwen3-0.6b-eager"
+    served_model_name: str | None = None
+    max_num_seqs: Annotated[int, Ge(1)] = 256
+    max_num_batched_tokens: Annotated[int, Ge(1)] = 2048
+    num_gpu_blocks: Annotated[int, Ge(1)] | None = None
+    block_size: Annotated[int, Ge(1)] | None = None
+    max_model_len: Annotated[int, Ge(2)] | None = None
+    enable_prefix_caching: bool = True
+    eos_probability: Fraction | None = None
+    speed: Annotated[float, Gt(0)] = 1.0
+    metrics_dialect: Dialect = "vllm"
+    seed: int = 0
+    trace: str | None = None
+    faults: Faults = field(default_factory=Faults)
+
+
+def merge(base: SimConfig, overrides: Mapping[str, Any], source: str) -> SimConfig:
+    """``base`` with ``overrides`` applied (``None`` values are ignored).
+
+    ``overrides`` may hold top-level fields and a ``faults`` mapping; the result is
+    validated again, and a problem is reported against ``source``.
+    """
+    data = dataclasses.asdict(base)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "faults":
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{source}: faults: expected a mapping")
+            unknown = set(value) - {f.name for f in dataclasses.fields(Faults)}
+            if unknown:
+                raise ConfigError(f"{source}: faults.{sorted(unknown)[0]}: unknown field")
+            data["faults"].update({k: v for k, v in value.items() if v is not None})
+        elif key not in data:
+            raise ConfigError(f"{source}: {key}: unknown field")
+        else:
+            data[key] = value
+    return load(SimConfig, data, source)

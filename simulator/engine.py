@@ -1,0 +1,347 @@
+"""The engine model: continuous batching over a paged KV cache, stepped in real time.
+
+One step, as vLLM's V1 scheduler does it:
+
+1. Running requests first, oldest first: each gets the tokens it still needs (the
+   rest of its prefill, chunked to the step's token budget, or one decode token). If
+   the KV pool cannot hold them, the newest running request is preempted back to the
+   front of the queue (its blocks freed; it will recompute), until it fits.
+2. If nothing was preempted, waiting requests are admitted while there is budget and
+   a free sequence slot: prefix-cache hits are looked up, the rest is prefilled.
+3. The step lasts as long as the profile's cost model says; then every request that
+   has caught up with its tokens samples one output token.
+
+The engine never touches the network: the HTTP layer adds requests, reads the pieces
+they produce (:attr:`Request.pieces`, woken by :attr:`Request.wakeup`), and aborts
+them when a client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from simulator.kvcache import BlockPool, prompt_block_hashes
+from simulator.profiles import Profile
+from simulator.stats import EngineStats
+from simulator.tokenizer import WordTokenizer
+
+__all__ = ["Engine", "EngineArgs", "Request"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineArgs:
+    """The scheduler's and cache's limits (vLLM's flags of the same names)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    num_gpu_blocks: int
+    block_size: int
+    max_model_len: int
+    enable_prefix_caching: bool
+    eos_probability: float
+    seed: int
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One request inside the engine, with its server-side timeline."""
+
+    request_id: str
+    prompt: list[int]
+    max_tokens: int
+    target_tokens: int
+    arrival_s: float
+    rng: random.Random
+    block_keys: list[int]
+    queued_s: float = 0.0
+    scheduled_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    finished_s: float | None = None
+    finish_reason: str | None = None
+    num_computed: int = 0
+    num_output: int = 0
+    cached_tokens: int = 0
+    blocks: list[int] = field(default_factory=list)
+    num_keyed_blocks: int = 0
+    pieces: list[str] = field(default_factory=list)
+    token_s: list[float] = field(default_factory=list)
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus output tokens: what the KV cache must hold after the step."""
+        return len(self.prompt) + self.num_output
+
+    @property
+    def finished(self) -> bool:
+        """Whether the request has left the engine."""
+        return self.finish_reason is not None
+
+
+class Engine:
+    """Schedules requests step by step; :meth:`run` drives it on the event loop."""
+
+    def __init__(self, profile: Profile, args: EngineArgs) -> None:
+        self.profile = profile
+        self.args = args
+        self.pool = BlockPool(args.num_gpu_blocks, args.block_size)
+        self.stats = EngineStats(max_model_len=args.max_model_len)
+        self.tokenizer = WordTokenizer()
+        self.speed = 1.0
+        self.eos_probability = args.eos_probability
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._work = asyncio.Event()
+        self._ids = itertools.count()
+
+    # -- what the HTTP layer calls --------------------------------------------
+
+    def capacity_error(self, prompt_tokens: int, max_tokens: int) -> str | None:
+        """Why a request of this size can never run here, or ``None``."""
+        total = prompt_tokens + max_tokens
+        if total > self.args.max_model_len:
+            return (
+                f"This model's maximum context length is {self.args.max_model_len} "
+                f"tokens. However, you requested {total} tokens ({prompt_tokens} in "
+                f"the messages, {max_tokens} in the completion)."
+            )
+        if self.pool.blocks_for(total) > self.pool.num_blocks:
+            return (
+                f"The request needs {self.pool.blocks_for(total)} KV cache blocks but "
+                f"the cache holds only {self.pool.num_blocks}."
+            )
+        return None
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: list[int],
+        *,
+        max_tokens: int,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
+        arrival_s: float | None = None,
+    ) -> Request:
+        """Queue a request; its output length is drawn now from the seeded stream."""
+        rng = random.Random(f"{self.args.seed}:{next(self._ids)}")
+        target = self._draw_length(rng, max_tokens, min_tokens, ignore_eos)
+        now = time.monotonic()
+        req = Request(
+            request_id=request_id,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            target_tokens=target,
+            arrival_s=now if arrival_s is None else arrival_s,
+            queued_s=now,
+            rng=rng,
+            block_keys=prompt_block_hashes(prompt, self.args.block_size)
+            if self.args.enable_prefix_caching
+            else [],
+        )
+        self.stats.requests_received += 1
+        self.stats.params_max_tokens.observe(max_tokens)
+        self.stats.params_n.observe(1)
+        self.waiting.append(req)
+        self._work.set()
+        return req
+
+    def abort(self, req: Request) -> None:
+        """Drop a request whose client went away; its blocks are freed at once."""
+        if req.finished:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            try:
+                self.waiting.remove(req)
+            except ValueError:
+                pass
+        self._finish(req, "abort", time.monotonic())
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix."""
+        self.pool.reset_cache()
+
+    # -- the step loop ----------------------------------------------------------
+
+    async def run(self) -> None:
+        """Step forever; idle without work. Cancel to stop."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.running and not self.waiting:
+                self._work.clear()
+                await self._work.wait()
+                continue
+            start = loop.time()
+            plan = self.schedule()
+            if not plan:
+                # Nothing fits right now (should not happen: requests that can never
+                # fit are refused at the door). Wait for an abort or a new request.
+                self._work.clear()
+                await self._work.wait()
+                continue
+            duration = self.step_seconds(plan)
+            delay = start + duration - loop.time()
+            await asyncio.sleep(max(0.0, delay))
+            self.apply(plan, time.monotonic())
+
+    def step_seconds(self, plan: Sequence[tuple[Request, int]]) -> float:
+        """How long the step in ``plan`` takes under the profile and speed."""
+        tokens = sum(n for _, n in plan)
+        kv_read = sum(req.num_computed for req, _ in plan)
+        return self.profile.step_seconds(tokens, kv_read, len(plan)) / self.speed
+
+    def schedule(self) -> list[tuple[Request, int]]:
+        """Choose this step's requests and how many tokens each computes."""
+        budget = self.args.max_num_batched_tokens
+        plan: list[tuple[Request, int]] = []
+        preempted = False
+        index = 0
+        while index < len(self.running) and budget > 0:
+            req = self.running[index]
+            new = min(req.num_tokens - req.num_computed, budget)
+            fits = True
+            while not self._grow(req, new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    fits = False
+                    break
+            if not fits:
+                break
+            plan.append((req, new))
+            budget -= new
+            index += 1
+        if preempted:
+            return plan
+        now = time.monotonic()
+        while self.waiting and budget > 0 and len(self.running) < self.args.max_num_seqs:
+            req = self.waiting[0]
+            if not self._admit(req, budget):
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            if req.scheduled_s is None:
+                req.scheduled_s = now
+                self.stats.queue.observe(now - req.queued_s)
+            new = min(req.num_tokens - req.num_computed, budget)
+            plan.append((req, new))
+            budget -= new
+        return plan
+
+    def apply(self, plan: Sequence[tuple[Request, int]], now: float) -> None:
+        """Finish a step at ``now``: advance prefill, sample tokens, retire requests."""
+        self.stats.iteration_tokens.observe(sum(n for _, n in plan))
+        for req, new in plan:
+            if req.finished:
+                continue  # aborted during the step
+            req.num_computed += new
+            self._key_full_blocks(req)
+            if req.num_computed >= req.num_tokens:
+                self._sample(req, now)
+
+    # -- internals --------------------------------------------------------------
+
+    def _draw_length(
+        self, rng: random.Random, max_tokens: int, min_tokens: int, ignore_eos: bool
+    ) -> int:
+        p = self.eos_probability
+        if ignore_eos or p <= 0.0:
+            return max_tokens
+        if p >= 1.0:
+            return max(1, min(min_tokens, max_tokens))
+        draw = math.ceil(math.log1p(-rng.random()) / math.log1p(-p))
+        return max(1, min(max_tokens, max(min_tokens, 0) + draw))
+
+    def _grow(self, req: Request, new: int) -> bool:
+        """Give a running request the blocks for ``new`` more tokens, if free."""
+        need = self.pool.blocks_for(req.num_computed + new) - len(req.blocks)
+        if need <= 0:
+            return True
+        if need > self.pool.num_free:
+            return False
+        req.blocks.extend(self.pool.allocate(need))
+        return True
+
+    def _admit(self, req: Request, budget: int) -> bool:
+        """Take prefix hits and blocks for a waiting request's first chunk."""
+        max_hit_blocks = (req.num_tokens - 1) // self.args.block_size
+        hits = self.pool.lookup(req.block_keys[:max_hit_blocks])
+        cached = len(hits) * self.args.block_size
+        new = min(req.num_tokens - cached, budget)
+        need = self.pool.blocks_for(cached + new) - len(hits)
+        if not self.pool.can_take(hits, need):
+            return False
+        self.pool.take(hits)
+        req.blocks = [*hits, *self.pool.allocate(need)]
+        req.num_keyed_blocks = len(hits)
+        req.num_computed = cached
+        req.cached_tokens = max(req.cached_tokens, cached)
+        stats = self.stats
+        stats.prefix_queries += req.num_tokens
+        stats.prefix_hits += cached
+        stats.prefix_query_blocks += req.num_tokens // self.args.block_size
+        stats.prefix_hit_blocks += len(hits)
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.pool.free(req.blocks)
+        req.blocks = []
+        req.num_computed = 0
+        req.num_keyed_blocks = 0
+        self.waiting.appendleft(req)
+        self.stats.preemptions += 1
+
+    def _key_full_blocks(self, req: Request) -> None:
+        full = min(req.num_computed, len(req.prompt)) // self.args.block_size
+        for i in range(req.num_keyed_blocks, min(full, len(req.block_keys))):
+            self.pool.cache(req.blocks[i], req.block_keys[i])
+        req.num_keyed_blocks = max(req.num_keyed_blocks, full)
+
+    def _sample(self, req: Request, now: float) -> None:
+        stats = self.stats
+        req.num_output += 1
+        req.pieces.append(self.tokenizer.output_piece(req.rng))
+        req.token_s.append(now)
+        stats.generation_tokens += 1
+        if req.first_token_s is None:
+            req.first_token_s = now
+            stats.prompt_tokens += len(req.prompt)
+            stats.ttft.observe(now - req.arrival_s)
+        elif req.last_token_s is not None:
+            stats.itl.observe(now - req.last_token_s)
+        req.last_token_s = now
+        if req.num_output >= req.target_tokens:
+            self.running.remove(req)
+            reason = "length" if req.target_tokens >= req.max_tokens else "stop"
+            self._finish(req, reason, now)
+        req.wakeup.set()
+
+    def _finish(self, req: Request, reason: str, now: float) -> None:
+        self.pool.free(req.blocks)
+        req.blocks = []
+        req.finish_reason = reason
+        req.finished_s = now
+        stats = self.stats
+        stats.finished[reason] += 1
+        stats.e2e.observe(now - req.arrival_s)
+        stats.request_prompt_tokens.observe(len(req.prompt))
+        stats.request_generation_tokens.observe(req.num_output)
+        if req.scheduled_s is not None:
+            stats.inference.observe(now - req.scheduled_s)
+            if req.first_token_s is not None:
+                stats.prefill.observe(req.first_token_s - req.scheduled_s)
+                stats.decode.observe(now - req.first_token_s)
+        if req.first_token_s is not None and req.num_output > 1:
+            stats.tpot.observe((now - req.first_token_s) / (req.num_output - 1))
+        req.wakeup.set()
+        self._work.set()

@@ -1,0 +1,408 @@
+"""The simulator's HTTP face: vLLM's OpenAI-compatible API, ``/metrics`` and faults.
+
+:class:`SimServer` owns the engine's step task and an aiohttp runner. It is an async
+context manager; ``await server.start()`` binds (port 0 picks a free port) and
+returns the base URL. A client that disconnects mid-request cancels its handler
+(aiohttp's ``handler_cancellation``), which aborts the request in the engine and frees
+its KV blocks at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import random
+import time
+import uuid
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from servemon.errors import ConfigError
+from simulator.config import Faults, SimConfig, merge
+from simulator.engine import Engine, EngineArgs, Request
+from simulator.metrics import EngineMetrics
+from simulator.openai import (
+    DONE,
+    MALFORMED,
+    ApiError,
+    ChunkWriter,
+    ParsedRequest,
+    error_body,
+    parse_request,
+)
+from simulator.profiles import Profile, load_profile
+from simulator.trace import TraceRecord, TraceWriter
+
+__all__ = ["SimServer"]
+
+VERSIONS = {
+    "vllm": "0.11.0",
+    "vllm-0.10": "0.10.2",
+    "vllm-0.8": "0.8.5",
+    "vllm-v0": "0.6.3",
+    "sglang": "0.5.0",
+}
+RUNTIME_FIELDS = ("faults", "speed", "eos_probability")
+
+
+def _is_loopback(remote: str | None) -> bool:
+    return remote is not None and (remote.startswith("127.") or remote == "::1")
+
+
+class SimServer:
+    """A simulated vLLM endpoint bound to ``config.host:config.port``."""
+
+    def __init__(self, config: SimConfig, profile: Profile | None = None) -> None:
+        self.config = config
+        self.profile = profile or load_profile(config.profile)
+        p = self.profile
+        self.engine = Engine(
+            p,
+            EngineArgs(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                num_gpu_blocks=config.num_gpu_blocks or p.num_gpu_blocks,
+                block_size=config.block_size or p.block_size,
+                max_model_len=config.max_model_len or p.max_model_len,
+                enable_prefix_caching=config.enable_prefix_caching,
+                eos_probability=p.eos_probability
+                if config.eos_probability is None
+                else config.eos_probability,
+                seed=config.seed,
+            ),
+        )
+        self.engine.speed = config.speed
+        self.model = config.served_model_name or p.model
+        self.faults = config.faults
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(EngineMetrics(self.engine, self.model, config.metrics_dialect))
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self._rng = random.Random(f"faults:{config.seed}")
+        self._trace = TraceWriter(Path(config.trace)) if config.trace else None
+        self._runner: web.AppRunner | None = None
+        self._engine_task: asyncio.Task[None] | None = None
+        self._handlers: set[asyncio.Task[Any]] = set()
+        self.url = ""
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        """The aiohttp application."""
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/version", self._version)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_get("/sim/config", self._get_config)
+        app.router.add_put("/sim/config", self._put_config)
+        return app
+
+    async def start(self) -> str:
+        """Start the engine and bind; return the base URL (``http://host:port``)."""
+        self._engine_task = asyncio.create_task(self.engine.run(), name="sim-engine")
+        self._runner = web.AppRunner(
+            self.app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop serving and the engine; close the trace."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._engine_task is not None:
+            self._engine_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._engine_task
+            self._engine_task = None
+        if self._trace is not None:
+            self._trace.close()
+            self._trace = None
+
+    async def __aenter__(self) -> SimServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # -- small endpoints ----------------------------------------------------------
+
+    async def _models(self, request: web.Request) -> web.Response:
+        card = {
+            "id": self.model,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm",
+            "root": self.model,
+            "parent": None,
+            "max_model_len": self.engine.args.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": VERSIONS[self.config.metrics_dialect]})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        mode = self.faults.metrics
+        if mode == "503":
+            return web.Response(status=503, text="Service Unavailable")
+        if mode == "hang":
+            await asyncio.sleep(3600)
+        if mode == "garbage":
+            return web.Response(
+                text="<html>502 Bad Gateway</html>\nvllm:num_requests_running{{{ 1\n",
+                content_type="text/plain",
+            )
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await self._json(request)
+        api: Literal["chat", "completions"] = (
+            "chat" if isinstance(body, dict) and "messages" in body else "completions"
+        )
+        try:
+            parsed = parse_request(api, body, self.engine.tokenizer)
+        except ApiError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+        return web.json_response(
+            {
+                "count": len(parsed.prompt),
+                "max_model_len": self.engine.args.max_model_len,
+                "tokens": parsed.prompt,
+            }
+        )
+
+    def _runtime_config(self) -> dict[str, Any]:
+        return {
+            "faults": dataclasses.asdict(self.faults),
+            "speed": self.engine.speed,
+            "eos_probability": self.engine.eos_probability,
+        }
+
+    async def _get_config(self, request: web.Request) -> web.Response:
+        if not _is_loopback(request.remote):
+            return self._error(403, "/sim/config answers only on loopback", "Forbidden")
+        return web.json_response(self._runtime_config())
+
+    async def _put_config(self, request: web.Request) -> web.Response:
+        if not _is_loopback(request.remote):
+            return self._error(403, "/sim/config answers only on loopback", "Forbidden")
+        body = await self._json(request)
+        if not isinstance(body, dict):
+            return self._error(400, "PUT /sim/config: expected a JSON object")
+        unknown = sorted(set(body) - set(RUNTIME_FIELDS))
+        if unknown:
+            allowed = ", ".join(RUNTIME_FIELDS)
+            return self._error(
+                400, f"PUT /sim/config: {unknown[0]}: not changeable at run time "
+                f"(changeable: {allowed})"
+            )  # fmt: skip
+        current = dataclasses.replace(
+            self.config,
+            faults=self.faults,
+            speed=self.engine.speed,
+            eos_probability=self.engine.eos_probability,
+        )
+        try:
+            updated = merge(current, body, "PUT /sim/config")
+        except ConfigError as exc:
+            return self._error(400, str(exc))
+        self.faults = updated.faults
+        self.engine.speed = updated.speed
+        if updated.eos_probability is not None:
+            self.engine.eos_probability = updated.eos_probability
+        return web.json_response(self._runtime_config())
+
+    # -- completions ------------------------------------------------------------
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, "chat")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, "completions")
+
+    async def _complete(
+        self, request: web.Request, api: Literal["chat", "completions"]
+    ) -> web.StreamResponse:
+        arrival = time.monotonic()
+        body = await self._json(request)
+        try:
+            parsed = parse_request(api, body, self.engine.tokenizer)
+            max_tokens = self._check(parsed)
+        except ApiError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+        faults = self.faults
+        draw = self._rng.random()
+        if draw < faults.http_500_fraction:
+            return self._error(500, "Simulated internal server error", "InternalServerError")
+        if draw < faults.http_500_fraction + faults.http_503_fraction:
+            return self._error(503, "Simulated overload", "ServiceUnavailableError")
+        cut = self._rng.random() < faults.cut_stream_fraction
+        malformed = self._rng.random() < faults.malformed_sse_fraction
+        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        prefix = "chatcmpl-" if api == "chat" else "cmpl-"
+        writer = ChunkWriter(api, prefix + request_id, self.model)
+        if faults.slow_headers_s > 0:
+            await asyncio.sleep(faults.slow_headers_s)
+        response: web.StreamResponse | None = None
+        if parsed.stream:
+            response = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "X-Request-Id": request_id}
+            )
+            await response.prepare(request)
+            if api == "chat" and faults.role_chunk:
+                if faults.role_chunk_delay_s > 0:
+                    await asyncio.sleep(faults.role_chunk_delay_s)
+                await response.write(writer.role())
+        if faults.first_token_stall_s > 0:
+            await asyncio.sleep(faults.first_token_stall_s)
+        if self.profile.frontend_latency_s > 0:
+            await asyncio.sleep(self.profile.frontend_latency_s / self.engine.speed)
+        req = self.engine.add_request(
+            request_id,
+            parsed.prompt,
+            max_tokens=max_tokens,
+            min_tokens=parsed.min_tokens,
+            ignore_eos=parsed.ignore_eos,
+            arrival_s=arrival,
+        )
+        written: list[float] = []
+        status = 200
+        try:
+            if response is None:
+                return await self._respond_whole(req, parsed, writer, written)
+            await self._stream(req, parsed, writer, response, written, cut, malformed)
+            return response
+        except (asyncio.CancelledError, ConnectionError):
+            self.engine.abort(req)
+            status = 499
+            raise
+        finally:
+            self._record(req, written, status)
+
+    def _check(self, parsed: ParsedRequest) -> int:
+        if parsed.model is not None and parsed.model != self.model:
+            raise ApiError(404, f"The model `{parsed.model}` does not exist.",
+                           kind="NotFoundError", param="model")  # fmt: skip
+        limit = self.engine.args.max_model_len
+        max_tokens = parsed.max_tokens
+        if max_tokens is None:
+            max_tokens = max(1, limit - len(parsed.prompt))
+        problem = self.engine.capacity_error(len(parsed.prompt), max_tokens)
+        if problem:
+            raise ApiError(400, problem, param="max_tokens")
+        return max_tokens
+
+    async def _respond_whole(
+        self, req: Request, parsed: ParsedRequest, writer: ChunkWriter,
+        written: list[float],
+    ) -> web.Response:  # fmt: skip
+        while not req.finished:
+            await req.wakeup.wait()
+            req.wakeup.clear()
+        body = writer.full("".join(req.pieces), req.finish_reason, len(req.prompt),
+                           req.num_output)  # fmt: skip
+        written.append(time.monotonic())
+        return web.json_response(body, headers={"X-Request-Id": req.request_id})
+
+    async def _stream(
+        self, req: Request, parsed: ParsedRequest, writer: ChunkWriter,
+        response: web.StreamResponse, written: list[float], cut: bool,
+        malformed: bool,
+    ) -> None:  # fmt: skip
+        transport = response._req.transport if response._req else None  # noqa: SLF001
+        sent = 0
+        cut_at = max(1, req.target_tokens // 2)
+        while True:
+            await req.wakeup.wait()
+            req.wakeup.clear()
+            new = req.pieces[sent:]
+            if new:
+                sent += len(new)
+                last = req.finished and sent == len(req.pieces)
+                await response.write(
+                    writer.content("".join(new), req.finish_reason if last else None)
+                )
+                now = time.monotonic()
+                written.extend([now] * len(new))
+                if malformed and sent >= cut_at:
+                    malformed = False
+                    await response.write(MALFORMED)
+                if cut and sent >= cut_at and not req.finished:
+                    # Drop the connection mid-stream, as a crashed server would.
+                    self.engine.abort(req)
+                    response.force_close()
+                    if transport is not None:
+                        transport.close()
+                    return
+            if req.finished:
+                break
+        if parsed.include_usage:
+            await response.write(writer.usage(len(req.prompt), req.num_output))
+        await response.write(DONE)
+        await response.write_eof()
+
+    def _record(self, req: Request, written: list[float], status: int) -> None:
+        if self._trace is None:
+            return
+        self._trace.write(
+            TraceRecord(
+                request_id=req.request_id,
+                arrival_s=req.arrival_s,
+                scheduled_s=req.scheduled_s,
+                first_token_s=written[0] if written else None,
+                token_s=written,
+                finished_s=req.finished_s,
+                finish_reason=req.finish_reason,
+                prompt_tokens=len(req.prompt),
+                cached_tokens=req.cached_tokens,
+                output_tokens=req.num_output,
+                status=status,
+            )
+        )
+
+    # -- helpers ------------------------------------------------------------------
+
+    async def _json(self, request: web.Request) -> object:
+        try:
+            return await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+
+    def _error(
+        self, status: int, message: str, kind: str = "BadRequestError"
+    ) -> web.Response:
+        return web.json_response(error_body(status, message, kind), status=status)
+
+
+
