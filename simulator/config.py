@@ -83,7 +83,9 @@ def merge(base: SimConfig, overrides: Mapping[str, Any], source: str) -> SimConf
                 raise ConfigError(f"{source}: faults: expected a mapping")
             unknown = set(value) - {f.name for f in dataclasses.fields(Faults)}
             if unknown:
-                raise ConfigError(f"{source}: faults.{sorted(unknown)[0]}: unknown field")
+                raise ConfigError(
+                    f"{source}: faults.{sorted(unknown)[0]}: unknown field"
+                )
             data["faults"].update({k: v for k, v in value.items() if v is not None})
         elif key not in data:
             raise ConfigError(f"{source}: {key}: unknown field")

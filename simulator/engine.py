@@ -19,6 +19,7 @@ them when a client goes away.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import random
@@ -160,10 +161,8 @@ class Engine:
         if req in self.running:
             self.running.remove(req)
         else:
-            try:
+            with contextlib.suppress(ValueError):
                 self.waiting.remove(req)
-            except ValueError:
-                pass
         self._finish(req, "abort", time.monotonic())
 
     def reset_prefix_cache(self) -> None:
@@ -224,7 +223,9 @@ class Engine:
         if preempted:
             return plan
         now = time.monotonic()
-        while self.waiting and budget > 0 and len(self.running) < self.args.max_num_seqs:
+        while (
+            self.waiting and budget > 0 and len(self.running) < self.args.max_num_seqs
+        ):
             req = self.waiting[0]
             if not self._admit(req, budget):
                 break

@@ -3,13 +3,15 @@
 Dialects (``--metrics-dialect``):
 
 ``vllm``       vLLM V1 as of 0.11+: ``kv_cache_usage_perc``, ``prefix_cache_*`` in
-               tokens, ``inter_token_latency_seconds``; labels ``model_name``, ``engine``.
+               tokens, ``inter_token_latency_seconds``; labels ``model_name`` and
+               ``engine``.
 ``vllm-0.10``  the above plus the deprecated spellings side by side
                (``gpu_cache_usage_perc``, ``gpu_prefix_cache_*``,
                ``time_per_output_token_seconds``), as 0.10.x emitted them.
 ``vllm-0.8``   early V1: old spellings only, prefix cache counted in blocks, no
                ``engine`` label.
-``vllm-v0``    the V0 engine: hit-rate gauges instead of counters, swapped requests.
+``vllm-v0``    the V0 engine: hit-rate gauges instead of counters, swapped
+               requests.
 ``sglang``     SGLang's ``sglang:`` names, a cache hit-rate gauge, per-rank labels.
 
 Every dialect's histograms use vLLM's V1 bucket edges. The collector reads engine
@@ -59,7 +61,9 @@ class EngineMetrics(Collector):
         d = self.dialect
         eng, st = self.engine, self.engine.stats
         v1 = d in ("vllm", "vllm-0.10", "vllm-0.8")
-        keys = ["model_name", "engine"] if d in ("vllm", "vllm-0.10") else ["model_name"]
+        keys = (
+            ["model_name", "engine"] if d in ("vllm", "vllm-0.10") else ["model_name"]
+        )
         vals = [self.model, "0"][: len(keys)]
         new_names = d in ("vllm", "vllm-0.10")
         old_names = d in ("vllm-0.10", "vllm-0.8", "vllm-v0")
@@ -86,30 +90,86 @@ class EngineMetrics(Collector):
         )
         usage = eng.pool.usage()
         if new_names:
-            yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)  # noqa: E501
+            yield gauge(
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                usage,
+            )
         if old_names:
             doc = "GPU KV-cache usage. 1 means 100 percent usage."
             if d == "vllm-0.10":
                 doc += " DEPRECATED: Use vllm:kv_cache_usage_perc instead."
             yield gauge("vllm:gpu_cache_usage_perc", doc, usage)
         if d == "vllm-v0":
-            yield gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", 0)  # noqa: E501
+            yield gauge(
+                "vllm:num_requests_swapped", "Number of requests swapped to CPU.", 0
+            )
             yield gauge("vllm:cpu_cache_usage_perc", "CPU KV-cache usage.", 0.0)
-            rate = st.prefix_hit_blocks / st.prefix_query_blocks if st.prefix_query_blocks else 0.0  # noqa: E501
-            yield gauge("vllm:gpu_prefix_cache_hit_rate", "GPU prefix cache block hit rate.", rate)  # noqa: E501
-            yield gauge("vllm:cpu_prefix_cache_hit_rate", "CPU prefix cache block hit rate.", -1.0)  # noqa: E501
+            rate = (
+                st.prefix_hit_blocks / st.prefix_query_blocks
+                if st.prefix_query_blocks
+                else 0.0
+            )
+            yield gauge(
+                "vllm:gpu_prefix_cache_hit_rate",
+                "GPU prefix cache block hit rate.",
+                rate,
+            )
+            yield gauge(
+                "vllm:cpu_prefix_cache_hit_rate",
+                "CPU prefix cache block hit rate.",
+                -1.0,
+            )
         if new_names:
-            yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", st.prefix_queries)  # noqa: E501
-            yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", st.prefix_hits)  # noqa: E501
+            yield counter(
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                st.prefix_queries,
+            )
+            yield counter(
+                "vllm:prefix_cache_hits",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                st.prefix_hits,
+            )
         if d == "vllm-0.10":
-            yield counter("vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms of number of queried tokens. DEPRECATED: Use vllm:prefix_cache_queries instead.", st.prefix_queries)  # noqa: E501
-            yield counter("vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in terms of number of cached tokens. DEPRECATED: Use vllm:prefix_cache_hits instead.", st.prefix_hits)  # noqa: E501
+            yield counter(
+                "vllm:gpu_prefix_cache_queries",
+                "GPU prefix cache queries, in terms of number of queried tokens."
+                " DEPRECATED: Use vllm:prefix_cache_queries instead.",
+                st.prefix_queries,
+            )
+            yield counter(
+                "vllm:gpu_prefix_cache_hits",
+                "GPU prefix cache hits, in terms of number of cached tokens."
+                " DEPRECATED: Use vllm:prefix_cache_hits instead.",
+                st.prefix_hits,
+            )
         if d == "vllm-0.8":
-            yield counter("vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms of number of queried blocks.", st.prefix_query_blocks)  # noqa: E501
-            yield counter("vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in terms of number of cached blocks.", st.prefix_hit_blocks)  # noqa: E501
-        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", st.preemptions)  # noqa: E501
-        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", st.prompt_tokens)  # noqa: E501
-        yield counter("vllm:generation_tokens", "Number of generation tokens processed.", st.generation_tokens)  # noqa: E501
+            yield counter(
+                "vllm:gpu_prefix_cache_queries",
+                "GPU prefix cache queries, in terms of number of queried blocks.",
+                st.prefix_query_blocks,
+            )
+            yield counter(
+                "vllm:gpu_prefix_cache_hits",
+                "GPU prefix cache hits, in terms of number of cached blocks.",
+                st.prefix_hit_blocks,
+            )
+        yield counter(
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            st.preemptions,
+        )
+        yield counter(
+            "vllm:prompt_tokens",
+            "Number of prefill tokens processed.",
+            st.prompt_tokens,
+        )
+        yield counter(
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            st.generation_tokens,
+        )
         success = CounterMetricFamily(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -128,25 +188,77 @@ class EngineMetrics(Collector):
             fam.add_metric(vals, h.cumulative(), sum_value=h.total)
             return fam
 
-        yield hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", st.ttft)  # noqa: E501
+        yield hist(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            st.ttft,
+        )
         if new_names:
-            yield hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", st.itl)  # noqa: E501
-            yield hist("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", st.tpot)  # noqa: E501
+            yield hist(
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                st.itl,
+            )
+            yield hist(
+                "vllm:request_time_per_output_token_seconds",
+                "Histogram of time_per_output_token_seconds per request.",
+                st.tpot,
+            )
         if old_names:
             doc = "Histogram of time per output token in seconds."
             if d == "vllm-0.10":
                 doc += " DEPRECATED: Use vllm:inter_token_latency_seconds instead."
             yield hist("vllm:time_per_output_token_seconds", doc, st.itl)
-        yield hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", st.e2e)  # noqa: E501
-        yield hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", st.queue)  # noqa: E501
-        yield hist("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", st.inference)  # noqa: E501
-        yield hist("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", st.prefill)  # noqa: E501
-        yield hist("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", st.decode)  # noqa: E501
-        yield hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", st.request_prompt_tokens)  # noqa: E501
-        yield hist("vllm:request_generation_tokens", "Number of generation tokens processed.", st.request_generation_tokens)  # noqa: E501
-        yield hist("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", st.params_max_tokens)  # noqa: E501
-        yield hist("vllm:request_params_n", "Histogram of the n request parameter.", st.params_n)  # noqa: E501
-        yield hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", st.iteration_tokens)  # noqa: E501
+        yield hist(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            st.e2e,
+        )
+        yield hist(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            st.queue,
+        )
+        yield hist(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            st.inference,
+        )
+        yield hist(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            st.prefill,
+        )
+        yield hist(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in DECODE phase for request.",
+            st.decode,
+        )
+        yield hist(
+            "vllm:request_prompt_tokens",
+            "Number of prefill tokens processed.",
+            st.request_prompt_tokens,
+        )
+        yield hist(
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            st.request_generation_tokens,
+        )
+        yield hist(
+            "vllm:request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.",
+            st.params_max_tokens,
+        )
+        yield hist(
+            "vllm:request_params_n",
+            "Histogram of the n request parameter.",
+            st.params_n,
+        )
+        yield hist(
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            st.iteration_tokens,
+        )
         yield self._cache_config(with_engine=d in ("vllm", "vllm-0.10"))
 
     def _cache_config(self, *, with_engine: bool) -> Metric:
@@ -165,7 +277,9 @@ class EngineMetrics(Collector):
         if with_engine:
             info["engine"] = "0"
         fam = GaugeMetricFamily(
-            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=sorted(info)  # noqa: E501
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=sorted(info),
         )
         fam.add_metric([info[k] for k in sorted(info)], 1.0)
         return fam
@@ -185,34 +299,82 @@ class EngineMetrics(Collector):
         self._last_gen = (now, st.generation_tokens)
         hit_rate = st.prefix_hits / st.prefix_queries if st.prefix_queries else 0.0
         gauges: Sequence[tuple[str, str, float]] = (
-            ("sglang:num_running_reqs", "The number of running requests.", len(eng.running)),  # noqa: E501
-            ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", len(eng.waiting)),  # noqa: E501
+            (
+                "sglang:num_running_reqs",
+                "The number of running requests.",
+                len(eng.running),
+            ),
+            (
+                "sglang:num_queue_reqs",
+                "The number of requests in the waiting queue.",
+                len(eng.waiting),
+            ),
             ("sglang:num_used_tokens", "The number of used tokens.", used),
-            ("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", capacity),  # noqa: E501
+            (
+                "sglang:max_total_num_tokens",
+                "Maximum total number of tokens in the KV cache pool.",
+                capacity,
+            ),
             ("sglang:token_usage", "The token usage.", eng.pool.usage()),
             ("sglang:cache_hit_rate", "The prefix cache hit rate.", hit_rate),
-            ("sglang:gen_throughput", "The generation throughput (token/s).", throughput),  # noqa: E501
+            (
+                "sglang:gen_throughput",
+                "The generation throughput (token/s).",
+                throughput,
+            ),
         )
         for name, doc, value in gauges:
             g = GaugeMetricFamily(name, doc, labels=keys)
             g.add_metric(vals, value)
             yield g
         counters: Sequence[tuple[str, str, float]] = (
-            ("sglang:prompt_tokens", "Number of prefill tokens processed.", st.prompt_tokens),  # noqa: E501
-            ("sglang:generation_tokens", "Number of generation tokens processed.", st.generation_tokens),  # noqa: E501
-            ("sglang:cached_tokens", "Number of cached prompt tokens.", st.prefix_hits),  # noqa: E501
-            ("sglang:num_requests", "Number of requests processed.", sum(st.finished.values())),  # noqa: E501
-            ("sglang:num_aborted_requests", "Number of requests aborted.", st.finished["abort"]),  # noqa: E501
+            (
+                "sglang:prompt_tokens",
+                "Number of prefill tokens processed.",
+                st.prompt_tokens,
+            ),
+            (
+                "sglang:generation_tokens",
+                "Number of generation tokens processed.",
+                st.generation_tokens,
+            ),
+            ("sglang:cached_tokens", "Number of cached prompt tokens.", st.prefix_hits),
+            (
+                "sglang:num_requests",
+                "Number of requests processed.",
+                sum(st.finished.values()),
+            ),
+            (
+                "sglang:num_aborted_requests",
+                "Number of requests aborted.",
+                st.finished["abort"],
+            ),
         )
         for name, doc, value in counters:
             c = CounterMetricFamily(name, doc, labels=keys)
             c.add_metric(vals, value)
             yield c
         hists: Sequence[tuple[str, str, Histogram]] = (
-            ("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", st.ttft),  # noqa: E501
-            ("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", st.itl),  # noqa: E501
-            ("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds", st.e2e),  # noqa: E501
-            ("sglang:queue_time_seconds", "Histogram of queueing time in seconds.", st.queue),  # noqa: E501
+            (
+                "sglang:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                st.ttft,
+            ),
+            (
+                "sglang:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                st.itl,
+            ),
+            (
+                "sglang:e2e_request_latency_seconds",
+                "Histogram of End-to-end request latency in seconds",
+                st.e2e,
+            ),
+            (
+                "sglang:queue_time_seconds",
+                "Histogram of queueing time in seconds.",
+                st.queue,
+            ),
         )
         for name, doc, h in hists:
             fam = HistogramMetricFamily(name, doc, labels=keys)

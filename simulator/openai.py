@@ -24,9 +24,13 @@ class ApiError(Exception):
     """A request the API refuses, answered with OpenAI's error JSON."""
 
     def __init__(
-        self, status: int, message: str, *, kind: str = "BadRequestError",
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str = "BadRequestError",
         param: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -68,7 +72,11 @@ def parse_request(
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise ApiError(400, "model must be a string", param="model")
-    prompt = _chat_prompt(body, tokenizer) if api == "chat" else _text_prompt(body, tokenizer)
+    prompt = (
+        _chat_prompt(body, tokenizer)
+        if api == "chat"
+        else _text_prompt(body, tokenizer)
+    )
     limit = body.get("max_completion_tokens", body.get("max_tokens"))
     max_tokens = _int(body, "max_tokens", limit, minimum=1, optional=True)
     min_tokens = _int(body, "min_tokens", body.get("min_tokens", 0), minimum=0) or 0
@@ -81,11 +89,17 @@ def parse_request(
         raise ApiError(400, "stream_options must be an object", param="stream_options")
     include_usage = bool(options.get("include_usage", False))
     if include_usage and not stream:
-        raise ApiError(400, "Stream options can only be defined when `stream=True`.",
-                       param="stream_options")  # fmt: skip
+        raise ApiError(
+            400,
+            "Stream options can only be defined when `stream=True`.",
+            param="stream_options",
+        )
     if max_tokens is not None and min_tokens > max_tokens:
-        raise ApiError(400, "min_tokens must be less than or equal to max_tokens",
-                       param="min_tokens")  # fmt: skip
+        raise ApiError(
+            400,
+            "min_tokens must be less than or equal to max_tokens",
+            param="min_tokens",
+        )
     return ParsedRequest(
         api=api,
         model=model,
@@ -99,14 +113,19 @@ def parse_request(
 
 
 def _int(
-    body: dict[str, Any], name: str, value: object, *, minimum: int,
+    body: dict[str, Any],
+    name: str,
+    value: object,
+    *,
+    minimum: int,
     optional: bool = False,
-) -> int | None:  # fmt: skip
+) -> int | None:
     if value is None and optional:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ApiError(400, f"{name} must be an integer >= {minimum}, got {value!r}",
-                       param=name)  # fmt: skip
+        raise ApiError(
+            400, f"{name} must be an integer >= {minimum}, got {value!r}", param=name
+        )
     return value
 
 
@@ -129,8 +148,11 @@ def _chat_prompt(body: dict[str, Any], tokenizer: WordTokenizer) -> list[int]:
             raise ApiError(400, f"messages[{i}] must be an object", param="messages")
         role = message.get("role")
         if role not in ("system", "user", "assistant", "tool", "developer"):
-            raise ApiError(400, f"messages[{i}].role is not a known role: {role!r}",
-                           param="messages")  # fmt: skip
+            raise ApiError(
+                400,
+                f"messages[{i}].role is not a known role: {role!r}",
+                param="messages",
+            )
         tokens += (IM_START, _ROLE_IDS.get(role, VOCAB_SIZE + 5))
         tokens += tokenizer.encode(_content_text(message.get("content"), i))
         tokens.append(IM_END)
@@ -147,8 +169,11 @@ def _content_text(content: object, index: int) -> str:
             if isinstance(part, dict) and part.get("type") == "text":
                 parts.append(str(part.get("text", "")))
         return "\n".join(parts)
-    raise ApiError(400, f"messages[{index}].content must be a string or a list of parts",
-                   param="messages")  # fmt: skip
+    raise ApiError(
+        400,
+        f"messages[{index}].content must be a string or a list of parts",
+        param="messages",
+    )
 
 
 def _text_prompt(body: dict[str, Any], tokenizer: WordTokenizer) -> list[int]:
@@ -157,13 +182,20 @@ def _text_prompt(body: dict[str, Any], tokenizer: WordTokenizer) -> list[int]:
         prompt = prompt[0]
     if isinstance(prompt, str):
         return tokenizer.encode(prompt)
-    if isinstance(prompt, list) and prompt and all(
-        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < VOCAB_SIZE
-        for t in prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < VOCAB_SIZE
+            for t in prompt
+        )
     ):
         return list(prompt)
-    raise ApiError(400, "prompt must be a string or a list of token ids (one prompt)",
-                   param="prompt")  # fmt: skip
+    raise ApiError(
+        400,
+        "prompt must be a string or a list of token ids (one prompt)",
+        param="prompt",
+    )
 
 
 class ChunkWriter:
@@ -171,8 +203,9 @@ class ChunkWriter:
 
     __slots__ = ("_head", "_tail", "api", "created", "model", "response_id")
 
-    def __init__(self, api: Literal["chat", "completions"], response_id: str,
-                 model: str) -> None:  # fmt: skip
+    def __init__(
+        self, api: Literal["chat", "completions"], response_id: str, model: str
+    ) -> None:
         self.api = api
         self.response_id = response_id
         self.model = model
@@ -213,11 +246,19 @@ class ChunkWriter:
         }
         return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
 
-    def full(self, text: str, finish_reason: str | None, prompt_tokens: int,
-             completion_tokens: int) -> dict[str, Any]:  # fmt: skip
+    def full(
+        self,
+        text: str,
+        finish_reason: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> dict[str, Any]:
         """The non-streaming response body."""
-        choice: dict[str, Any] = {"index": 0, "logprobs": None,
-                                  "finish_reason": finish_reason}  # fmt: skip
+        choice: dict[str, Any] = {
+            "index": 0,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
         if self.api == "chat":
             choice["message"] = {"role": "assistant", "content": text}
         else:

@@ -55,11 +55,12 @@ class Profile:
         """Duration of one engine step that computes ``tokens`` new tokens for
         ``seqs`` sequences, reading ``kv_tokens_read`` cached tokens of KV."""
         memory = (
-            self.params * self.bytes_per_param + kv_tokens_read * self.kv_bytes_per_token
+            self.params * self.bytes_per_param
+            + kv_tokens_read * self.kv_bytes_per_token
         ) / self.memory_bandwidth
         compute = 2.0 * self.params * tokens / self.compute_flops
-        return self.step_overhead_s + self.per_seq_overhead_s * seqs + max(
-            memory, compute
+        return (
+            self.step_overhead_s + self.per_seq_overhead_s * seqs + max(memory, compute)
         )
 
 

@@ -28,7 +28,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from servemon.errors import ConfigError
-from simulator.config import Faults, SimConfig, merge
+from simulator.config import SimConfig, merge
 from simulator.engine import Engine, EngineArgs, Request
 from simulator.metrics import EngineMetrics
 from simulator.openai import (
@@ -85,7 +85,9 @@ class SimServer:
         self.model = config.served_model_name or p.model
         self.faults = config.faults
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(EngineMetrics(self.engine, self.model, config.metrics_dialect))
+        self.registry.register(
+            EngineMetrics(self.engine, self.model, config.metrics_dialect)
+        )
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
@@ -122,7 +124,9 @@ class SimServer:
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
         await site.start()
         host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+        self.url = (
+            f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+        )
         return self.url
 
     async def stop(self) -> None:
@@ -224,9 +228,10 @@ class SimServer:
         if unknown:
             allowed = ", ".join(RUNTIME_FIELDS)
             return self._error(
-                400, f"PUT /sim/config: {unknown[0]}: not changeable at run time "
-                f"(changeable: {allowed})"
-            )  # fmt: skip
+                400,
+                f"PUT /sim/config: {unknown[0]}: not changeable at run time "
+                f"(changeable: {allowed})",
+            )
         current = dataclasses.replace(
             self.config,
             faults=self.faults,
@@ -264,7 +269,9 @@ class SimServer:
         faults = self.faults
         draw = self._rng.random()
         if draw < faults.http_500_fraction:
-            return self._error(500, "Simulated internal server error", "InternalServerError")
+            return self._error(
+                500, "Simulated internal server error", "InternalServerError"
+            )
         if draw < faults.http_500_fraction + faults.http_503_fraction:
             return self._error(503, "Simulated overload", "ServiceUnavailableError")
         cut = self._rng.random() < faults.cut_stream_fraction
@@ -277,7 +284,10 @@ class SimServer:
         response: web.StreamResponse | None = None
         if parsed.stream:
             response = web.StreamResponse(
-                headers={"Content-Type": "text/event-stream", "X-Request-Id": request_id}
+                headers={
+                    "Content-Type": "text/event-stream",
+                    "X-Request-Id": request_id,
+                }
             )
             await response.prepare(request)
             if api == "chat" and faults.role_chunk:
@@ -312,8 +322,12 @@ class SimServer:
 
     def _check(self, parsed: ParsedRequest) -> int:
         if parsed.model is not None and parsed.model != self.model:
-            raise ApiError(404, f"The model `{parsed.model}` does not exist.",
-                           kind="NotFoundError", param="model")  # fmt: skip
+            raise ApiError(
+                404,
+                f"The model `{parsed.model}` does not exist.",
+                kind="NotFoundError",
+                param="model",
+            )
         limit = self.engine.args.max_model_len
         max_tokens = parsed.max_tokens
         if max_tokens is None:
@@ -324,23 +338,32 @@ class SimServer:
         return max_tokens
 
     async def _respond_whole(
-        self, req: Request, parsed: ParsedRequest, writer: ChunkWriter,
+        self,
+        req: Request,
+        parsed: ParsedRequest,
+        writer: ChunkWriter,
         written: list[float],
-    ) -> web.Response:  # fmt: skip
+    ) -> web.Response:
         while not req.finished:
             await req.wakeup.wait()
             req.wakeup.clear()
-        body = writer.full("".join(req.pieces), req.finish_reason, len(req.prompt),
-                           req.num_output)  # fmt: skip
+        body = writer.full(
+            "".join(req.pieces), req.finish_reason, len(req.prompt), req.num_output
+        )
         written.append(time.monotonic())
         return web.json_response(body, headers={"X-Request-Id": req.request_id})
 
     async def _stream(
-        self, req: Request, parsed: ParsedRequest, writer: ChunkWriter,
-        response: web.StreamResponse, written: list[float], cut: bool,
+        self,
+        req: Request,
+        parsed: ParsedRequest,
+        writer: ChunkWriter,
+        response: web.StreamResponse,
+        written: list[float],
+        cut: bool,
         malformed: bool,
-    ) -> None:  # fmt: skip
-        transport = response._req.transport if response._req else None  # noqa: SLF001
+    ) -> None:
+        transport = response._req.transport if response._req else None
         sent = 0
         cut_at = max(1, req.target_tokens // 2)
         while True:
@@ -403,6 +426,3 @@ class SimServer:
         self, status: int, message: str, kind: str = "BadRequestError"
     ) -> web.Response:
         return web.json_response(error_body(status, message, kind), status=status)
-
-
-

@@ -17,18 +17,20 @@ __all__ = ["VOCAB_SIZE", "WORDS", "WordTokenizer"]
 VOCAB_SIZE = 151_936
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
-WORDS: tuple[str, ...] = tuple(
-    """the of and to in is that for it as was with be by on not he this are or his
-    from at which but have an they you were her she there one all we their has been
-    when who will more no if out so said what up its about into than them can only
-    other new some could time these two may then do first any my now such like our
-    over man me even most made after also did many before must through back years
-    where much your way well down should because each just those people how too
-    little state good very make world still own see men work long get here between
-    both life being under never day same another know while last might us great old
-    year off come since against go came right used take three cache token batch
-    queue block prefix decode prefill latency engine server request model kernel""".split()
+_WORDS_TEXT = (
+    "the of and to in is that for it as was with be by on not he this are or his "
+    "from at which but have an they you were her she there one all we their has "
+    "been when who will more no if out so said what up its about into than them can "
+    "only other new some could time these two may then do first any my now such "
+    "like our over man me even most made after also did many before must through "
+    "back years where much your way well down should because each just those people "
+    "how too little state good very make world still own see men work long get here "
+    "between both life being under never day same another know while last might us "
+    "great old year off come since against go came right used take three cache "
+    "token batch queue block prefix decode prefill latency engine server request "
+    "model kernel "
 )
+WORDS: tuple[str, ...] = tuple(_WORDS_TEXT.split())
 
 
 class WordTokenizer:

@@ -1,0 +1,188 @@
+"""One timed request against an OpenAI-compatible endpoint.
+
+:func:`send_request` never raises for what the network or the server does: every
+ending is an :class:`~loadgen.timing.Outcome` on the returned record. Only the
+caller's own cancellation propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from loadgen.sse import iter_events
+from loadgen.timing import Outcome, RequestTiming, TokenSource
+
+__all__ = ["ClientSettings", "make_session", "send_request"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSettings:
+    """Connection limits and timeouts, set explicitly and recorded with a run."""
+
+    max_connections: int = 1024
+    timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+
+
+def make_session(settings: ClientSettings) -> aiohttp.ClientSession:
+    """A session for load: explicit connection limit, no environment lookups."""
+    connector = aiohttp.TCPConnector(
+        limit=settings.max_connections, limit_per_host=settings.max_connections
+    )
+    timeout = aiohttp.ClientTimeout(
+        total=None, connect=settings.connect_timeout_s, sock_read=settings.timeout_s
+    )
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False)
+
+
+async def send_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any],
+    *,
+    request_id: str,
+    scheduled_s: float | None = None,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 600.0,
+) -> RequestTiming:
+    """POST ``body`` to ``url`` and time it; streaming if ``body["stream"]``."""
+    probe = _Probe(request_id, time.monotonic() if scheduled_s is None else scheduled_s)
+    sent_headers = {"X-Request-Id": request_id, **(headers or {})}
+    probe.sent_s = time.monotonic()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(url, json=body, headers=sent_headers) as resp:
+                probe.headers_s = time.monotonic()
+                probe.status = resp.status
+                if resp.status != 200:
+                    probe.fail(Outcome.HTTP_ERROR, _error_message(await resp.read()))
+                elif body.get("stream"):
+                    await probe.read_stream(resp)
+                else:
+                    probe.read_whole(await resp.read())
+    except TimeoutError:
+        probe.fail(Outcome.TIMEOUT, f"no complete answer within {timeout_s:g} s")
+    except aiohttp.ClientConnectorError as exc:
+        probe.fail(Outcome.CONNECT_ERROR, str(exc))
+    except (aiohttp.ClientError, ConnectionError) as exc:
+        probe.fail(Outcome.STREAM_ERROR, f"{type(exc).__name__}: {exc}")
+    return probe.result()
+
+
+class _Probe:
+    """Mutable state while one request is in flight."""
+
+    def __init__(self, request_id: str, scheduled_s: float) -> None:
+        self.request_id = request_id
+        self.scheduled_s = scheduled_s
+        self.sent_s = scheduled_s
+        self.headers_s: float | None = None
+        self.first_chunk_s: float | None = None
+        self.content_s: list[float] = []
+        self.status: int | None = None
+        self.usage: dict[str, Any] | None = None
+        self.finish_reason: str | None = None
+        self.outcome = Outcome.OK
+        self.error: str | None = None
+
+    def fail(self, outcome: Outcome, error: str) -> None:
+        if self.outcome is Outcome.OK:
+            self.outcome, self.error = outcome, error
+
+    async def read_stream(self, resp: aiohttp.ClientResponse) -> None:
+        done = False
+        async for data in iter_events(resp.content):
+            now = time.monotonic()
+            if self.first_chunk_s is None:
+                self.first_chunk_s = now
+            if data.strip() == "[DONE]":
+                done = True
+                break
+            try:
+                event = json.loads(data)
+            except json.JSONDecodeError:
+                self.fail(Outcome.STREAM_ERROR, f"malformed SSE data: {data[:80]!r}")
+                continue
+            self.take_event(event, now)
+        if not done:
+            self.fail(Outcome.STREAM_ERROR, "stream ended before data: [DONE]")
+
+    def take_event(self, event: object, now: float) -> None:
+        if not isinstance(event, dict):
+            self.fail(Outcome.STREAM_ERROR, "SSE data is not a JSON object")
+            return
+        if "error" in event:
+            self.fail(Outcome.STREAM_ERROR, _error_message(json.dumps(event).encode()))
+        if isinstance(event.get("usage"), dict):
+            self.usage = event["usage"]
+        for choice in event.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            delta = choice.get("delta")
+            part = delta if isinstance(delta, dict) else choice
+            text = part.get("content") or part.get("reasoning_content")
+            text = text or part.get("reasoning") or part.get("text")
+            if text:
+                self.content_s.append(now)
+            if choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
+
+    def read_whole(self, raw: bytes) -> None:
+        now = time.monotonic()
+        try:
+            event = json.loads(raw)
+        except json.JSONDecodeError:
+            self.fail(Outcome.STREAM_ERROR, "response body is not JSON")
+            return
+        if isinstance(event, dict):
+            for choice in event.get("choices") or ():
+                if isinstance(choice, dict) and isinstance(choice.get("message"), dict):
+                    choice = {**choice, **choice["message"]}
+                    event = {**event, "choices": [choice]}
+        self.first_chunk_s = now
+        self.take_event(event, now)
+
+    def result(self) -> RequestTiming:
+        end = time.monotonic()
+        usage = self.usage or {}
+        completion = usage.get("completion_tokens")
+        prompt = usage.get("prompt_tokens")
+        if isinstance(completion, int):
+            tokens, source = completion, TokenSource.USAGE
+        else:
+            tokens, source = len(self.content_s), TokenSource.CHUNKS
+        return RequestTiming(
+            request_id=self.request_id,
+            scheduled_s=self.scheduled_s,
+            sent_s=self.sent_s,
+            end_s=end,
+            outcome=self.outcome,
+            headers_s=self.headers_s,
+            first_chunk_s=self.first_chunk_s,
+            content_s=tuple(self.content_s),
+            status=self.status,
+            prompt_tokens=prompt if isinstance(prompt, int) else None,
+            output_tokens=tokens,
+            token_source=source,
+            finish_reason=self.finish_reason,
+            error=self.error,
+        )
+
+
+def _error_message(raw: bytes) -> str:
+    """The message of an OpenAI error body, else the start of the body."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return raw[:200].decode("utf-8", errors="replace")
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])[:500]
+    return str(body)[:200]

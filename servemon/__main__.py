@@ -1,0 +1,5 @@
+"""``python -m servemon``."""
+
+from servemon.cli import main
+
+main()
