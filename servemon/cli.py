@@ -167,7 +167,10 @@ def _sim_options(func: F) -> F:
             help="Send a role-only first chunk, as vLLM does. [default: on]",
         ),
         click.option(
-            "--role-chunk-delay", type=float, help="Seconds before the role chunk."
+            "--role-chunk-delay",
+            type=float,
+            help="Send the role chunk this many seconds after the headers (0: at "
+            "once) instead of with the first token, as vLLM does.",
         ),
     ]
     for option in reversed(options):

@@ -41,7 +41,9 @@ class Faults:
     slow_headers_s: Seconds = 0.0
     metrics: MetricsFault = "ok"
     role_chunk: bool = True
-    role_chunk_delay_s: Seconds = 0.0
+    #: None: with the first token, as vLLM sends it; a number: that long after the
+    #: response headers (0 = at once, as some servers do).
+    role_chunk_delay_s: Seconds | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,15 +70,21 @@ class SimConfig:
     faults: Faults = field(default_factory=Faults)
 
 
-def merge(base: SimConfig, overrides: Mapping[str, Any], source: str) -> SimConfig:
-    """``base`` with ``overrides`` applied (``None`` values are ignored).
+def merge(
+    base: SimConfig,
+    overrides: Mapping[str, Any],
+    source: str,
+    *,
+    skip_none: bool = True,
+) -> SimConfig:
+    """``base`` with ``overrides`` applied (``None`` values are skipped if asked).
 
     ``overrides`` may hold top-level fields and a ``faults`` mapping; the result is
     validated again, and a problem is reported against ``source``.
     """
     data = dataclasses.asdict(base)
     for key, value in overrides.items():
-        if value is None:
+        if value is None and skip_none:
             continue
         if key == "faults":
             if not isinstance(value, Mapping):
@@ -86,7 +94,9 @@ def merge(base: SimConfig, overrides: Mapping[str, Any], source: str) -> SimConf
                 raise ConfigError(
                     f"{source}: faults.{sorted(unknown)[0]}: unknown field"
                 )
-            data["faults"].update({k: v for k, v in value.items() if v is not None})
+            data["faults"].update(
+                {k: v for k, v in value.items() if v is not None or not skip_none}
+            )
         elif key not in data:
             raise ConfigError(f"{source}: {key}: unknown field")
         else:

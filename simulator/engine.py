@@ -287,6 +287,8 @@ class Engine:
         req.num_keyed_blocks = len(hits)
         req.num_computed = cached
         req.cached_tokens = max(req.cached_tokens, cached)
+        if not self.args.enable_prefix_caching:
+            return True
         stats = self.stats
         stats.prefix_queries += req.num_tokens
         stats.prefix_hits += cached

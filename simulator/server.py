@@ -239,7 +239,7 @@ class SimServer:
             eos_probability=self.engine.eos_probability,
         )
         try:
-            updated = merge(current, body, "PUT /sim/config")
+            updated = merge(current, body, "PUT /sim/config", skip_none=False)
         except ConfigError as exc:
             return self._error(400, str(exc))
         self.faults = updated.faults
@@ -290,10 +290,12 @@ class SimServer:
                 }
             )
             await response.prepare(request)
-            if api == "chat" and faults.role_chunk:
-                if faults.role_chunk_delay_s > 0:
-                    await asyncio.sleep(faults.role_chunk_delay_s)
-                await response.write(writer.role())
+        role = _RoleChunk(
+            response if api == "chat" and faults.role_chunk else None,
+            writer.role(),
+            faults.role_chunk_delay_s,
+        )
+        await role.start()
         if faults.first_token_stall_s > 0:
             await asyncio.sleep(faults.first_token_stall_s)
         if self.profile.frontend_latency_s > 0:
@@ -311,13 +313,16 @@ class SimServer:
         try:
             if response is None:
                 return await self._respond_whole(req, parsed, writer, written)
-            await self._stream(req, parsed, writer, response, written, cut, malformed)
+            await self._stream(
+                req, parsed, writer, response, written, role, cut, malformed
+            )
             return response
         except (asyncio.CancelledError, ConnectionError):
             self.engine.abort(req)
             status = 499
             raise
         finally:
+            role.cancel()
             self._record(req, written, status)
 
     def _check(self, parsed: ParsedRequest) -> int:
@@ -350,7 +355,7 @@ class SimServer:
         body = writer.full(
             "".join(req.pieces), req.finish_reason, len(req.prompt), req.num_output
         )
-        written.append(time.monotonic())
+        written.extend([time.monotonic()] * req.num_output)  # one time per token
         return web.json_response(body, headers={"X-Request-Id": req.request_id})
 
     async def _stream(
@@ -360,6 +365,7 @@ class SimServer:
         writer: ChunkWriter,
         response: web.StreamResponse,
         written: list[float],
+        role: _RoleChunk,
         cut: bool,
         malformed: bool,
     ) -> None:
@@ -371,6 +377,7 @@ class SimServer:
             req.wakeup.clear()
             new = req.pieces[sent:]
             if new:
+                await role.send()
                 sent += len(new)
                 last = req.finished and sent == len(req.pieces)
                 await response.write(
@@ -405,7 +412,9 @@ class SimServer:
                 scheduled_s=req.scheduled_s,
                 first_token_s=written[0] if written else None,
                 token_s=written,
-                finished_s=req.finished_s,
+                # When the response was done, not when the engine finished: the
+                # last token_s (a socket write) comes after the engine's finish.
+                finished_s=time.monotonic() if req.finished else None,
                 finish_reason=req.finish_reason,
                 prompt_tokens=len(req.prompt),
                 cached_tokens=req.cached_tokens,
@@ -426,3 +435,43 @@ class SimServer:
         self, status: int, message: str, kind: str = "BadRequestError"
     ) -> web.Response:
         return web.json_response(error_body(status, message, kind), status=status)
+
+
+class _RoleChunk:
+    """The role-only first chat chunk, sent with the first token (vLLM's way) or a
+    set time after the headers, and in any case before the first content."""
+
+    def __init__(
+        self, response: web.StreamResponse | None, data: bytes, delay: float | None
+    ) -> None:
+        self._response = response
+        self._data = data
+        self._delay = delay
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Send now if due now; else arm the timer, if there is one."""
+        if self._response is None or self._delay is None:
+            return
+        if self._delay <= 0:
+            await self.send()
+        else:
+            self._task = asyncio.create_task(self._later(self._delay))
+
+    async def _later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self._task = None
+        await self.send()
+
+    async def send(self) -> None:
+        """Send it unless already sent (or turned off)."""
+        self.cancel()
+        response, self._response = self._response, None
+        if response is not None:
+            await response.write(self._data)
+
+    def cancel(self) -> None:
+        """Disarm the timer."""
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()
+        self._task = None

@@ -3,7 +3,8 @@
 Times are ``time.monotonic()`` seconds (``CLOCK_MONOTONIC``), the clock a load
 generator on the same machine reads, so its measurements can be checked against what
 really happened. ``first_token_s`` and ``token_s`` are when content was written to the
-socket, not when the engine produced it.
+socket, not when the engine produced it; ``finished_s`` is when the server was done with
+the response (after its last write, or when it was aborted), so it bounds ``token_s``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Grafana dashboards generated with grafanalib. (Arrives with the dashboards issue.)"""

@@ -1,0 +1,2 @@
+"""The exporter: engine ``/metrics`` normalized to servemon's schema, NVML GPU stats,
+and a canary probe. (Arrives with the exporter issue.)"""
