@@ -1,0 +1,138 @@
+"""The console script as a user runs it: real processes, real HTTP, real signals."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+pytestmark = pytest.mark.e2e
+
+SERVEMON = [sys.executable, "-m", "servemon"]
+
+
+async def _start(*args: str) -> tuple[asyncio.subprocess.Process, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *SERVEMON, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), timeout=20)
+    match = re.search(rb"http://127\.0\.0\.1:(\d+)", line)
+    assert match, f"no URL in the ready line: {line!r}"
+    return proc, match.group(0).decode()
+
+
+@pytest_asyncio.fixture
+async def sim_process() -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    """``servemon sim --port 0 --profile tiny --speed 0.05``: about 20 ms a token."""
+    proc, url = await _start(
+        "sim", "--port", "0", "--profile", "tiny", "--speed", "0.05"
+    )
+    try:
+        yield proc, url
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+@pytest.mark.asyncio
+async def test_sim_streams_chunk_by_chunk_and_stops_on_sigterm(
+    sim_process: tuple[asyncio.subprocess.Process, str],
+) -> None:
+    proc, url = sim_process
+    body = {
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 6,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    arrivals: list[tuple[float, bytes]] = []
+    timeout = aiohttp.ClientTimeout(total=20)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.post(f"{url}/v1/chat/completions", json=body) as resp,
+    ):
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        async for line in resp.content:
+            if line.startswith(b"data: "):
+                arrivals.append((time.monotonic(), line.strip()))
+    assert arrivals[-1][1] == b"data: [DONE]"
+    content = [t for t, data in arrivals if b'"content":" ' in data]
+    assert len(content) == 6
+    # Chunk by chunk: each token arrives on its own, a step (about 20 ms) apart.
+    gaps = [b - a for a, b in itertools.pairwise(content)]
+    assert min(gaps) > 0.005
+    proc.send_signal(signal.SIGTERM)
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=10)
+    assert proc.returncode == 0
+    assert b"stopped" in out
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "field"),
+    [
+        ("faults:\n  http_500_fraction: 2\n", "faults.http_500_fraction"),
+        ("max_num_seqs: many\n", "max_num_seqs"),
+        ("no_such_field: 1\n", "no_such_field"),
+        ("port: [1,\n", "line 2"),
+    ],
+)
+def test_bad_config_is_one_line_naming_the_field(
+    tmp_path: Path, yaml_text: str, field: str
+) -> None:
+    config = tmp_path / "sim.yaml"
+    config.write_text(yaml_text)
+    done = subprocess.run(
+        [*SERVEMON, "sim", "--config", str(config), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("servemon: error: ")
+    assert str(config) in lines[0]
+    assert field in lines[0]
+
+
+def test_bad_flag_value_names_the_field() -> None:
+    done = subprocess.run(
+        [*SERVEMON, "sim", "--port", "0", "--http-503-fraction", "1.5"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1
+    assert "faults.http_503_fraction" in done.stderr
+
+
+def test_demo_measures_a_burst_against_the_simulator() -> None:
+    done = subprocess.run(
+        [*SERVEMON, "demo", "--profile", "tiny", "--number", "8", "--concurrency", "4",
+         "--max-tokens", "16"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "TTFT (ms)" in done.stdout
+    assert "8 requests (ok 8)" in done.stdout
+    assert 'vllm:generation_tokens_total{engine="0",model_name="sim-tiny"} 128' in (
+        done.stdout
+    )
