@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from loadgen.sse import iter_events
+from loadgen.sse import EventTooLarge, iter_events
 from loadgen.timing import Outcome, RequestTiming, TokenSource
 
 __all__ = ["ClientSettings", "make_session", "send_request"]
@@ -47,30 +47,61 @@ async def send_request(
     body: dict[str, Any],
     *,
     request_id: str,
+    stage: int = 0,
     scheduled_s: float | None = None,
     headers: dict[str, str] | None = None,
     timeout_s: float = 600.0,
+    cancel_after_s: float | None = None,
+    cancel_after_tokens: int | None = None,
+    record_interruption: bool = False,
 ) -> RequestTiming:
-    """POST ``body`` to ``url`` and time it; streaming if ``body["stream"]``."""
+    """POST ``body`` to ``url`` and time it; streaming if ``body["stream"]``.
+
+    ``cancel_after_s`` / ``cancel_after_tokens`` close the connection that long after
+    the send, or after that many content chunks, and record ``cancelled``: a client
+    walking away. With ``record_interruption``, cancelling the calling task (a run
+    being stopped) also returns a ``cancelled`` record with what was measured so far,
+    instead of raising.
+    """
     probe = _Probe(request_id, time.monotonic() if scheduled_s is None else scheduled_s)
+    probe.stage = stage
+    probe.cancel_after_tokens = cancel_after_tokens
     sent_headers = {"X-Request-Id": request_id, **(headers or {})}
     probe.sent_s = time.monotonic()
+    walk_away = asyncio.timeout(cancel_after_s)
+    deadline = asyncio.timeout(timeout_s)
     try:
-        async with asyncio.timeout(timeout_s):
-            async with session.post(url, json=body, headers=sent_headers) as resp:
-                probe.headers_s = time.monotonic()
-                probe.status = resp.status
-                if resp.status != 200:
-                    probe.fail(Outcome.HTTP_ERROR, _error_message(await resp.read()))
-                elif body.get("stream"):
-                    await probe.read_stream(resp)
-                else:
-                    probe.read_whole(await resp.read())
-    except TimeoutError:
-        probe.fail(Outcome.TIMEOUT, f"no complete answer within {timeout_s:g} s")
+        async with (
+            deadline,
+            walk_away,
+            session.post(url, json=body, headers=sent_headers) as resp,
+        ):
+            probe.headers_s = time.monotonic()
+            probe.status = resp.status
+            if resp.status != 200:
+                probe.fail(Outcome.HTTP_ERROR, _error_message(await resp.read()))
+            elif body.get("stream"):
+                await probe.read_stream(resp)
+            else:
+                probe.read_whole(await resp.read())
+            if probe.outcome is Outcome.CANCELLED:
+                resp.close()
+    except aiohttp.ConnectionTimeoutError as exc:
+        probe.fail(Outcome.CONNECT_ERROR, f"connect timeout: {exc}")
+    except TimeoutError as exc:
+        if walk_away.expired():
+            probe.fail(Outcome.CANCELLED, f"client closed after {cancel_after_s:g} s")
+        elif deadline.expired():
+            probe.fail(Outcome.TIMEOUT, f"no complete answer within {timeout_s:g} s")
+        else:
+            probe.fail(Outcome.TIMEOUT, f"read timeout: {exc or type(exc).__name__}")
+    except asyncio.CancelledError:
+        if not record_interruption:
+            raise
+        probe.fail(Outcome.CANCELLED, "interrupted: the run stopped first")
     except aiohttp.ClientConnectorError as exc:
         probe.fail(Outcome.CONNECT_ERROR, str(exc))
-    except (aiohttp.ClientError, ConnectionError) as exc:
+    except (aiohttp.ClientError, ConnectionError, EventTooLarge) as exc:
         probe.fail(Outcome.STREAM_ERROR, f"{type(exc).__name__}: {exc}")
     return probe.result()
 
@@ -80,6 +111,8 @@ class _Probe:
 
     def __init__(self, request_id: str, scheduled_s: float) -> None:
         self.request_id = request_id
+        self.stage = 0
+        self.cancel_after_tokens: int | None = None
         self.scheduled_s = scheduled_s
         self.sent_s = scheduled_s
         self.headers_s: float | None = None
@@ -110,6 +143,10 @@ class _Probe:
                 self.fail(Outcome.STREAM_ERROR, f"malformed SSE data: {data[:80]!r}")
                 continue
             self.take_event(event, now)
+            limit = self.cancel_after_tokens
+            if limit is not None and len(self.content_s) >= limit:
+                self.fail(Outcome.CANCELLED, f"client closed after {limit} chunks")
+                return
         if not done:
             self.fail(Outcome.STREAM_ERROR, "stream ended before data: [DONE]")
 
@@ -121,7 +158,11 @@ class _Probe:
             self.fail(Outcome.STREAM_ERROR, _error_message(json.dumps(event).encode()))
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
-        for choice in event.get("choices") or ():
+        choices = event.get("choices")
+        if choices is not None and not isinstance(choices, list):
+            self.fail(Outcome.STREAM_ERROR, "choices is not a list")
+            return
+        for choice in choices or ():
             if not isinstance(choice, dict):
                 continue
             delta = choice.get("delta")
@@ -140,8 +181,8 @@ class _Probe:
         except json.JSONDecodeError:
             self.fail(Outcome.STREAM_ERROR, "response body is not JSON")
             return
-        if isinstance(event, dict):
-            for choice in event.get("choices") or ():
+        if isinstance(event, dict) and isinstance(event.get("choices"), list):
+            for choice in event["choices"]:
                 if isinstance(choice, dict) and isinstance(choice.get("message"), dict):
                     choice = {**choice, **choice["message"]}
                     event = {**event, "choices": [choice]}
@@ -159,6 +200,7 @@ class _Probe:
             tokens, source = len(self.content_s), TokenSource.CHUNKS
         return RequestTiming(
             request_id=self.request_id,
+            stage=self.stage,
             scheduled_s=self.scheduled_s,
             sent_s=self.sent_s,
             end_s=end,

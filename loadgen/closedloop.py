@@ -2,6 +2,7 @@
 
 At most ``concurrency`` requests are in flight; as one finishes the next is sent,
 until ``number`` have finished. ``warmup`` requests go first and are not returned.
+Setting ``stop`` ends the loop: no new request starts, those in flight finish.
 """
 
 from __future__ import annotations
@@ -30,26 +31,48 @@ async def run_closed_loop(
     id_prefix: str = "req",
     headers: dict[str, str] | None = None,
     timeout_s: float = 600.0,
+    stage: int = 0,
+    on_done: Callable[[RequestTiming], None] | None = None,
+    stop: asyncio.Event | None = None,
+    options: Callable[[int], dict[str, Any]] | None = None,
 ) -> list[RequestTiming]:
-    """Run ``warmup + number`` requests with ``concurrency`` in flight."""
+    """Run ``warmup + number`` requests with ``concurrency`` in flight.
+
+    ``options(index)`` may add keyword arguments of :func:`send_request` (such as
+    ``cancel_after_s``) per request; ``on_done`` sees each measured request.
+    """
     total = warmup + number
-    counter = itertools.count()
+    counter = itertools.count()  # rebound per phase below; workers read the current
     measured: list[RequestTiming] = []
 
-    async def worker() -> None:
-        while (index := next(counter)) < total:
+    async def worker(end: int) -> None:
+        while not (stop is not None and stop.is_set()):
+            index = next(counter)
+            if index >= end:
+                return
             timing = await send_request(
                 session,
                 url,
                 make_body(index),
                 request_id=f"{id_prefix}-{index}",
+                stage=stage,
                 headers=headers,
                 timeout_s=timeout_s,
+                record_interruption=True,
+                **(options(index) if options is not None else {}),
             )
             if index >= warmup:
                 measured.append(timing)
+                if on_done is not None:
+                    on_done(timing)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                return  # the run was cancelled: the interrupted request is recorded
 
-    async with asyncio.TaskGroup() as group:
-        for _ in range(min(concurrency, total)):
-            group.create_task(worker())
+    # Warm-up requests run as a phase of their own, then the measured ones.
+    for start, end in ((0, warmup), (warmup, total)):
+        counter = itertools.count(start)
+        async with asyncio.TaskGroup() as group:
+            for _ in range(min(concurrency, end - start)):
+                group.create_task(worker(end))
     return measured

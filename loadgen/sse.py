@@ -2,8 +2,10 @@
 
 The framing is the part of the SSE standard that OpenAI-compatible servers use:
 ``data:`` lines (several join with newlines), events ended by a blank line, comment
-lines starting with ``:``, other fields ignored. A stream that ends mid-event yields
-what it had.
+lines starting with ``:``, other fields ignored, an event with no data not dispatched.
+Lines are split here rather than by aiohttp's line reader, which refuses lines over
+512 KiB; one event may be up to ``max_event_bytes`` long, past which
+:class:`EventTooLarge` is raised. A stream that ends mid-event yields what it had.
 """
 
 from __future__ import annotations
@@ -12,23 +14,50 @@ from collections.abc import AsyncIterator
 
 from aiohttp import StreamReader
 
-__all__ = ["iter_events"]
+__all__ = ["EventTooLarge", "iter_events"]
 
 
-async def iter_events(content: StreamReader) -> AsyncIterator[str]:
+class EventTooLarge(ValueError):
+    """An SSE event longer than the limit."""
+
+
+async def iter_events(
+    content: StreamReader, *, max_event_bytes: int = 16 * 1024 * 1024
+) -> AsyncIterator[str]:
     """Yield each event's data as text."""
     data: list[str] = []
-    async for raw in content:
-        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-        if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-            continue
-        if line.startswith(":"):
-            continue
-        field, _, value = line.partition(":")
-        if field == "data":
-            data.append(value[1:] if value.startswith(" ") else value)
-    if data:
+    size = 0
+    pending = b""
+    async for chunk in content.iter_any():
+        pending += chunk
+        if len(pending) > max_event_bytes:
+            raise EventTooLarge(f"an SSE line over {max_event_bytes} bytes")
+        *lines, pending = pending.split(b"\n")
+        for raw in lines:
+            event = _take_line(raw, data)
+            size += len(raw)
+            if event is not None:
+                size = 0
+                if event:
+                    yield event
+            elif size > max_event_bytes:
+                raise EventTooLarge(f"an SSE event over {max_event_bytes} bytes")
+    if pending:
+        _take_line(pending, data)
+    if data and "\n".join(data):
         yield "\n".join(data)
+
+
+def _take_line(raw: bytes, data: list[str]) -> str | None:
+    """Add one line to ``data``; at a blank line return the event (and reset)."""
+    line = raw.decode("utf-8", errors="replace").rstrip("\r")
+    if not line:
+        event = "\n".join(data)
+        data.clear()
+        return event
+    if line.startswith(":"):
+        return None
+    name, _, value = line.partition(":")
+    if name == "data":
+        data.append(value[1:] if value.startswith(" ") else value)
+    return None

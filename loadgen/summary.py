@@ -1,20 +1,40 @@
-"""Figures over a set of requests: counts, throughput, latency percentiles."""
+"""Figures over a set of requests: counts, throughput, latency percentiles, goodput.
+
+Percentiles use the inclusive method (linear interpolation between closest ranks, as
+numpy's default), over ok requests only; ITL pools every gap of every ok request.
+Throughput is over ``duration_s``: the stage's own length when the caller gives it,
+else first send to last end.
+"""
 
 from __future__ import annotations
 
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
+from loadgen.slo import SloTerm, request_meets
 from loadgen.timing import Outcome, RequestTiming
 
-__all__ = ["Distribution", "Summary", "summarize"]
+__all__ = ["FIGURE_NAMES", "Distribution", "Summary", "flat_row", "summarize"]
+
+#: Latency figures in a summary, in the order tables show them.
+FIGURE_NAMES = (
+    "ttft",
+    "ttfc",
+    "itl",
+    "tpot",
+    "e2e",
+    "dispatch_lag",
+    "ttft_from_scheduled",
+    "e2e_from_scheduled",
+)
 
 
 @dataclass(frozen=True, slots=True)
 class Distribution:
-    """Mean and percentiles of one figure, in its own unit."""
+    """Count, mean, percentiles and max of one figure, in seconds."""
 
     count: int
     mean: float
@@ -22,6 +42,7 @@ class Distribution:
     p90: float
     p95: float
     p99: float
+    max: float = 0.0
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Distribution | None:
@@ -30,16 +51,22 @@ class Distribution:
             return None
         if len(values) == 1:
             v = values[0]
-            return cls(1, v, v, v, v, v)
+            return cls(1, v, v, v, v, v, v)
         cuts = statistics.quantiles(values, n=100, method="inclusive")
         return cls(
-            len(values),
-            statistics.fmean(values),
-            cuts[49],
-            cuts[89],
-            cuts[94],
-            cuts[98],
+            count=len(values),
+            mean=statistics.fmean(values),
+            p50=cuts[49],
+            p90=cuts[89],
+            p95=cuts[94],
+            p99=cuts[98],
+            max=max(values),
         )
+
+    def stat(self, name: str) -> float:
+        """One statistic by name (``mean``, ``p50`` ... ``max``)."""
+        value: float = getattr(self, name)
+        return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,31 +84,112 @@ class Summary:
     tpot: Distribution | None
     itl: Distribution | None
     e2e: Distribution | None
+    ttfc: Distribution | None = None
+    dispatch_lag: Distribution | None = None
+    ttft_from_scheduled: Distribution | None = None
+    e2e_from_scheduled: Distribution | None = None
+    prompt_throughput: float = 0.0
+    error_rate: float = 0.0
+    token_sources: dict[str, int] = field(default_factory=dict)
+    goodput: float | None = None
+    slo_met: dict[str, bool] | None = None
+
+    def figure(self, name: str) -> Distribution | None:
+        """A latency figure by name (one of :data:`FIGURE_NAMES`)."""
+        value: Distribution | None = getattr(self, name)
+        return value
+
+    def value(self, key: str) -> float | None:
+        """``ttft_p95``-style lookups, and ``error_rate``."""
+        if key == "error_rate":
+            return self.error_rate
+        figure, _, stat = key.rpartition("_")
+        dist = self.figure(figure)
+        return None if dist is None else dist.stat(stat)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
 
 
-def summarize(timings: Sequence[RequestTiming]) -> Summary:
-    """Summarize finished requests; throughput over first send to last end."""
+def summarize(
+    timings: Sequence[RequestTiming],
+    *,
+    duration_s: float | None = None,
+    slo: Sequence[SloTerm] = (),
+) -> Summary:
+    """Summarize finished requests (see the module docstring)."""
     ok = [t for t in timings if t.outcome is Outcome.OK]
     outcomes = Counter(str(t.outcome) for t in timings)
-    duration = (
-        max(t.end_s for t in timings) - min(t.sent_s for t in timings)
-        if timings
-        else 0.0
-    )
-    tokens = sum(t.output_tokens for t in ok)
+    if duration_s is None:
+        duration_s = (
+            max(t.end_s for t in timings) - min(t.sent_s for t in timings)
+            if timings
+            else 0.0
+        )
+    per_s = 1.0 / duration_s if duration_s > 0 else 0.0
     prompts = [t.prompt_tokens for t in ok if t.prompt_tokens is not None]
-    return Summary(
+
+    def dist(values: list[float | None]) -> Distribution | None:
+        return Distribution.of([v for v in values if v is not None])
+
+    summary = Summary(
         requests=len(timings),
         outcomes=dict(outcomes),
-        duration_s=duration,
-        request_throughput=len(ok) / duration if duration > 0 else 0.0,
-        output_throughput=tokens / duration if duration > 0 else 0.0,
+        duration_s=duration_s,
+        request_throughput=len(ok) * per_s,
+        output_throughput=sum(t.output_tokens for t in ok) * per_s,
         mean_prompt_tokens=statistics.fmean(prompts) if prompts else None,
         mean_output_tokens=statistics.fmean([t.output_tokens for t in ok])
         if ok
         else None,
-        ttft=Distribution.of([v for t in ok if (v := t.ttft) is not None]),
-        tpot=Distribution.of([v for t in ok if (v := t.tpot) is not None]),
+        ttft=dist([t.ttft for t in ok]),
+        tpot=dist([t.tpot for t in ok]),
         itl=Distribution.of([gap for t in ok for gap in t.itl]),
-        e2e=Distribution.of([t.e2e for t in ok]),
+        e2e=dist([t.e2e for t in ok]),
+        ttfc=dist([t.time_to_first_chunk for t in ok]),
+        dispatch_lag=dist([t.dispatch_lag for t in timings]),
+        ttft_from_scheduled=dist([t.ttft_from_scheduled for t in ok]),
+        e2e_from_scheduled=dist([t.e2e_from_scheduled for t in ok]),
+        prompt_throughput=sum(prompts) * per_s,
+        error_rate=(len(timings) - len(ok)) / len(timings) if timings else 0.0,
+        token_sources=dict(Counter(str(t.token_source) for t in ok)),
     )
+    if not slo:
+        return summary
+    good = sum(1 for t in ok if request_meets(t, slo))
+    met = {}
+    for term in slo:
+        value = summary.value(term.key)
+        met[str(term)] = value is not None and value <= term.threshold
+    return _replace(summary, goodput=good * per_s, slo_met=met)
+
+
+def _replace(summary: Summary, **changes: Any) -> Summary:
+    data = {name: getattr(summary, name) for name in Summary.__dataclass_fields__}
+    data.update(changes)
+    return Summary(**data)
+
+
+def flat_row(summary: Summary) -> dict[str, Any]:
+    """One CSV row: counts, throughput, and every statistic of every figure."""
+    row: dict[str, Any] = {
+        "requests": summary.requests,
+        "ok": summary.outcomes.get("ok", 0),
+        "errors": summary.requests - summary.outcomes.get("ok", 0),
+        "error_rate": round(summary.error_rate, 6),
+        "duration_s": round(summary.duration_s, 6),
+        "request_throughput": round(summary.request_throughput, 6),
+        "output_throughput": round(summary.output_throughput, 6),
+        "prompt_throughput": round(summary.prompt_throughput, 6),
+        "goodput": None if summary.goodput is None else round(summary.goodput, 6),
+        "mean_prompt_tokens": summary.mean_prompt_tokens,
+        "mean_output_tokens": summary.mean_output_tokens,
+    }
+    for name in FIGURE_NAMES:
+        dist = summary.figure(name)
+        for stat in ("mean", "p50", "p90", "p95", "p99", "max"):
+            row[f"{name}_{stat}_s"] = (
+                None if dist is None else round(dist.stat(stat), 6)
+            )
+    return row

@@ -8,6 +8,8 @@ All times are ``time.monotonic()`` seconds. Definitions (see ``docs/metrics.md``
 - ITL: each gap between consecutive content chunks.
 - TPOT: (E2E - TTFT) / (output tokens - 1).
 - dispatch lag: actual send minus scheduled send.
+- TTFT and E2E from the scheduled send: the same ends, measured from when the request
+  was due, so a client that fell behind its schedule cannot hide the wait.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class RequestTiming:
     """Monotonic timestamps and counts of one request."""
 
     request_id: str
+    stage: int = 0
     scheduled_s: float
     sent_s: float
     end_s: float
@@ -77,6 +80,18 @@ class RequestTiming:
     def e2e(self) -> float:
         """End minus actual send."""
         return self.end_s - self.sent_s
+
+    @property
+    def ttft_from_scheduled(self) -> float | None:
+        """First content chunk minus scheduled send: what a user arriving on
+        schedule waited for the first token."""
+        first = self.first_content_s
+        return None if first is None else first - self.scheduled_s
+
+    @property
+    def e2e_from_scheduled(self) -> float:
+        """End minus scheduled send."""
+        return self.end_s - self.scheduled_s
 
     @property
     def dispatch_lag(self) -> float:

@@ -6,20 +6,22 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import click
 
+from loadgen.config import LoadConfig, merge_load, parse_extra_body
 from servemon import __version__
-from servemon.errors import ServemonError
+from servemon.errors import ConfigError, ServemonError
 from servemon.fields import read_yaml
 from simulator.config import DIALECTS, SimConfig, merge
 
-__all__ = ["main"]
+__all__ = ["cli", "main"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 SIM_FLAGS = (
     "host",
@@ -53,7 +55,7 @@ FAULT_FLAGS = {
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="servemon")
-def main() -> None:
+def cli() -> None:
     """Watch LLM serving endpoints under load."""
 
 
@@ -190,7 +192,7 @@ def sim_config(config_file: Path | None, flags: dict[str, Any]) -> SimConfig:
     return merge(config, overrides, "command line")
 
 
-@main.command()
+@cli.command()
 @_sim_options
 def sim(config_file: Path | None, **flags: Any) -> None:
     """Serve a simulated vLLM endpoint (OpenAI API and vLLM /metrics)."""
@@ -216,7 +218,7 @@ async def _serve_sim(config: SimConfig) -> None:
     click.echo("servemon sim: stopped")
 
 
-@main.command()
+@cli.command()
 @click.option(
     "--profile",
     default="qwen3-0.6b-eager",
@@ -277,7 +279,213 @@ def demo(
     )
 
 
-T = TypeVar("T")
+def _load_options(func: F) -> F:
+    options = [
+        click.option(
+            "--config",
+            "config_file",
+            type=click.Path(path_type=Path),
+            help="YAML with any of these settings (names with underscores); flags win.",
+        ),
+        click.option(
+            "--target",
+            help="Base URL of an OpenAI-compatible server. "
+            "Without it the built-in simulator is started on a free port.",
+        ),
+        click.option(
+            "--model", help="Model to ask for. [default: the first of /v1/models]"
+        ),
+        click.option(
+            "--api",
+            type=click.Choice(["chat", "completions"]),
+            help="Which API. [default: chat]",
+        ),
+        click.option(
+            "--stream/--no-stream",
+            default=None,
+            help="Stream responses (TTFT and ITL need it). [default: stream]",
+        ),
+        click.option(
+            "--workload",
+            help="random:prompt=N,output=N | shared-prefix:"
+            "prefix=N,prompts=N,suffix=N,output=N | file:PATH. [default: "
+            "random:prompt=128,output=128]",
+        ),
+        click.option(
+            "--tokenizer",
+            help="A local tokenizer.json for exact prompt "
+            "lengths. [default: the target's /tokenize, else an estimate]",
+        ),
+        click.option(
+            "--ignore-eos/--no-ignore-eos",
+            default=None,
+            help="Ask for the full output length.",
+        ),
+        click.option(
+            "--extra-body", help="JSON object merged into every request body."
+        ),
+        click.option(
+            "--header",
+            multiple=True,
+            help="'Name: value' added to every "
+            "request (never recorded). SERVEMON_API_KEY sets a bearer token.",
+        ),
+        click.option(
+            "--timeout", type=float, help="Seconds a request may take. [default: 600]"
+        ),
+        click.option("--out", help="Parent of the run directory. [default: runs]"),
+        click.option(
+            "--metrics-port",
+            type=int,
+            help="Port of the live client "
+            "/metrics on 127.0.0.1 (0: any free). [default: 9401]",
+        ),
+        click.option(
+            "--seed",
+            type=int,
+            help="Seed of arrivals, prompts and cancellations. [default: 0]",
+        ),
+        click.option(
+            "--slo",
+            help="e.g. ttft_p95<=0.5,itl_p95<=0.05,error_rate<=0.01 "
+            "(seconds): goodput and pass/fail per stage.",
+        ),
+        click.option(
+            "--cancel-fraction",
+            type=float,
+            help="Fraction of requests the client walks away from.",
+        ),
+        click.option("--cancel-after", type=float, help="... after this many seconds."),
+        click.option(
+            "--cancel-after-tokens",
+            type=int,
+            help="... or after this many content chunks.",
+        ),
+        click.option(
+            "--grace",
+            type=float,
+            help="Seconds requests in flight get after Ctrl-C or SIGTERM. [default: 5]",
+        ),
+        click.option(
+            "--sim-profile",
+            help="Profile of the built-in simulator when "
+            "there is no --target. [default: qwen3-0.6b-eager]",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def load_config(config_file: Path | None, flags: dict[str, Any]) -> LoadConfig:
+    """A load run's config: defaults, then the YAML file, then flags."""
+    config = LoadConfig()
+    if config_file is not None:
+        config = merge_load(config, read_yaml(config_file), str(config_file))
+    overrides = dict(flags)
+    if overrides.get("extra_body") is not None:
+        overrides["extra_body"] = parse_extra_body(overrides["extra_body"])
+    for key in ("parallel", "number"):
+        if overrides.get(key):
+            overrides[key] = _int_list(key, overrides[key])
+    return merge_load(config, overrides, "command line")
+
+
+def _int_list(name: str, text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.replace(",", " ").split())
+    except ValueError:
+        raise ConfigError(
+            f"--{name}: expected integers, e.g. --{name} 1 2 4 8"
+        ) from None
+
+
+def _run_load(kind: Literal["ramp", "sweep"], config: LoadConfig) -> None:
+    from servemon.load import run_command
+
+    result = _run_or_exit(lambda: _asyncio_run(run_command(kind, config, sys.argv)))
+    if result.status != "completed":
+        sys.exit(130)
+
+
+def _asyncio_run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run on uvloop where it is installed, else asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+@cli.command()
+@_load_options
+@click.option(
+    "--stages", help="RPS:SECONDS,... e.g. 2:30,4:30,8:30. [default: 1:10,2:10,4:10]"
+)
+@click.option("--rps-start", type=float, help="First rate of a linear ramp.")
+@click.option("--rps-end", type=float, help="Last rate of a linear ramp.")
+@click.option("--rps-step", type=float, help="Rate increment. [default: 1]")
+@click.option("--step-seconds", type=float, help="Seconds per rate. [default: 30]")
+@click.option("--arrival", help="constant | poisson | gamma:CV. [default: poisson]")
+@click.option(
+    "--max-inflight",
+    type=int,
+    help="Safety cap on requests in flight; "
+    "what it holds back is counted. [default: 1000]",
+)
+@click.option(
+    "--late",
+    type=click.Choice(["send", "skip"]),
+    help="Requests that "
+    "could only go out late: send them late, or skip them. [default: send]",
+)
+@click.option(
+    "--late-tolerance",
+    type=float,
+    help="Seconds late before --late skip applies. [default: 1]",
+)
+@click.option("--max-requests", type=int, help="Stop the schedule after this many.")
+def ramp(config_file: Path | None, **flags: Any) -> None:
+    """Open-loop load: requests at scheduled times, whatever is in flight."""
+    config = _run_or_exit(lambda: load_config(config_file, flags))
+    _run_load("ramp", config)
+
+
+@cli.command()
+@_load_options
+@click.option(
+    "--parallel", help="Concurrency levels, e.g. --parallel 1 2 4 8. [default: 1 2 4 8]"
+)
+@click.option(
+    "--number",
+    help="Requests measured per level (one value, or one per level). [default: 16]",
+)
+@click.option(
+    "--warmup", type=int, help="Warm-up requests per level, not counted. [default: 0]"
+)
+def sweep(config_file: Path | None, **flags: Any) -> None:
+    """Closed loop: each level keeps N requests in flight until M have finished."""
+    config = _run_or_exit(lambda: load_config(config_file, flags))
+    _run_load("sweep", config)
+
+
+def join_multi_values(argv: list[str], names: Sequence[str]) -> list[str]:
+    """``--parallel 1 2 4`` (EvalScope's form) as ``--parallel 1,2,4`` for click."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        out.append(argv[i])
+        if argv[i] in names:
+            values = []
+            i += 1
+            while i < len(argv) and argv[i].replace(",", "").isdigit():
+                values.append(argv[i])
+                i += 1
+            out.append(",".join(values))
+            continue
+        i += 1
+    return out
 
 
 def _run_or_exit(func: Callable[[], T]) -> T:
@@ -291,3 +499,8 @@ def _run_or_exit(func: Callable[[], T]) -> T:
         with contextlib.suppress(Exception):
             click.echo("servemon: interrupted", err=True)
         sys.exit(130)
+
+
+def main() -> None:
+    """The console script: ``--parallel 1 2 4`` is accepted as EvalScope writes it."""
+    cli(args=join_multi_values(sys.argv[1:], ("--parallel", "--number")))

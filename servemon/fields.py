@@ -16,7 +16,7 @@ import yaml
 
 from servemon.errors import ConfigError
 
-__all__ = ["FORBID_EXTRA", "load", "read_yaml"]
+__all__ = ["FORBID_EXTRA", "Secret", "load", "read_yaml"]
 
 #: Put ``__pydantic_config__ = FORBID_EXTRA`` in a config dataclass to reject
 #: unknown fields.
@@ -57,3 +57,32 @@ def load(cls: type[T], data: Mapping[str, Any], source: str) -> T:
         got = first.get("input")
         shown = "" if isinstance(got, dict) else f" (got {got!r})"
         raise ConfigError(f"{source}: {where}: {first['msg']}{shown}") from None
+
+
+class Secret:
+    """A secret value (API key, auth header) that never prints.
+
+    ``str()``, ``repr()`` and formatting give ``<redacted>``; only :meth:`reveal`
+    returns the value, and only where a request header is built.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The value itself."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret(<redacted>)"
+
+    def __str__(self) -> str:
+        return "<redacted>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)

@@ -1,0 +1,147 @@
+"""When requests are due: stages of target rates and seeded arrival processes.
+
+A schedule is a list of :class:`Stage` (a rate held for a duration) and an
+:class:`Arrival` process. :func:`schedule` yields every request's absolute offset from
+the run's start, computed up front from the seed alone — the sender never looks at
+responses, which is what makes the load open-loop. Inter-arrival gaps are
+
+- ``constant``: exactly ``1/rate``;
+- ``poisson``: exponential with mean ``1/rate``;
+- ``gamma:CV``: gamma with mean ``1/rate`` and coefficient of variation ``CV``
+  (``CV`` > 1 is burstier than Poisson, < 1 smoother; 1 is Poisson).
+
+Each stage starts its own process at the stage's start, so a rate change takes effect
+at the boundary.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from servemon.errors import ConfigError
+
+__all__ = [
+    "Arrival",
+    "Due",
+    "Stage",
+    "linear_stages",
+    "parse_arrival",
+    "parse_stages",
+    "schedule",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """A target rate (requests/s) held for ``duration_s`` seconds."""
+
+    index: int
+    rate: float
+    duration_s: float
+    start_s: float
+
+    @property
+    def end_s(self) -> float:
+        """Offset of the stage's end from the run's start."""
+        return self.start_s + self.duration_s
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """An inter-arrival distribution."""
+
+    kind: Literal["constant", "poisson", "gamma"] = "poisson"
+    cv: float = 1.0
+
+    def __str__(self) -> str:
+        return f"gamma:{self.cv:g}" if self.kind == "gamma" else self.kind
+
+    def gap(self, rng: random.Random, rate: float) -> float:
+        """One inter-arrival gap at ``rate``."""
+        if self.kind == "constant":
+            return 1.0 / rate
+        if self.kind == "poisson":
+            return rng.expovariate(rate)
+        shape = 1.0 / (self.cv * self.cv)
+        return rng.gammavariate(shape, 1.0 / (rate * shape))
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    """One request's place in the schedule."""
+
+    index: int
+    stage: int
+    offset_s: float
+
+
+def parse_arrival(text: str) -> Arrival:
+    """``constant``, ``poisson`` or ``gamma:CV``."""
+    if text in ("constant", "poisson"):
+        return Arrival(text)  # type: ignore[arg-type]
+    if text.startswith("gamma:"):
+        try:
+            cv = float(text.removeprefix("gamma:"))
+        except ValueError:
+            cv = -1.0
+        if cv > 0:
+            return Arrival("gamma", cv)
+        raise ConfigError(
+            f"--arrival: {text!r}: gamma needs a positive CV, e.g. gamma:2"
+        )
+    raise ConfigError(f"--arrival: {text!r}: expected constant, poisson or gamma:CV")
+
+
+def parse_stages(text: str) -> list[Stage]:
+    """``RPS:SECONDS,...`` such as ``2:30,4:30,8:30``."""
+    stages: list[Stage] = []
+    start = 0.0
+    for i, part in enumerate(p.strip() for p in text.split(",")):
+        rate_text, sep, seconds_text = part.partition(":")
+        try:
+            rate, seconds = float(rate_text), float(seconds_text)
+        except ValueError:
+            rate = seconds = -1.0
+        if not sep or rate <= 0 or seconds <= 0:
+            raise ConfigError(
+                f"--stages: stage {i + 1} {part!r}: expected RPS:SECONDS with both > 0"
+            )
+        stages.append(Stage(i, rate, seconds, start))
+        start += seconds
+    return stages
+
+
+def linear_stages(start: float, end: float, step: float, seconds: float) -> list[Stage]:
+    """Rates ``start, start+step, ... <= end``, each held ``seconds``."""
+    if start <= 0 or end < start or step <= 0 or seconds <= 0:
+        raise ConfigError(
+            "--rps-start/--rps-end/--rps-step/--step-seconds: need 0 < start <= end, "
+            "step > 0 and seconds > 0"
+        )
+    rates: list[float] = []
+    rate = start
+    while rate <= end + 1e-9 and len(rates) < 10_000:
+        rates.append(round(rate, 9))
+        rate += step
+    return [Stage(i, r, seconds, i * seconds) for i, r in enumerate(rates)]
+
+
+def schedule(
+    stages: Sequence[Stage], arrival: Arrival, seed: int, *, limit: int | None = None
+) -> Iterator[Due]:
+    """Every request's offset from the run's start, in order; at most ``limit``."""
+    rng = random.Random(f"arrivals:{seed}")
+    index = 0
+    for stage in stages:
+        at = stage.start_s
+        if arrival.kind != "constant":
+            at += arrival.gap(rng, stage.rate)
+        while at < stage.end_s:
+            if limit is not None and index >= limit:
+                return
+            yield Due(index, stage.index, at)
+            index += 1
+            at += arrival.gap(rng, stage.rate)

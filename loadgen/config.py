@@ -1,0 +1,116 @@
+"""Configuration of a load run: every flag of ``servemon ramp``/``sweep`` as a field.
+
+YAML (``--config servemon.yaml``) uses the flag names with underscores; flags win.
+Secrets never live here: the API key comes from ``SERVEMON_API_KEY`` and header
+values are wrapped in :class:`servemon.fields.Secret` when the request headers are
+built (:func:`auth_headers`), so the config can be recorded as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge, Gt, Le
+
+from servemon.errors import ConfigError
+from servemon.fields import FORBID_EXTRA, Secret, load
+
+__all__ = ["LoadConfig", "auth_headers", "merge_load", "parse_extra_body"]
+
+Positive = Annotated[float, Gt(0)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadConfig:
+    """Everything a load run takes (see ``docs/loadgen.md``)."""
+
+    __pydantic_config__ = FORBID_EXTRA
+
+    target: str | None = None
+    model: str | None = None
+    api: Literal["chat", "completions"] = "chat"
+    stream: bool = True
+    workload: str = "random:prompt=128,output=128"
+    tokenizer: str | None = None
+    ignore_eos: bool = False
+    extra_body: dict[str, Any] | None = None
+    header: tuple[str, ...] = ()
+    timeout: Positive = 600.0
+    out: str = "runs"
+    metrics_port: Annotated[int, Ge(0), Le(65535)] = 9401
+    metrics_host: str = "127.0.0.1"
+    seed: int = 0
+    slo: str | None = None
+    cancel_fraction: Annotated[float, Ge(0), Le(1)] = 0.0
+    cancel_after: Positive | None = None
+    cancel_after_tokens: Annotated[int, Ge(1)] | None = None
+    grace: Annotated[float, Ge(0)] = 5.0
+    max_connections: Annotated[int, Ge(1)] = 10_000
+    sample_interval: Positive = 1.0
+    # open loop (ramp)
+    stages: str | None = None
+    rps_start: Positive | None = None
+    rps_end: Positive | None = None
+    rps_step: Positive | None = None
+    step_seconds: Positive | None = None
+    arrival: str = "poisson"
+    max_inflight: Annotated[int, Ge(1)] = 1000
+    late: Literal["send", "skip"] = "send"
+    late_tolerance: Annotated[float, Ge(0)] = 1.0
+    max_requests: Annotated[int, Ge(1)] | None = None
+    # closed loop (sweep)
+    parallel: tuple[Annotated[int, Ge(1)], ...] = (1, 2, 4, 8)
+    number: tuple[Annotated[int, Ge(1)], ...] = (16,)
+    warmup: Annotated[int, Ge(0)] = 0
+    # the built-in simulator, when there is no target
+    sim_profile: str = "qwen3-0.6b-eager"
+    sim_args: tuple[str, ...] = field(default=())
+
+
+def merge_load(
+    base: LoadConfig, overrides: Mapping[str, Any], source: str
+) -> LoadConfig:
+    """``base`` with the non-None ``overrides``, validated; errors name ``source``."""
+    data = dataclasses.asdict(base)
+    for key, value in overrides.items():
+        if value is None or (isinstance(value, tuple) and not value and key in data):
+            continue
+        if key not in data:
+            raise ConfigError(f"{source}: {key}: unknown field")
+        data[key] = value
+    return load(LoadConfig, data, source)
+
+
+def parse_extra_body(text: str) -> dict[str, Any]:
+    """``--extra-body`` JSON: an object merged into every request body."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        msg = f"--extra-body: not JSON: {exc.msg} at column {exc.colno}"
+        raise ConfigError(msg) from None
+    if not isinstance(value, dict):
+        raise ConfigError("--extra-body: expected a JSON object")
+    return value
+
+
+def auth_headers(config: LoadConfig, env: Mapping[str, str]) -> dict[str, Secret]:
+    """Request headers from ``--header NAME: VALUE`` and ``SERVEMON_API_KEY``.
+
+    Values are :class:`Secret`: they print as ``<redacted>`` anywhere but the request.
+    """
+    headers: dict[str, Secret] = {}
+    key = env.get("SERVEMON_API_KEY")
+    if key:
+        headers["Authorization"] = Secret(f"Bearer {key}")
+    for i, raw in enumerate(config.header):
+        name, sep, value = raw.partition(":")
+        if not sep or not name.strip():
+            raise ConfigError(
+                f"--header {i + 1}: expected 'Name: value' (the value is not shown)"
+            )
+        headers[name.strip()] = Secret(value.strip())
+    return headers

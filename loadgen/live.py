@@ -1,0 +1,220 @@
+"""The load generator's own ``/metrics``: what the client measures, while it runs.
+
+Series and names come from :mod:`monitor.names`. Histogram bucket edges always
+include every SLO threshold given for that figure, so that burn-rate rules computed
+from the buckets are exact at the threshold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from aiohttp import web
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from loadgen.slo import SloTerm
+from loadgen.timing import RequestTiming
+from monitor import names
+from monitor.names import Series
+
+__all__ = ["LATENCY_BUCKETS", "LiveMetrics"]
+
+LATENCY_BUCKETS: dict[str, tuple[float, ...]] = {
+    "ttft": (
+        0.005,
+        0.01,
+        0.02,
+        0.04,
+        0.06,
+        0.08,
+        0.1,
+        0.15,
+        0.2,
+        0.25,
+        0.3,
+        0.4,
+        0.5,
+        0.75,
+        1.0,
+        1.5,
+        2.0,
+        2.5,
+        5.0,
+        7.5,
+        10.0,
+        20.0,
+        40.0,
+        80.0,
+    ),
+    "itl": (
+        0.001,
+        0.0025,
+        0.005,
+        0.01,
+        0.015,
+        0.02,
+        0.025,
+        0.03,
+        0.04,
+        0.05,
+        0.075,
+        0.1,
+        0.15,
+        0.2,
+        0.3,
+        0.5,
+        0.75,
+        1.0,
+        2.5,
+        5.0,
+    ),
+    "e2e": (
+        0.1,
+        0.25,
+        0.5,
+        0.75,
+        1.0,
+        1.5,
+        2.0,
+        2.5,
+        3.0,
+        4.0,
+        5.0,
+        7.5,
+        10.0,
+        15.0,
+        20.0,
+        30.0,
+        45.0,
+        60.0,
+        120.0,
+        240.0,
+        480.0,
+    ),
+    "dispatch_lag": (
+        0.0005,
+        0.001,
+        0.002,
+        0.005,
+        0.01,
+        0.025,
+        0.05,
+        0.1,
+        0.25,
+        0.5,
+        1.0,
+        2.5,
+        5.0,
+    ),
+}
+LATENCY_BUCKETS["ttfc"] = LATENCY_BUCKETS["ttft"]
+LATENCY_BUCKETS["tpot"] = LATENCY_BUCKETS["itl"]
+
+
+def _edges(figure: str, slo: Sequence[SloTerm]) -> list[float]:
+    edges = set(LATENCY_BUCKETS[figure])
+    edges.update(t.threshold for t in slo if t.figure == figure and t.threshold > 0)
+    return sorted(edges)
+
+
+class LiveMetrics:
+    """Client series on a registry of their own, and an HTTP server for them."""
+
+    def __init__(self, target: str, model: str, slo: Sequence[SloTerm] = ()) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._base = (target, model)
+        r = self.registry
+
+        def histogram(series: Series, figure: str) -> Histogram:
+            return Histogram(
+                series.base,
+                series.doc,
+                series.labels,
+                registry=r,
+                buckets=_edges(figure, slo),
+            )
+
+        def counter(series: Series) -> Counter:
+            return Counter(series.base, series.doc, series.labels, registry=r)
+
+        def gauge(series: Series) -> Gauge:
+            return Gauge(series.base, series.doc, series.labels, registry=r)
+
+        self.requests = counter(names.CLIENT_REQUESTS)
+        self.ttft = histogram(names.CLIENT_TTFT, "ttft")
+        self.ttfc = histogram(names.CLIENT_TTFC, "ttfc")
+        self.itl = histogram(names.CLIENT_ITL, "itl")
+        self.tpot = histogram(names.CLIENT_TPOT, "tpot")
+        self.e2e = histogram(names.CLIENT_E2E, "e2e")
+        self.lag = histogram(names.CLIENT_DISPATCH_LAG, "dispatch_lag")
+        self.output_tokens = counter(names.CLIENT_OUTPUT_TOKENS)
+        self.prompt_tokens = counter(names.CLIENT_PROMPT_TOKENS)
+        self.held_back = counter(names.CLIENT_HELD_BACK)
+        self.skipped = counter(names.CLIENT_SKIPPED)
+        self.target_rate = gauge(names.CLIENT_TARGET_RATE).labels(*self._base)
+        self.in_flight = gauge(names.CLIENT_IN_FLIGHT).labels(*self._base)
+        self.current_stage = gauge(names.CLIENT_CURRENT_STAGE).labels(*self._base)
+        self.current_stage.set(-1)
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    def stage(self, index: int, rate: float) -> None:
+        """A stage (or level) begins; ``rate`` 0 for closed loops."""
+        self.current_stage.set(index)
+        self.target_rate.set(rate)
+
+    def observe(self, timing: RequestTiming) -> None:
+        """Count one finished request."""
+        labels = (*self._base, str(timing.stage))
+        self.requests.labels(*labels, str(timing.outcome)).inc()
+        self.lag.labels(*labels).observe(max(0.0, timing.dispatch_lag))
+        if timing.outcome != "ok":
+            return
+        self._observe_many(self.itl.labels(*labels), timing.itl)
+        for hist, value in (
+            (self.ttft, timing.ttft),
+            (self.ttfc, timing.time_to_first_chunk),
+            (self.tpot, timing.tpot),
+            (self.e2e, timing.e2e),
+        ):
+            if value is not None:
+                hist.labels(*labels).observe(value)
+        self.output_tokens.labels(*labels).inc(timing.output_tokens)
+        if timing.prompt_tokens:
+            self.prompt_tokens.labels(*labels).inc(timing.prompt_tokens)
+
+    @staticmethod
+    def _observe_many(child: Histogram, values: Iterable[float]) -> None:
+        for value in values:
+            child.observe(value)
+
+    async def serve(self, host: str, port: int) -> str:
+        """Serve ``/metrics`` on ``host:port`` (0: a free port); return the URL."""
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        bound_host, bound_port = self._runner.addresses[0][:2]
+        self.url = f"http://{bound_host}:{bound_port}/metrics"
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop serving."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.registry),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )

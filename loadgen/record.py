@@ -1,0 +1,137 @@
+"""The run directory: what a load run leaves behind, readable however it ended.
+
+::
+
+    RUN_DIR/
+      run.json             config (secrets redacted), command line, versions, target,
+                           client limits, clock origin, stage timeline, status
+      requests.jsonl       one line per finished request, appended and flushed as it
+                           finishes (a kill -9 leaves it valid up to the last line)
+      server_metrics.jsonl the target's /metrics, sampled (see loadgen.sampler)
+      summary.json         per stage or level, and overall
+      summary.csv          the same, one row per stage, flat
+
+``run.json`` is written at the start (``status: running``) and rewritten at the end.
+The format of a ``requests.jsonl`` line is documented in ``docs/metrics.md`` and is
+stable: fields are only ever added.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from loadgen.timing import RequestTiming
+
+__all__ = ["RECORD_VERSION", "RunDirectory", "request_line"]
+
+RECORD_VERSION = 1
+
+
+def request_line(t: RequestTiming) -> dict[str, Any]:
+    """The ``requests.jsonl`` form of one request (monotonic seconds)."""
+    return {
+        "id": t.request_id,
+        "stage": t.stage,
+        "outcome": str(t.outcome),
+        "status": t.status,
+        "scheduled_s": t.scheduled_s,
+        "sent_s": t.sent_s,
+        "headers_s": t.headers_s,
+        "first_chunk_s": t.first_chunk_s,
+        "first_content_s": t.first_content_s,
+        "end_s": t.end_s,
+        "ttft_s": t.ttft,
+        "ttfc_s": t.time_to_first_chunk,
+        "e2e_s": t.e2e,
+        "tpot_s": t.tpot,
+        "itl_s": t.itl,
+        "dispatch_lag_s": t.dispatch_lag,
+        "ttft_from_scheduled_s": t.ttft_from_scheduled,
+        "e2e_from_scheduled_s": t.e2e_from_scheduled,
+        "prompt_tokens": t.prompt_tokens,
+        "output_tokens": t.output_tokens,
+        "token_source": str(t.token_source),
+        "finish_reason": t.finish_reason,
+        "error": t.error,
+    }
+
+
+class RunDirectory:
+    """Creates and fills one run directory."""
+
+    def __init__(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=False)
+        self.path = path
+        #: The monotonic time of the run's start; stage times in run.json are
+        #: offsets from it, request times in requests.jsonl are absolute.
+        self.origin_s = time.monotonic()
+        self.clock_origin: dict[str, Any] = {
+            "monotonic_s": self.origin_s,
+            "utc": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "clock": "CLOCK_MONOTONIC (time.monotonic)",
+        }
+        self._requests: TextIO = (path / "requests.jsonl").open("a", encoding="utf-8")
+        self._server: TextIO | None = None
+
+    @classmethod
+    def create(cls, parent: Path, kind: str) -> RunDirectory:
+        """A new directory ``parent/YYYYmmdd-HHMMSS-KIND[-n]``."""
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        for n in range(1000):
+            name = f"{stamp}-{kind}" + (f"-{n}" if n else "")
+            if not (parent / name).exists():
+                return cls(parent / name)
+        raise FileExistsError(f"{parent}: too many runs named {stamp}-{kind}")
+
+    def write_run(self, run: Mapping[str, Any]) -> None:
+        """(Re)write ``run.json`` atomically."""
+        self._write_json("run.json", {"record_version": RECORD_VERSION, **run})
+
+    def append_request(self, timing: RequestTiming) -> None:
+        """Append one finished request and flush it to the OS."""
+        line = json.dumps(request_line(timing), separators=(",", ":"))
+        self._requests.write(line + "\n")
+        self._requests.flush()
+
+    def append_server_sample(self, sample: Mapping[str, Any]) -> None:
+        """Append one sample of the target's metrics."""
+        if self._server is None:
+            self._server = (self.path / "server_metrics.jsonl").open(
+                "a", encoding="utf-8"
+            )
+        self._server.write(json.dumps(sample, separators=(",", ":")) + "\n")
+        self._server.flush()
+
+    def write_summary(
+        self, summary: Mapping[str, Any], rows: Iterable[Mapping[str, Any]]
+    ) -> None:
+        """Write ``summary.json`` and ``summary.csv``."""
+        self._write_json("summary.json", summary)
+        rows = list(rows)
+        columns: list[str] = []
+        for row in rows:
+            columns += [key for key in row if key not in columns]
+        tmp = self.path / "summary.csv.tmp"
+        with tmp.open("w", encoding="utf-8", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, self.path / "summary.csv")
+
+    def close(self) -> None:
+        """Close the open files."""
+        self._requests.close()
+        if self._server is not None:
+            self._server.close()
+
+    def _write_json(self, name: str, data: Mapping[str, Any]) -> None:
+        tmp = self.path / f"{name}.tmp"
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path / name)

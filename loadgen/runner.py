@@ -1,0 +1,546 @@
+"""A whole load run: plan, send, record, sample, publish, summarize.
+
+:func:`run_load` drives a ramp (open loop over stages) or a sweep (closed-loop
+levels) against a target, writing the run directory (:mod:`loadgen.record`) as it
+goes, serving live client metrics (:mod:`loadgen.live`) and sampling the target's
+``/metrics`` (:mod:`loadgen.sampler`). Setting ``stop`` (Ctrl-C, SIGTERM) stops
+sending, gives requests in flight ``grace`` seconds, cancels the rest (recorded as
+``cancelled``) and still writes a complete summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import random
+import secrets
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+
+from loadgen.arrivals import Due, Stage, linear_stages, parse_arrival, parse_stages
+from loadgen.arrivals import schedule as make_schedule
+from loadgen.client import ClientSettings, make_session, send_request
+from loadgen.closedloop import run_closed_loop
+from loadgen.config import LoadConfig, auth_headers
+from loadgen.dispatch import OpenLoop
+from loadgen.live import LiveMetrics
+from loadgen.progress import Progress
+from loadgen.record import RunDirectory
+from loadgen.sampler import ServerSampler
+from loadgen.slo import SloTerm, parse_slo
+from loadgen.summary import Summary, flat_row, summarize
+from loadgen.timing import RequestTiming
+from loadgen.tokens import pick_counter
+from loadgen.workload import Workload, build_workload, request_body
+from servemon.errors import ConfigError, TargetError
+
+__all__ = ["DEFAULT_STAGES", "RunResult", "StageRecord", "discover_model", "run_load"]
+
+DEFAULT_STAGES = "1:10,2:10,4:10"
+Kind = Literal["ramp", "sweep"]
+
+
+@dataclass(slots=True)
+class StageRecord:
+    """One stage (ramp) or level (sweep) as it ran."""
+
+    index: int
+    label: str
+    target_rate: float | None
+    parallel: int | None
+    planned_s: float | None
+    start_s: float | None = None
+    end_s: float | None = None
+    sent: int = 0
+    held_back: int = 0
+    skipped: int = 0
+    timings: list[RequestTiming] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """Where the run went and how it ended."""
+
+    path: Path
+    status: str
+    stages: list[StageRecord]
+    summaries: list[Summary]
+    overall: Summary
+
+
+async def discover_model(
+    session: aiohttp.ClientSession, base_url: str, model: str | None
+) -> tuple[str, Any]:
+    """The model to use (``model`` or the first of ``/v1/models``) and the listing."""
+    url = base_url.rstrip("/") + "/v1/models"
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            if resp.status != 200:
+                raise TargetError(f"{url}: HTTP {resp.status}")
+            listing = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise TargetError(f"{url}: {type(exc).__name__}: {exc}") from None
+    ids = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
+    if model is None:
+        if not ids or not isinstance(ids[0], str):
+            raise TargetError(f"{url}: no models listed; give --model")
+        model = ids[0]
+    return model, listing
+
+
+def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
+    """The stages of a ramp or the levels of a sweep."""
+    if kind == "ramp":
+        if config.stages is not None:
+            stages = parse_stages(config.stages)
+        elif config.rps_start is not None:
+            stages = linear_stages(
+                config.rps_start,
+                config.rps_end if config.rps_end is not None else config.rps_start,
+                config.rps_step if config.rps_step is not None else 1.0,
+                config.step_seconds if config.step_seconds is not None else 30.0,
+            )
+        else:
+            stages = parse_stages(DEFAULT_STAGES)
+        return [
+            StageRecord(s.index, f"{s.rate:g} rps", s.rate, None, s.duration_s)
+            for s in stages
+        ]
+    numbers = list(config.number)
+    if len(numbers) == 1:
+        numbers *= len(config.parallel)
+    if len(numbers) != len(config.parallel):
+        raise ConfigError(
+            f"--number: {len(numbers)} values for {len(config.parallel)} --parallel "
+            "levels (give one, or one per level)"
+        )
+    return [
+        StageRecord(i, f"parallel {p}", None, p, None)
+        for i, p in enumerate(config.parallel)
+    ]
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """The command line with every ``--header`` value replaced by ``<redacted>``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            name = arg.partition(":")[0]
+            out.append(f"{name}: <redacted>")
+            hide_next = False
+        elif arg == "--header":
+            out.append(arg)
+            hide_next = True
+        elif arg.startswith("--header="):
+            out.append(
+                f"--header={arg.removeprefix('--header=').partition(':')[0]}: "
+                "<redacted>"
+            )
+        else:
+            out.append(arg)
+    return out
+
+
+def recorded_config(config: LoadConfig) -> dict[str, Any]:
+    """The config as run.json keeps it: header values redacted."""
+    data = asdict(config)
+    data["header"] = [
+        f"{h.partition(':')[0].strip()}: <redacted>" for h in config.header
+    ]
+    return data
+
+
+async def run_load(
+    kind: Kind,
+    config: LoadConfig,
+    target: str,
+    *,
+    argv: Sequence[str],
+    stop: asyncio.Event,
+    env: Mapping[str, str],
+    progress: Progress,
+    embedded: Mapping[str, Any] | None = None,
+) -> RunResult:
+    """Run a ramp or a sweep against ``target`` (a base URL); see module docstring."""
+    slo = parse_slo(config.slo) if config.slo else []
+    stages = plan_stages(kind, config)
+    arrival = parse_arrival(config.arrival)
+    if config.cancel_fraction > 0 and (
+        config.cancel_after is None and config.cancel_after_tokens is None
+    ):
+        raise ConfigError(
+            "--cancel-fraction: give --cancel-after or --cancel-after-tokens"
+        )
+    headers = {k: v.reveal() for k, v in auth_headers(config, env).items()}
+    settings = ClientSettings(
+        max_connections=config.max_connections, timeout_s=config.timeout
+    )
+    base = target.rstrip("/")
+    async with make_session(settings) as session:
+        model, listing = await discover_model(session, base, config.model)
+        live = LiveMetrics(base, model, slo)
+        try:
+            await live.serve(config.metrics_host, config.metrics_port)
+        except OSError as exc:
+            raise ConfigError(
+                f"--metrics-port {config.metrics_port}: cannot listen on "
+                f"{config.metrics_host}: {exc.strerror or exc}"
+            ) from None
+        try:
+            counter = await pick_counter(session, base, model, config.tokenizer)
+            workload = await build_workload(
+                config.workload, counter=counter, seed=config.seed
+            )
+            rundir = RunDirectory.create(Path(config.out), kind)
+            run = _Run(
+                kind,
+                config,
+                base,
+                model,
+                session,
+                rundir,
+                live,
+                workload,
+                headers,
+                slo,
+                stages,
+                progress,
+            )
+            info: dict[str, Any] = {
+                "kind": kind,
+                "status": "running",
+                "servemon_version": _version(),
+                "command": redact_argv(argv),
+                "config": recorded_config(config),
+                "target": {
+                    "url": base,
+                    "model": model,
+                    "models": listing,
+                    "embedded_simulator": embedded,
+                },
+                "workload": {
+                    "spec": workload.spec,
+                    "token_source": workload.token_source,
+                },
+                "client": {
+                    **asdict(settings),
+                    "trust_env": False,
+                    "loop": _loop_name(),
+                    "live_metrics": live.url,
+                },
+                "arrival": str(arrival) if kind == "ramp" else None,
+                "slo": [str(t) for t in slo],
+                "clock_origin": rundir.clock_origin,
+                "environment": {
+                    "python": sys.version.split()[0],
+                    "platform": platform.platform(),
+                    "host": platform.node(),
+                },
+                "stages": [],
+            }
+            rundir.write_run(info)
+            return await run.execute(info, stop, arrival)
+        finally:
+            await live.stop()
+
+
+class _Run:
+    """The state of one run while it executes."""
+
+    def __init__(
+        self,
+        kind: Kind,
+        config: LoadConfig,
+        base: str,
+        model: str,
+        session: aiohttp.ClientSession,
+        rundir: RunDirectory,
+        live: LiveMetrics,
+        workload: Workload,
+        headers: dict[str, str],
+        slo: list[SloTerm],
+        stages: list[StageRecord],
+        progress: Progress,
+    ) -> None:
+        self.kind, self.config, self.base, self.model = kind, config, base, model
+        self.session, self.rundir, self.live = session, rundir, live
+        self.workload, self.headers, self.slo = workload, headers, slo
+        self.stages, self.progress = stages, progress
+        self.url = base + (
+            "/v1/chat/completions" if config.api == "chat" else "/v1/completions"
+        )
+        self.tag = secrets.token_hex(3)
+
+    def body(self, index: int) -> dict[str, Any]:
+        c = self.config
+        return request_body(
+            self.workload.prompt(index),
+            api=c.api,
+            model=self.model,
+            stream=c.stream,
+            ignore_eos=c.ignore_eos,
+            extra_body=c.extra_body,
+        )
+
+    def cancel_options(self, index: int) -> dict[str, Any]:
+        c = self.config
+        if c.cancel_fraction <= 0:
+            return {}
+        if random.Random(f"cancel:{c.seed}:{index}").random() >= c.cancel_fraction:
+            return {}
+        return {
+            "cancel_after_s": c.cancel_after,
+            "cancel_after_tokens": c.cancel_after_tokens,
+        }
+
+    def finished(self, timing: RequestTiming) -> None:
+        self.rundir.append_request(timing)
+        self.live.observe(timing)
+        self.stages[timing.stage].timings.append(timing)
+        self.progress.request_done(timing)
+
+    async def execute(
+        self, info: dict[str, Any], stop: asyncio.Event, arrival: Any
+    ) -> RunResult:
+        sampler = ServerSampler(
+            self.session,
+            self.base + "/metrics",
+            self.rundir.append_server_sample,
+            interval_s=self.config.sample_interval,
+        )
+        sampling = asyncio.create_task(sampler.run())
+        self.progress.start(self.stages)
+        status = "completed"
+        try:
+            if self.kind == "ramp":
+                interrupted = await self._ramp(stop, arrival)
+            else:
+                interrupted = await self._sweep(stop)
+            if interrupted:
+                status = "interrupted"
+        finally:
+            sampling.cancel()
+            await asyncio.gather(sampling, return_exceptions=True)
+            self.live.stage(-1, 0.0)
+            self.progress.stop()
+            result = self._finish(info, status, sampler)
+            self.rundir.close()
+        return result
+
+    async def _ramp(self, stop: asyncio.Event, arrival: Any) -> bool:
+        c = self.config
+        plan = [
+            Stage(s.index, s.target_rate or 0.0, s.planned_s or 0.0, 0.0)
+            for s in self.stages
+        ]
+        offset = 0.0
+        for i, s in enumerate(plan):
+            plan[i] = Stage(s.index, s.rate, s.duration_s, offset)
+            offset += s.duration_s
+        start = time.monotonic() + 0.05
+
+        def on_stage(index: int) -> None:
+            self.stages[index].start_s = start + plan[index].start_s
+            self.live.stage(index, plan[index].rate)
+            self.progress.stage_started(index)
+
+        def on_skip(due: Due) -> None:
+            self.live.skipped.labels(
+                self.base, self.model, str(due.stage), "late"
+            ).inc()
+
+        async def send(due: Due, at: float) -> None:
+            timing = await send_request(
+                self.session,
+                self.url,
+                self.body(due.index),
+                request_id=f"{self.tag}-{due.index}",
+                stage=due.stage,
+                scheduled_s=at,
+                headers=self.headers,
+                timeout_s=c.timeout,
+                record_interruption=True,
+                **self.cancel_options(due.index),
+            )
+            self.finished(timing)
+
+        loop = OpenLoop(
+            send,
+            max_inflight=c.max_inflight,
+            late=c.late,
+            late_tolerance_s=c.late_tolerance,
+            on_stage=on_stage,
+            on_skip=on_skip,
+        )
+        self.progress.open_loop = loop
+        due = make_schedule(plan, arrival, c.seed, limit=c.max_requests)
+        interrupted = await _until_stopped(loop.run(due, start), stop)
+        end_of_schedule = time.monotonic()
+        for record in self.stages:
+            record.sent = loop.counts.sent[record.index]
+            record.held_back = loop.counts.held_back[record.index]
+            record.skipped = loop.counts.skipped[record.index]
+        for record, stage in zip(self.stages, plan, strict=True):
+            if record.start_s is not None:
+                planned_end = start + stage.end_s
+                if interrupted:
+                    planned_end = min(end_of_schedule, planned_end)
+                record.end_s = planned_end
+        # Requests in flight: let them finish (bounded by the request timeout), or
+        # give them the grace period once a stop is asked for.
+        waited = await _until_stopped(_all_done(loop), stop)
+        if waited or interrupted:
+            await loop.drain(c.grace)
+        for stage_index, n in loop.counts.held_back.items():
+            self.live.held_back.labels(self.base, self.model, str(stage_index)).inc(n)
+        return interrupted or waited
+
+    async def _sweep(self, stop: asyncio.Event) -> bool:
+        c = self.config
+        numbers = list(c.number) * (len(c.parallel) if len(c.number) == 1 else 1)
+        for record, number in zip(self.stages, numbers, strict=True):
+            if stop.is_set():
+                return True
+            assert record.parallel is not None
+            record.start_s = time.monotonic()
+            self.live.stage(record.index, 0.0)
+            self.progress.stage_started(record.index)
+            level = asyncio.create_task(
+                run_closed_loop(
+                    self.session,
+                    self.url,
+                    self.body,
+                    concurrency=record.parallel,
+                    number=number,
+                    warmup=c.warmup,
+                    headers=self.headers,
+                    id_prefix=f"{self.tag}-p{record.parallel}",
+                    timeout_s=c.timeout,
+                    stage=record.index,
+                    on_done=self.finished,
+                    stop=stop,
+                    options=self.cancel_options,
+                )
+            )
+            interrupted = await _until_stopped(level, stop)
+            if interrupted:
+                _done, pending = await asyncio.wait({level}, timeout=c.grace)
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(level, return_exceptions=True)
+            record.end_s = time.monotonic()
+            record.sent = len(record.timings)
+            if interrupted:
+                return True
+        return False
+
+    def _finish(
+        self, info: dict[str, Any], status: str, sampler: ServerSampler
+    ) -> RunResult:
+        origin = self.rundir.origin_s
+        summaries: list[Summary] = []
+        rows: list[dict[str, Any]] = []
+        stage_json: list[dict[str, Any]] = []
+        for record in self.stages:
+            duration = None
+            if record.planned_s is not None and record.start_s is not None:
+                duration = record.planned_s
+                if record.end_s is not None:
+                    duration = min(record.planned_s, record.end_s - record.start_s)
+            s = summarize(record.timings, duration_s=duration, slo=self.slo)
+            summaries.append(s)
+            meta = {
+                "stage": record.index,
+                "label": record.label,
+                "target_rate": record.target_rate,
+                "parallel": record.parallel,
+                "planned_s": record.planned_s,
+                "start_s": None if record.start_s is None else record.start_s - origin,
+                "end_s": None if record.end_s is None else record.end_s - origin,
+                "sent": record.sent,
+                "held_back": record.held_back,
+                "skipped": record.skipped,
+                "achieved_rate": record.sent / s.duration_s if s.duration_s else 0.0,
+            }
+            stage_json.append({**meta, "summary": s.to_json()})
+            rows.append(
+                {**{k: v for k, v in meta.items() if k != "label"}, **flat_row(s)}
+            )
+        everything = [t for record in self.stages for t in record.timings]
+        overall = summarize(everything, slo=self.slo)
+        self.rundir.write_summary(
+            {
+                "kind": self.kind,
+                "status": status,
+                "stages": stage_json,
+                "overall": overall.to_json(),
+                "slo": [str(t) for t in self.slo],
+            },
+            [*rows, {"stage": "all", **flat_row(overall)}],
+        )
+        info.update(
+            status=status,
+            ended_utc=datetime.now(UTC).isoformat(timespec="milliseconds"),
+            stages=[
+                {k: v for k, v in entry.items() if k != "summary"}
+                for entry in stage_json
+            ],
+            server_metrics={
+                "scrapes": sampler.scrapes,
+                "errors": sampler.errors,
+                "engine_info": _engine_info(sampler.last),
+            },
+        )
+        self.rundir.write_run(info)
+        return RunResult(self.rundir.path, status, self.stages, summaries, overall)
+
+
+async def _until_stopped(work: Any, stop: asyncio.Event) -> bool:
+    """Await ``work`` unless ``stop`` is set first; True if stopped."""
+    task = work if isinstance(work, asyncio.Task) else asyncio.ensure_future(work)
+    waiter = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if task.done():
+        task.result()
+        return False
+    if not isinstance(work, asyncio.Task):
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return True
+
+
+async def _all_done(loop: OpenLoop) -> None:
+    while loop.tasks:
+        await asyncio.wait(set(loop.tasks))
+
+
+def _engine_info(samples: list[list[Any]]) -> dict[str, Any] | None:
+    for name, labels, _value in samples:
+        if name == "vllm:cache_config_info":
+            return dict(labels)
+    return None
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("servemon")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _loop_name() -> str:
+    loop = asyncio.get_running_loop()
+    return f"{type(loop).__module__}.{type(loop).__name__}"

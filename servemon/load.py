@@ -1,0 +1,136 @@
+"""``servemon ramp`` and ``servemon sweep``: target, signals, run, summary table."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator, Sequence
+from typing import Literal
+
+from rich.console import Console
+from rich.table import Table
+
+from loadgen.config import LoadConfig
+from loadgen.progress import Progress
+from loadgen.runner import RunResult, run_load
+from loadgen.summary import Summary
+from servemon.embedded import embedded_simulator
+
+__all__ = ["run_command", "summary_table"]
+
+
+async def run_command(
+    kind: Literal["ramp", "sweep"], config: LoadConfig, argv: Sequence[str]
+) -> RunResult:
+    """Run a load command to the end (or to Ctrl-C/SIGTERM) and print the summary."""
+    console = Console(soft_wrap=True)
+    if not console.is_terminal:
+        console = Console(soft_wrap=True, width=200)
+    stop = asyncio.Event()
+    main = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set() and main is not None:
+            main.cancel()  # a second signal: stop at once
+            return
+        console.print(
+            f"servemon: stopping: no new requests; {config.grace:g} s for those in "
+            "flight (signal again to stop at once)"
+        )
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        async with _target(config, console) as (url, embedded):
+            result = await run_load(
+                kind,
+                config,
+                url,
+                argv=argv,
+                stop=stop,
+                env=os.environ,
+                progress=Progress(console),
+                embedded=embedded,
+            )
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    console.print(summary_table(kind, result))
+    console.print(f"run directory: {result.path} ({result.status})")
+    return result
+
+
+@contextlib.asynccontextmanager
+async def _target(
+    config: LoadConfig, console: Console
+) -> AsyncIterator[tuple[str, dict[str, object] | None]]:
+    if config.target is not None:
+        yield config.target, None
+        return
+    async with embedded_simulator(config.sim_profile, config.sim_args) as url:
+        console.print(
+            f"servemon: no --target given: started the built-in simulator "
+            f"(profile {config.sim_profile}) at {url}"
+        )
+        yield url, {"profile": config.sim_profile, "args": list(config.sim_args)}
+
+
+def _ms(summary: Summary, key: str) -> str:
+    value = summary.value(key)
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def summary_table(kind: str, result: RunResult) -> Table:
+    """The end-of-run table: one row per stage or level, then all."""
+    table = Table(title=f"servemon {kind}: {result.status}", title_justify="left")
+    columns = (
+        "stage",
+        "target",
+        "sent",
+        "ok",
+        "err",
+        "achieved rps",
+        "out tok/s",
+        "TTFT p50",
+        "TTFT p95",
+        "TTFT p99",
+        "ITL p95",
+        "TPOT mean",
+        "E2E p95",
+        "lag p99",
+        "goodput",
+    )
+    for column in columns:
+        table.add_column(column, justify="right")
+    rows = [
+        (str(r.index + 1), r.label, r.sent, s)
+        for r, s in zip(result.stages, result.summaries, strict=True)
+    ]
+    total_sent = sum(r.sent for r in result.stages)
+    rows.append(("all", "", total_sent, result.overall))
+    for name, label, sent, s in rows:
+        ok = s.outcomes.get("ok", 0)
+        achieved = sent / s.duration_s if s.duration_s else 0.0
+        table.add_row(
+            name,
+            label,
+            str(sent),
+            str(ok),
+            str(s.requests - ok),
+            f"{achieved:.2f}",
+            f"{s.output_throughput:.1f}",
+            _ms(s, "ttft_p50"),
+            _ms(s, "ttft_p95"),
+            _ms(s, "ttft_p99"),
+            _ms(s, "itl_p95"),
+            _ms(s, "tpot_mean"),
+            _ms(s, "e2e_p95"),
+            _ms(s, "dispatch_lag_p99"),
+            "-" if s.goodput is None else f"{s.goodput:.2f}",
+        )
+    table.caption = "latencies in ms; goodput in requests/s meeting every --slo term"
+    return table

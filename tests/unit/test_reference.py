@@ -1,0 +1,49 @@
+"""docs/metrics.md carries the series reference generated from monitor/names.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from monitor import names
+from monitor.reference import main, render, update
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+
+
+def test_the_committed_reference_is_current() -> None:
+    assert main(["--check", str(DOC)]) == 0, (
+        "run: python -m monitor.reference docs/metrics.md"
+    )
+
+
+def test_every_series_is_in_the_reference_once() -> None:
+    block = render()
+    for series in names.SCHEMA:
+        assert block.count(f"`{series.name}`") == 1
+
+
+def test_a_stale_reference_is_caught(tmp_path: Path) -> None:
+    stale = tmp_path / "metrics.md"
+    stale.write_text(update(DOC.read_text()).replace("counter", "gauge", 1))
+    assert main(["--check", str(stale)]) == 1
+    assert main([str(stale)]) == 0
+    assert main(["--check", str(stale)]) == 0
+
+
+def test_names_follow_prometheus_conventions() -> None:
+    seen = set()
+    for series in names.SCHEMA:
+        assert series.name.startswith("servemon_")
+        assert series.name not in seen
+        seen.add(series.name)
+        if series.kind == "counter":
+            assert series.name.endswith("_total")
+        if series.unit == "seconds":
+            assert series.name.endswith("_seconds")
+
+
+def test_missing_markers_are_an_error() -> None:
+    with pytest.raises(ValueError, match="markers"):
+        update("no markers here")

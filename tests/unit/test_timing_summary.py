@@ -1,0 +1,217 @@
+"""What is derived from one request's timeline, and the figures over many."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from loadgen.summary import Distribution, summarize
+from loadgen.timing import Outcome, RequestTiming, TokenSource
+
+
+def timing(**fields: Any) -> RequestTiming:
+    base: dict[str, Any] = {
+        "request_id": "r",
+        "scheduled_s": 100.0,
+        "sent_s": 100.0,
+        "end_s": 101.0,
+        "outcome": Outcome.OK,
+    }
+    return RequestTiming(**{**base, **fields})
+
+
+STATS = ("mean", "p50", "p90", "p95", "p99")
+
+
+def stats(d: Distribution | None) -> tuple[float, ...]:
+    """Count, mean and percentiles of a distribution, by name."""
+    assert d is not None
+    return (d.count, *(getattr(d, name) for name in STATS))
+
+
+# -- one request ------------------------------------------------------------------
+
+
+def test_ttft_counts_from_the_first_content_chunk_not_the_first_chunk() -> None:
+    t = timing(
+        sent_s=100.0,
+        headers_s=100.01,
+        first_chunk_s=100.02,  # the role chunk
+        content_s=(100.25, 100.30, 100.40),
+        end_s=100.5,
+        output_tokens=3,
+    )
+    assert t.first_content_s == 100.25
+    assert t.ttft == pytest.approx(0.25)
+    assert t.time_to_first_chunk == pytest.approx(0.02)
+    assert t.e2e == pytest.approx(0.5)
+
+
+def test_itl_is_every_gap_between_content_chunks() -> None:
+    t = timing(content_s=(100.1, 100.15, 100.35, 100.36))
+    assert t.itl == pytest.approx([0.05, 0.2, 0.01])
+    assert timing(content_s=(100.1,)).itl == []
+    assert timing().itl == []
+
+
+def test_tpot_spreads_the_time_after_the_first_token_over_the_rest() -> None:
+    # 5 tokens from usage, delivered in 3 chunks: TPOT divides by tokens, not chunks.
+    t = timing(
+        sent_s=100.0,
+        content_s=(100.2, 100.5, 101.0),
+        end_s=101.0,
+        output_tokens=5,
+        token_source=TokenSource.USAGE,
+    )
+    assert t.tpot == pytest.approx((1.0 - 0.2) / 4)
+    two = timing(sent_s=100.0, content_s=(100.2, 100.3), end_s=100.3, output_tokens=2)
+    assert two.tpot == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("tokens", [0, 1])
+def test_tpot_is_none_below_two_tokens(tokens: int) -> None:
+    t = timing(content_s=(100.2,), end_s=100.3, output_tokens=tokens)
+    assert t.tpot is None
+
+
+def test_no_content_means_no_ttft_and_no_tpot() -> None:
+    t = timing(first_chunk_s=100.1, output_tokens=4)
+    assert t.first_content_s is None
+    assert t.ttft is None
+    assert t.tpot is None
+    assert t.time_to_first_chunk == pytest.approx(0.1)
+    assert timing().time_to_first_chunk is None
+
+
+def test_dispatch_lag_is_actual_minus_scheduled_send() -> None:
+    assert timing(scheduled_s=10.0, sent_s=10.003).dispatch_lag == pytest.approx(0.003)
+    assert timing(scheduled_s=10.0, sent_s=10.0).dispatch_lag == 0.0
+
+
+def test_a_timing_is_a_frozen_value() -> None:
+    t = timing()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.end_s = 5.0  # type: ignore[misc]
+    assert t == timing()
+    assert t.token_source is TokenSource.CHUNKS
+
+
+# -- distributions ----------------------------------------------------------------
+
+
+def test_percentiles_of_known_inputs() -> None:
+    d = Distribution.of([float(v) for v in range(101, 0, -1)])  # 1..101, unsorted
+    assert stats(d) == pytest.approx((101, 51.0, 51.0, 91.0, 96.0, 100.0))
+
+
+def test_percentiles_interpolate_between_samples() -> None:
+    d = Distribution.of([10.0, 0.0])
+    assert stats(d) == pytest.approx((2, 5.0, 5.0, 9.0, 9.5, 9.9))
+
+
+def test_single_sample_distribution() -> None:
+    assert stats(Distribution.of([0.25])) == (1, 0.25, 0.25, 0.25, 0.25, 0.25)
+
+
+def test_empty_distribution_is_none() -> None:
+    assert Distribution.of([]) is None
+
+
+# -- summaries ----------------------------------------------------------------------
+
+
+def test_only_ok_requests_count_in_latency_and_throughput() -> None:
+    ok_a = timing(
+        request_id="a",
+        sent_s=10.0,
+        content_s=(10.1, 10.2, 10.3),
+        end_s=10.4,
+        output_tokens=3,
+        prompt_tokens=5,
+    )
+    ok_b = timing(
+        request_id="b",
+        sent_s=10.5,
+        content_s=(10.7, 10.8),
+        end_s=11.0,
+        output_tokens=2,
+        prompt_tokens=7,
+    )
+    cut = timing(
+        request_id="c",
+        sent_s=10.2,
+        content_s=(10.25, 10.26, 10.9),
+        end_s=11.0,
+        output_tokens=3,
+        prompt_tokens=100,
+        outcome=Outcome.STREAM_ERROR,
+    )
+    late = timing(request_id="d", sent_s=10.3, end_s=12.0, outcome=Outcome.TIMEOUT)
+    refused = timing(
+        request_id="e", sent_s=10.4, end_s=10.41, outcome=Outcome.HTTP_ERROR
+    )
+    s = summarize([ok_a, cut, ok_b, late, refused])
+
+    assert s.requests == 5
+    assert s.outcomes == {"ok": 2, "stream_error": 1, "timeout": 1, "http_error": 1}
+    # Duration spans every request, first send to last end.
+    assert s.duration_s == pytest.approx(2.0)
+    assert s.request_throughput == pytest.approx(2 / 2.0)
+    assert s.output_throughput == pytest.approx(5 / 2.0)
+    assert s.mean_prompt_tokens == pytest.approx(6.0)
+    assert s.mean_output_tokens == pytest.approx(2.5)
+
+    # ttft 0.1 and 0.2; tpot (0.4 - 0.1) / 2 and (0.5 - 0.2) / 1; e2e 0.4 and 0.5
+    assert stats(s.ttft)[:3] == pytest.approx((2, 0.15, 0.15))
+    assert stats(s.tpot)[:3] == pytest.approx((2, 0.225, 0.225))
+    assert stats(s.e2e)[:3] == pytest.approx((2, 0.45, 0.45))
+    # Two gaps of a, one of b; none of the cut stream's.
+    assert stats(s.itl) == pytest.approx((3, 0.1, 0.1, 0.1, 0.1, 0.1))
+
+
+def test_prompt_tokens_missing_from_some_requests() -> None:
+    with_usage = timing(content_s=(100.1,), output_tokens=1, prompt_tokens=8)
+    without = timing(content_s=(100.1,), output_tokens=1)
+    assert summarize([with_usage, without]).mean_prompt_tokens == 8.0
+    assert summarize([without]).mean_prompt_tokens is None
+
+
+def test_a_single_request() -> None:
+    s = summarize(
+        [timing(sent_s=1.0, content_s=(1.5, 2.0), end_s=3.0, output_tokens=2)]
+    )
+    assert s.requests == 1
+    assert s.duration_s == pytest.approx(2.0)
+    assert s.request_throughput == pytest.approx(0.5)
+    assert s.output_throughput == pytest.approx(1.0)
+    assert stats(s.ttft) == (1, 0.5, 0.5, 0.5, 0.5, 0.5)
+    assert stats(s.tpot) == (1, 1.5, 1.5, 1.5, 1.5, 1.5)
+    assert stats(s.itl) == (1, 0.5, 0.5, 0.5, 0.5, 0.5)
+    assert stats(s.e2e) == (1, 2.0, 2.0, 2.0, 2.0, 2.0)
+
+
+def test_only_failures_give_counts_and_no_latencies() -> None:
+    s = summarize(
+        [
+            timing(sent_s=1.0, end_s=2.0, outcome=Outcome.CONNECT_ERROR),
+            timing(sent_s=1.0, end_s=3.0, outcome=Outcome.CONNECT_ERROR),
+        ]
+    )
+    assert s.requests == 2
+    assert s.outcomes == {"connect_error": 2}
+    assert s.duration_s == pytest.approx(2.0)
+    assert s.request_throughput == s.output_throughput == 0.0
+    assert s.mean_output_tokens is None
+    assert s.ttft is s.tpot is s.itl is s.e2e is None
+
+
+def test_empty_input() -> None:
+    s = summarize([])
+    assert s.requests == 0
+    assert s.outcomes == {}
+    assert s.duration_s == 0.0
+    assert s.request_throughput == s.output_throughput == 0.0
+    assert s.mean_prompt_tokens is s.mean_output_tokens is None
+    assert s.ttft is s.tpot is s.itl is s.e2e is None
