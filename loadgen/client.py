@@ -101,7 +101,9 @@ async def send_request(
         probe.fail(Outcome.CANCELLED, "interrupted: the run stopped first")
     except aiohttp.ClientConnectorError as exc:
         probe.fail(Outcome.CONNECT_ERROR, str(exc))
-    except (aiohttp.ClientError, ConnectionError, EventTooLarge) as exc:
+    except (aiohttp.ClientError, ConnectionError, EventTooLarge, RuntimeError) as exc:
+        # aiohttp raises a bare RuntimeError("Connection closed.") in some of its
+        # paths where the connection went away under a read.
         probe.fail(Outcome.STREAM_ERROR, f"{type(exc).__name__}: {exc}")
     return probe.result()
 

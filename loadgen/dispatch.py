@@ -94,18 +94,6 @@ class OpenLoop:
             self.in_flight -= 1
             self._slot.set()
 
-    async def drain(self, grace_s: float) -> int:
-        """Wait up to ``grace_s`` for requests in flight, then cancel the rest;
-        return how many were cancelled."""
-        pending = set(self.tasks)
-        if pending and grace_s > 0:
-            _done, pending = await asyncio.wait(pending, timeout=grace_s)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-        return len(pending)
-
     @staticmethod
     async def _sleep_until(at: float) -> None:
         delay = at - time.monotonic()

@@ -41,10 +41,26 @@ from loadgen.tokens import pick_counter
 from loadgen.workload import Workload, build_workload, request_body
 from servemon.errors import ConfigError, TargetError
 
-__all__ = ["DEFAULT_STAGES", "RunResult", "StageRecord", "discover_model", "run_load"]
+__all__ = [
+    "DEFAULT_STAGES",
+    "RunResult",
+    "StageRecord",
+    "Stopper",
+    "discover_model",
+    "run_load",
+]
 
 DEFAULT_STAGES = "1:10,2:10,4:10"
 Kind = Literal["ramp", "sweep"]
+
+
+@dataclass(frozen=True, slots=True)
+class Stopper:
+    """How a run is stopped from outside: ``requested`` stops sending and gives the
+    requests in flight the grace period; ``hurry`` cancels them at once."""
+
+    requested: asyncio.Event = field(default_factory=asyncio.Event)
+    hurry: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass(slots=True)
@@ -164,7 +180,7 @@ async def run_load(
     target: str,
     *,
     argv: Sequence[str],
-    stop: asyncio.Event,
+    stop: Stopper,
     env: Mapping[str, str],
     progress: Progress,
     embedded: Mapping[str, Any] | None = None,
@@ -308,7 +324,7 @@ class _Run:
         self.progress.request_done(timing)
 
     async def execute(
-        self, info: dict[str, Any], stop: asyncio.Event, arrival: Any
+        self, info: dict[str, Any], stop: Stopper, arrival: Any
     ) -> RunResult:
         sampler = ServerSampler(
             self.session,
@@ -318,14 +334,16 @@ class _Run:
         )
         sampling = asyncio.create_task(sampler.run())
         self.progress.start(self.stages)
-        status = "completed"
+        status = "failed"
         try:
             if self.kind == "ramp":
                 interrupted = await self._ramp(stop, arrival)
             else:
                 interrupted = await self._sweep(stop)
-            if interrupted:
-                status = "interrupted"
+            status = "interrupted" if interrupted else "completed"
+        except asyncio.CancelledError:
+            status = "interrupted"
+            raise
         finally:
             sampling.cancel()
             await asyncio.gather(sampling, return_exceptions=True)
@@ -335,7 +353,7 @@ class _Run:
             self.rundir.close()
         return result
 
-    async def _ramp(self, stop: asyncio.Event, arrival: Any) -> bool:
+    async def _ramp(self, stop: Stopper, arrival: Any) -> bool:
         c = self.config
         plan = [
             Stage(s.index, s.target_rate or 0.0, s.planned_s or 0.0, 0.0)
@@ -382,7 +400,17 @@ class _Run:
         )
         self.progress.open_loop = loop
         due = make_schedule(plan, arrival, c.seed, limit=c.max_requests)
-        interrupted = await _until_stopped(loop.run(due, start), stop)
+        dispatching = asyncio.create_task(loop.run(due, start))
+        try:
+            interrupted = await _until_stopped(dispatching, stop.requested)
+        finally:
+            if not dispatching.done():
+                dispatching.cancel()
+                await asyncio.gather(dispatching, return_exceptions=True)
+            if not all(t.done() for t in loop.tasks):
+                # Also when this task itself is cancelled: in-flight requests are
+                # cancelled and recorded, never left running against a closed session.
+                await _grace(set(loop.tasks), 0.0, stop.hurry)
         end_of_schedule = time.monotonic()
         for record in self.stages:
             record.sent = loop.counts.sent[record.index]
@@ -396,18 +424,18 @@ class _Run:
                 record.end_s = planned_end
         # Requests in flight: let them finish (bounded by the request timeout), or
         # give them the grace period once a stop is asked for.
-        waited = await _until_stopped(_all_done(loop), stop)
+        waited = await _until_stopped(_all_done(loop), stop.requested)
         if waited or interrupted:
-            await loop.drain(c.grace)
+            await _grace(set(loop.tasks), c.grace, stop.hurry)
         for stage_index, n in loop.counts.held_back.items():
             self.live.held_back.labels(self.base, self.model, str(stage_index)).inc(n)
         return interrupted or waited
 
-    async def _sweep(self, stop: asyncio.Event) -> bool:
+    async def _sweep(self, stop: Stopper) -> bool:
         c = self.config
         numbers = list(c.number) * (len(c.parallel) if len(c.number) == 1 else 1)
         for record, number in zip(self.stages, numbers, strict=True):
-            if stop.is_set():
+            if stop.requested.is_set():
                 return True
             assert record.parallel is not None
             record.start_s = time.monotonic()
@@ -426,16 +454,17 @@ class _Run:
                     timeout_s=c.timeout,
                     stage=record.index,
                     on_done=self.finished,
-                    stop=stop,
+                    stop=stop.requested,
                     options=self.cancel_options,
                 )
             )
-            interrupted = await _until_stopped(level, stop)
-            if interrupted:
-                _done, pending = await asyncio.wait({level}, timeout=c.grace)
-                for task in pending:
-                    task.cancel()
-                await asyncio.gather(level, return_exceptions=True)
+            try:
+                interrupted = await _until_stopped(level, stop.requested)
+            finally:
+                if not level.done():
+                    await _grace(
+                        {level}, c.grace if stop.requested.is_set() else 0.0, stop.hurry
+                    )
             record.end_s = time.monotonic()
             record.sent = len(record.timings)
             if interrupted:
@@ -518,6 +547,34 @@ async def _until_stopped(work: Any, stop: asyncio.Event) -> bool:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     return True
+
+
+async def _grace(
+    tasks: set[asyncio.Task[Any]], grace_s: float, hurry: asyncio.Event
+) -> None:
+    """Wait up to ``grace_s`` (less if ``hurry`` is set) for ``tasks``, then cancel
+    what is left and wait for it to wind down (it records itself as cancelled)."""
+    pending = {t for t in tasks if not t.done()}
+    if pending and grace_s > 0 and not hurry.is_set():
+        waiter = asyncio.create_task(hurry.wait())
+        deadline = time.monotonic() + grace_s
+        try:
+            while pending and not hurry.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                await asyncio.wait(
+                    {*pending, waiter},
+                    timeout=left,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                pending = {t for t in pending if not t.done()}
+        finally:
+            waiter.cancel()
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
 
 
 async def _all_done(loop: OpenLoop) -> None:

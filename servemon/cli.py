@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -194,13 +195,19 @@ def sim_config(config_file: Path | None, flags: dict[str, Any]) -> SimConfig:
 
 @cli.command()
 @_sim_options
-def sim(config_file: Path | None, **flags: Any) -> None:
+@click.option(
+    "--exit-with-parent",
+    is_flag=True,
+    hidden=True,
+    help="Stop when the parent process goes away (for embedding).",
+)
+def sim(config_file: Path | None, exit_with_parent: bool, **flags: Any) -> None:
     """Serve a simulated vLLM endpoint (OpenAI API and vLLM /metrics)."""
     config = _run_or_exit(lambda: sim_config(config_file, flags))
-    _run_or_exit(lambda: asyncio.run(_serve_sim(config)))
+    _run_or_exit(lambda: asyncio.run(_serve_sim(config, exit_with_parent)))
 
 
-async def _serve_sim(config: SimConfig) -> None:
+async def _serve_sim(config: SimConfig, exit_with_parent: bool = False) -> None:
     from simulator.server import SimServer
 
     server = SimServer(config)
@@ -208,6 +215,11 @@ async def _serve_sim(config: SimConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    watchdog = (
+        asyncio.create_task(_watch_parent(os.getppid(), stop))
+        if exit_with_parent
+        else None
+    )
     async with server:
         click.echo(
             f"servemon sim: serving {server.model} (profile {server.profile.name}, "
@@ -215,7 +227,16 @@ async def _serve_sim(config: SimConfig) -> None:
         )
         sys.stdout.flush()
         await stop.wait()
+    if watchdog is not None:
+        watchdog.cancel()
     click.echo("servemon sim: stopped")
+
+
+async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
+    """Set ``stop`` once this process has been re-parented (its parent died)."""
+    while os.getppid() == parent:  # noqa: ASYNC110 (no event exists for this)
+        await asyncio.sleep(0.5)
+    stop.set()
 
 
 @cli.command()

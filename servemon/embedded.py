@@ -33,9 +33,14 @@ async def embedded_simulator(
         "0",
         "--profile",
         profile,
+        "--exit-with-parent",
         *extra_args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        # Its own session: a Ctrl-C in the terminal reaches the load generator,
+        # which stops gracefully while the simulator keeps serving the requests in
+        # flight; --exit-with-parent ends it should the load generator be killed.
+        start_new_session=True,
     )
     try:
         assert proc.stdout is not None

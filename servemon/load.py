@@ -14,7 +14,7 @@ from rich.table import Table
 
 from loadgen.config import LoadConfig
 from loadgen.progress import Progress
-from loadgen.runner import RunResult, run_load
+from loadgen.runner import RunResult, Stopper, run_load
 from loadgen.summary import Summary
 from servemon.embedded import embedded_simulator
 
@@ -28,19 +28,20 @@ async def run_command(
     console = Console(soft_wrap=True)
     if not console.is_terminal:
         console = Console(soft_wrap=True, width=200)
-    stop = asyncio.Event()
-    main = asyncio.current_task()
+    stop = Stopper()
     loop = asyncio.get_running_loop()
 
     def on_signal() -> None:
-        if stop.is_set() and main is not None:
-            main.cancel()  # a second signal: stop at once
+        if stop.requested.is_set():
+            if not stop.hurry.is_set():
+                console.print("servemon: cancelling the requests in flight")
+            stop.hurry.set()
             return
         console.print(
             f"servemon: stopping: no new requests; {config.grace:g} s for those in "
-            "flight (signal again to stop at once)"
+            "flight (signal again to cancel them now)"
         )
-        stop.set()
+        stop.requested.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
