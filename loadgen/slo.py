@@ -28,7 +28,7 @@ __all__ = ["FIGURES", "STATS", "SloTerm", "parse_slo", "request_meets"]
 FIGURES = ("ttft", "ttfc", "itl", "tpot", "e2e", "dispatch_lag")
 STATS = ("mean", "p50", "p90", "p95", "p99", "max")
 _TERM = re.compile(
-    r"^\s*([a-z_]+?)(?:_(mean|p50|p90|p95|p99|max))?\s*<=\s*([0-9.eE+-]+)\s*$"
+    r"^\s*([a-z0-9_]+?)(?:_(mean|p50|p90|p95|p99|max))?\s*<=\s*([0-9.eE+-]+)\s*$"
 )
 
 
