@@ -1,9 +1,10 @@
 """The load generator: requests sent on a schedule, timed as a client waits for them.
 
-So far: :mod:`loadgen.timing` (one request's timeline and what is derived from it),
-:mod:`loadgen.sse` (server-sent events), :mod:`loadgen.client` (one timed request),
-:mod:`loadgen.closedloop` (keep N requests in flight until M finished) and
-:mod:`loadgen.summary` (percentiles over a set of requests).
+:mod:`loadgen.runner` runs a ramp (:mod:`loadgen.arrivals`, :mod:`loadgen.dispatch`)
+or a sweep (:mod:`loadgen.closedloop`); each request is timed by
+:mod:`loadgen.client` into a :mod:`loadgen.timing` record, recorded by
+:mod:`loadgen.record`, published live by :mod:`loadgen.live` and summarized by
+:mod:`loadgen.summary`. Prompts come from :mod:`loadgen.workload`.
 """
 
 from loadgen.client import ClientSettings, send_request

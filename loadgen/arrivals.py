@@ -16,6 +16,7 @@ at the boundary.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -136,12 +137,25 @@ def schedule(
     rng = random.Random(f"arrivals:{seed}")
     index = 0
     for stage in stages:
-        at = stage.start_s
-        if arrival.kind != "constant":
-            at += arrival.gap(rng, stage.rate)
-        while at < stage.end_s:
+        if arrival.kind == "constant":
+            # k / rate, not a running sum: no floating-point drift at the boundary.
+            count = math.ceil(stage.duration_s * stage.rate - 1e-9)
+            offsets: Iterator[float] = (
+                stage.start_s + k / stage.rate for k in range(count)
+            )
+        else:
+            offsets = _random_offsets(stage, arrival, rng)
+        for at in offsets:
             if limit is not None and index >= limit:
                 return
             yield Due(index, stage.index, at)
             index += 1
-            at += arrival.gap(rng, stage.rate)
+
+
+def _random_offsets(
+    stage: Stage, arrival: Arrival, rng: random.Random
+) -> Iterator[float]:
+    at = stage.start_s + arrival.gap(rng, stage.rate)
+    while at < stage.end_s:
+        yield at
+        at += arrival.gap(rng, stage.rate)

@@ -15,8 +15,8 @@ from typing import Any
 
 import aiohttp
 
-from loadgen.sse import EventTooLarge, iter_events
 from loadgen.timing import Outcome, RequestTiming, TokenSource
+from monitor.sse import EventTooLarge, choice_text, iter_events
 
 __all__ = ["ClientSettings", "make_session", "send_request"]
 
@@ -167,11 +167,7 @@ class _Probe:
         for choice in choices or ():
             if not isinstance(choice, dict):
                 continue
-            delta = choice.get("delta")
-            part = delta if isinstance(delta, dict) else choice
-            text = part.get("content") or part.get("reasoning_content")
-            text = text or part.get("reasoning") or part.get("text")
-            if text:
+            if choice_text(choice):
                 self.content_s.append(now)
             if choice.get("finish_reason"):
                 self.finish_reason = str(choice["finish_reason"])

@@ -6,8 +6,10 @@ and labels. Code that publishes or queries a servemon series takes it from here;
 code builds a metric name from pieces. ``docs/metrics.md`` is generated from this
 table.
 
-So far the table holds the client side (the load generator's live metrics); the
-engine, GPU and exporter series arrive with the exporter.
+Engine series carry their :class:`Source` names per engine and version: the exporter
+maps every known spelling to one servemon name (the first source present wins, so a
+version that emits a deprecated name beside the new one is read once), and the
+reference lists them.
 """
 
 from __future__ import annotations
@@ -25,16 +27,72 @@ __all__ = [
     "CLIENT_OUTPUT_TOKENS",
     "CLIENT_PROMPT_TOKENS",
     "CLIENT_REQUESTS",
+    "CLIENT_SERIES",
     "CLIENT_SKIPPED",
     "CLIENT_TARGET_RATE",
     "CLIENT_TPOT",
     "CLIENT_TTFC",
     "CLIENT_TTFT",
+    "ENGINE_DECODE",
+    "ENGINE_E2E",
+    "ENGINE_GENERATION_LENGTH",
+    "ENGINE_GENERATION_TOKENS",
+    "ENGINE_INFO",
+    "ENGINE_ITL",
+    "ENGINE_KV_CACHE_USAGE",
+    "ENGINE_PREEMPTIONS",
+    "ENGINE_PREFILL",
+    "ENGINE_PREFIX_HITS",
+    "ENGINE_PREFIX_HIT_RATIO",
+    "ENGINE_PREFIX_QUERIES",
+    "ENGINE_PROMPT_LENGTH",
+    "ENGINE_PROMPT_TOKENS",
+    "ENGINE_QUEUE",
+    "ENGINE_REQUESTS_FINISHED",
+    "ENGINE_REQUESTS_RUNNING",
+    "ENGINE_REQUESTS_WAITING",
+    "ENGINE_SERIES",
+    "ENGINE_TPOT",
+    "ENGINE_TTFT",
+    "GPU_ECC_ERRORS",
+    "GPU_MEMORY_CLOCK",
+    "GPU_MEMORY_TOTAL",
+    "GPU_MEMORY_USED",
+    "GPU_MEMORY_UTILIZATION",
+    "GPU_PCIE_RX",
+    "GPU_PCIE_TX",
+    "GPU_POWER",
+    "GPU_POWER_LIMIT",
+    "GPU_PROCESS_MEMORY",
+    "GPU_SAMPLE_AGE",
+    "GPU_SERIES",
+    "GPU_SM_CLOCK",
+    "GPU_TEMPERATURE",
+    "GPU_THROTTLE",
+    "GPU_UP",
+    "GPU_UTILIZATION",
+    "PROBE_E2E",
+    "PROBE_REQUESTS",
+    "PROBE_TTFT",
     "SCHEMA",
+    "TARGET_SCRAPE_DURATION",
+    "TARGET_SCRAPE_ERRORS",
+    "TARGET_UP",
     "Series",
+    "Source",
 ]
 
 Kind = Literal["counter", "gauge", "histogram"]
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """An engine's own name for a series, as its ``/metrics`` exposes it."""
+
+    engine: str
+    name: str
+    versions: str
+    note: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +104,7 @@ class Series:
     unit: str
     doc: str
     labels: tuple[str, ...]
+    sources: tuple[Source, ...] = ()
 
     @property
     def base(self) -> str:
@@ -56,71 +115,568 @@ class Series:
 _CLIENT = ("target", "model", "stage")
 
 CLIENT_REQUESTS = Series(
-    "servemon_client_requests_total", "counter", "requests",
+    "servemon_client_requests_total",
+    "counter",
+    "requests",
     "Finished requests by outcome (ok, http_error, timeout, connect_error, "
     "stream_error, cancelled).",
     (*_CLIENT, "outcome"),
-)  # fmt: skip
+)
 CLIENT_TTFT = Series(
-    "servemon_client_ttft_seconds", "histogram", "seconds",
-    "Time to first token: first chunk with content minus actual send.", _CLIENT,
-)  # fmt: skip
+    "servemon_client_ttft_seconds",
+    "histogram",
+    "seconds",
+    "Time to first token: first chunk with content minus actual send.",
+    _CLIENT,
+)
 CLIENT_TTFC = Series(
-    "servemon_client_ttfc_seconds", "histogram", "seconds",
+    "servemon_client_ttfc_seconds",
+    "histogram",
+    "seconds",
     "Time to first SSE chunk of any kind (a role-only chunk counts) minus actual send.",
     _CLIENT,
-)  # fmt: skip
+)
 CLIENT_ITL = Series(
-    "servemon_client_itl_seconds", "histogram", "seconds",
-    "Inter-token latency: each gap between consecutive content chunks.", _CLIENT,
-)  # fmt: skip
+    "servemon_client_itl_seconds",
+    "histogram",
+    "seconds",
+    "Inter-token latency: each gap between consecutive content chunks.",
+    _CLIENT,
+)
 CLIENT_TPOT = Series(
-    "servemon_client_tpot_seconds", "histogram", "seconds",
-    "Time per output token per request: (E2E - TTFT) / (output tokens - 1).", _CLIENT,
-)  # fmt: skip
+    "servemon_client_tpot_seconds",
+    "histogram",
+    "seconds",
+    "Time per output token per request: (E2E - TTFT) / (output tokens - 1).",
+    _CLIENT,
+)
 CLIENT_E2E = Series(
-    "servemon_client_e2e_seconds", "histogram", "seconds",
-    "End-to-end latency: last byte minus actual send.", _CLIENT,
-)  # fmt: skip
+    "servemon_client_e2e_seconds",
+    "histogram",
+    "seconds",
+    "End-to-end latency: last byte minus actual send.",
+    _CLIENT,
+)
 CLIENT_DISPATCH_LAG = Series(
-    "servemon_client_dispatch_lag_seconds", "histogram", "seconds",
+    "servemon_client_dispatch_lag_seconds",
+    "histogram",
+    "seconds",
     "Actual send minus scheduled send: how far the client fell behind its schedule.",
     _CLIENT,
-)  # fmt: skip
+)
 CLIENT_OUTPUT_TOKENS = Series(
-    "servemon_client_output_tokens_total", "counter", "tokens",
-    "Output tokens of finished requests (usage, tokenizer or chunk count).", _CLIENT,
-)  # fmt: skip
+    "servemon_client_output_tokens_total",
+    "counter",
+    "tokens",
+    "Output tokens of finished requests (usage, tokenizer or chunk count).",
+    _CLIENT,
+)
 CLIENT_PROMPT_TOKENS = Series(
-    "servemon_client_prompt_tokens_total", "counter", "tokens",
-    "Prompt tokens of finished requests, as the server's usage reports them.", _CLIENT,
-)  # fmt: skip
+    "servemon_client_prompt_tokens_total",
+    "counter",
+    "tokens",
+    "Prompt tokens of finished requests, as the server's usage reports them.",
+    _CLIENT,
+)
 CLIENT_TARGET_RATE = Series(
-    "servemon_client_target_requests_per_second", "gauge", "requests/s",
+    "servemon_client_target_requests_per_second",
+    "gauge",
+    "requests/s",
     "The schedule's target request rate now (0 between stages and for closed loops).",
     ("target", "model"),
-)  # fmt: skip
+)
 CLIENT_IN_FLIGHT = Series(
-    "servemon_client_in_flight_requests", "gauge", "requests",
-    "Requests sent and not yet finished.", ("target", "model"),
-)  # fmt: skip
+    "servemon_client_in_flight_requests",
+    "gauge",
+    "requests",
+    "Requests sent and not yet finished.",
+    ("target", "model"),
+)
 CLIENT_CURRENT_STAGE = Series(
-    "servemon_client_current_stage", "gauge", "index",
+    "servemon_client_current_stage",
+    "gauge",
+    "index",
     "Index of the stage (ramp) or level (sweep) being run; -1 when none.",
     ("target", "model"),
-)  # fmt: skip
+)
 CLIENT_HELD_BACK = Series(
-    "servemon_client_held_back_total", "counter", "requests",
+    "servemon_client_held_back_total",
+    "counter",
+    "requests",
     "Requests that were due while --max-inflight requests were in flight and had to "
-    "wait for a slot.", _CLIENT,
-)  # fmt: skip
+    "wait for a slot.",
+    _CLIENT,
+)
 CLIENT_SKIPPED = Series(
-    "servemon_client_skipped_total", "counter", "requests",
+    "servemon_client_skipped_total",
+    "counter",
+    "requests",
     "Requests never sent, by reason (late: past --late-tolerance with --late skip).",
     (*_CLIENT, "reason"),
-)  # fmt: skip
+)
 
-SCHEMA: tuple[Series, ...] = (
+
+# -- engine (normalized from the target's /metrics) ---------------------------------
+
+_ENGINE = ("target", "model", "engine", "rank")
+V1 = "V1 >= 0.9"
+V1_ALL = "V1"
+V0 = "V0 (<= 0.10)"
+OLD = "V1 0.8, deprecated in 0.9-0.10, hidden in 0.11"
+
+
+def _vllm(name: str, versions: str = "all", note: str = "") -> Source:
+    return Source("vllm", name, versions, note)
+
+
+ENGINE_REQUESTS_RUNNING = Series(
+    "servemon_engine_requests_running",
+    "gauge",
+    "requests",
+    "Requests in the engine's running batch.",
+    _ENGINE,
+    (
+        _vllm("vllm:num_requests_running"),
+        Source("sglang", "sglang:num_running_reqs", "all"),
+        Source("tgi", "tgi_batch_current_size", "all"),
+        Source("llamacpp", "llamacpp:requests_processing", "all"),
+    ),
+)
+ENGINE_REQUESTS_WAITING = Series(
+    "servemon_engine_requests_waiting",
+    "gauge",
+    "requests",
+    "Requests waiting in the engine's queue.",
+    _ENGINE,
+    (
+        _vllm("vllm:num_requests_waiting"),
+        Source("sglang", "sglang:num_queue_reqs", "all"),
+        Source("tgi", "tgi_queue_size", "all"),
+        Source("llamacpp", "llamacpp:requests_deferred", "all"),
+    ),
+)
+ENGINE_KV_CACHE_USAGE = Series(
+    "servemon_engine_kv_cache_usage_ratio",
+    "gauge",
+    "ratio",
+    "KV cache in use, 0-1.",
+    _ENGINE,
+    (
+        _vllm("vllm:kv_cache_usage_perc", V1, "a fraction despite the name"),
+        _vllm("vllm:gpu_cache_usage_perc", "V0, V1 0.8; deprecated 0.9-0.10"),
+        Source("sglang", "sglang:token_usage", "all"),
+        Source("llamacpp", "llamacpp:kv_cache_usage_ratio", "older builds"),
+    ),
+)
+ENGINE_PREFIX_QUERIES = Series(
+    "servemon_engine_prefix_cache_queries_total",
+    "counter",
+    "tokens (blocks: vLLM 0.8)",
+    "Prefix-cache lookups, in the engine's unit (servemon_engine_info "
+    "prefix_cache_unit).",
+    _ENGINE,
+    (
+        _vllm("vllm:prefix_cache_queries_total", V1, "tokens"),
+        _vllm(
+            "vllm:gpu_prefix_cache_queries_total", OLD, "blocks in 0.8, tokens after"
+        ),
+    ),
+)
+ENGINE_PREFIX_HITS = Series(
+    "servemon_engine_prefix_cache_hits_total",
+    "counter",
+    "tokens (blocks: vLLM 0.8)",
+    "Prefix-cache hits, in the same unit as the queries.",
+    _ENGINE,
+    (
+        _vllm("vllm:prefix_cache_hits_total", V1, "tokens"),
+        _vllm("vllm:gpu_prefix_cache_hits_total", OLD, "blocks in 0.8, tokens after"),
+        Source("sglang", "sglang:cached_tokens_total", "all", "hits only"),
+    ),
+)
+ENGINE_PREFIX_HIT_RATIO = Series(
+    "servemon_engine_prefix_cache_hit_ratio",
+    "gauge",
+    "ratio",
+    "Prefix-cache hit ratio where the engine gives only a ratio (no counters).",
+    _ENGINE,
+    (
+        _vllm("vllm:gpu_prefix_cache_hit_rate", V0),
+        Source("sglang", "sglang:cache_hit_rate", "all"),
+    ),
+)
+ENGINE_PREEMPTIONS = Series(
+    "servemon_engine_preemptions_total",
+    "counter",
+    "preemptions",
+    "Requests preempted (evicted from the batch to free KV blocks).",
+    _ENGINE,
+    (
+        _vllm("vllm:num_preemptions_total"),
+        Source("sglang", "sglang:num_retracted_reqs_total", "newer"),
+    ),
+)
+ENGINE_PROMPT_TOKENS = Series(
+    "servemon_engine_prompt_tokens_total",
+    "counter",
+    "tokens",
+    "Prompt (prefill) tokens processed.",
+    _ENGINE,
+    (
+        _vllm("vllm:prompt_tokens_total"),
+        Source("sglang", "sglang:prompt_tokens_total", "all"),
+        Source("llamacpp", "llamacpp:prompt_tokens_total", "all"),
+    ),
+)
+ENGINE_GENERATION_TOKENS = Series(
+    "servemon_engine_generation_tokens_total",
+    "counter",
+    "tokens",
+    "Generated tokens.",
+    _ENGINE,
+    (
+        _vllm("vllm:generation_tokens_total"),
+        Source("sglang", "sglang:generation_tokens_total", "all"),
+        Source("llamacpp", "llamacpp:tokens_predicted_total", "all"),
+    ),
+)
+ENGINE_REQUESTS_FINISHED = Series(
+    "servemon_engine_requests_finished_total",
+    "counter",
+    "requests",
+    "Finished requests by reason (stop, length, abort, ...).",
+    (*_ENGINE, "reason"),
+    (
+        _vllm("vllm:request_success_total", "all", "finished_reason -> reason"),
+        Source("tgi", "tgi_request_success_total", "all", "reason=stop"),
+    ),
+)
+ENGINE_TTFT = Series(
+    "servemon_engine_ttft_seconds",
+    "histogram",
+    "seconds",
+    "Time to first token as the server measures it.",
+    _ENGINE,
+    (
+        _vllm("vllm:time_to_first_token_seconds"),
+        Source("sglang", "sglang:time_to_first_token_seconds", "all"),
+    ),
+)
+ENGINE_ITL = Series(
+    "servemon_engine_itl_seconds",
+    "histogram",
+    "seconds",
+    "Inter-token latency as the server measures it.",
+    _ENGINE,
+    (
+        _vllm("vllm:inter_token_latency_seconds", "V1 >= 0.10"),
+        _vllm("vllm:time_per_output_token_seconds", "<= 0.10, hidden in 0.12"),
+        Source("sglang", "sglang:inter_token_latency_seconds", "newer"),
+        Source("sglang", "sglang:time_per_output_token_seconds", "older"),
+    ),
+)
+ENGINE_TPOT = Series(
+    "servemon_engine_tpot_seconds",
+    "histogram",
+    "seconds",
+    "Per-request time per output token as the server measures it.",
+    _ENGINE,
+    (
+        _vllm("vllm:request_time_per_output_token_seconds", "V1 >= 0.10.2"),
+        Source("tgi", "tgi_request_mean_time_per_token_duration", "all"),
+    ),
+)
+ENGINE_E2E = Series(
+    "servemon_engine_e2e_seconds",
+    "histogram",
+    "seconds",
+    "End-to-end request latency as the server measures it.",
+    _ENGINE,
+    (
+        _vllm("vllm:e2e_request_latency_seconds"),
+        Source("sglang", "sglang:e2e_request_latency_seconds", "all"),
+        Source("tgi", "tgi_request_duration", "all"),
+    ),
+)
+ENGINE_QUEUE = Series(
+    "servemon_engine_queue_seconds",
+    "histogram",
+    "seconds",
+    "Time requests spent waiting in the queue.",
+    _ENGINE,
+    (
+        _vllm("vllm:request_queue_time_seconds"),
+        Source("sglang", "sglang:queue_time_seconds", "newer"),
+        Source("tgi", "tgi_request_queue_duration", "all"),
+    ),
+)
+ENGINE_PREFILL = Series(
+    "servemon_engine_prefill_seconds",
+    "histogram",
+    "seconds",
+    "Time requests spent in prefill.",
+    _ENGINE,
+    (_vllm("vllm:request_prefill_time_seconds"),),
+)
+ENGINE_DECODE = Series(
+    "servemon_engine_decode_seconds",
+    "histogram",
+    "seconds",
+    "Time requests spent in decode.",
+    _ENGINE,
+    (_vllm("vllm:request_decode_time_seconds"),),
+)
+ENGINE_PROMPT_LENGTH = Series(
+    "servemon_engine_request_prompt_tokens",
+    "histogram",
+    "tokens",
+    "Prompt length per finished request.",
+    _ENGINE,
+    (
+        _vllm("vllm:request_prompt_tokens"),
+        Source("tgi", "tgi_request_input_length", "all"),
+    ),
+)
+ENGINE_GENERATION_LENGTH = Series(
+    "servemon_engine_request_generation_tokens",
+    "histogram",
+    "tokens",
+    "Output length per finished request.",
+    _ENGINE,
+    (
+        _vllm("vllm:request_generation_tokens"),
+        Source("tgi", "tgi_request_generated_tokens", "all"),
+    ),
+)
+ENGINE_INFO = Series(
+    "servemon_engine_info",
+    "gauge",
+    "info",
+    "1, with what the engine tells about itself: version, cache config "
+    "(vllm:cache_config_info), max model length (/v1/models), prefix-cache unit.",
+    (
+        "target",
+        "model",
+        "engine",
+        "version",
+        "block_size",
+        "num_gpu_blocks",
+        "prefix_caching",
+        "max_model_len",
+        "prefix_cache_unit",
+        "dialect",
+    ),
+    (_vllm("vllm:cache_config_info", "all", "labels"),),
+)
+
+ENGINE_SERIES: tuple[Series, ...] = (
+    ENGINE_REQUESTS_RUNNING,
+    ENGINE_REQUESTS_WAITING,
+    ENGINE_KV_CACHE_USAGE,
+    ENGINE_PREFIX_QUERIES,
+    ENGINE_PREFIX_HITS,
+    ENGINE_PREFIX_HIT_RATIO,
+    ENGINE_PREEMPTIONS,
+    ENGINE_PROMPT_TOKENS,
+    ENGINE_GENERATION_TOKENS,
+    ENGINE_REQUESTS_FINISHED,
+    ENGINE_TTFT,
+    ENGINE_ITL,
+    ENGINE_TPOT,
+    ENGINE_E2E,
+    ENGINE_QUEUE,
+    ENGINE_PREFILL,
+    ENGINE_DECODE,
+    ENGINE_PROMPT_LENGTH,
+    ENGINE_GENERATION_LENGTH,
+)
+
+# -- per target (the exporter's view of each target) -----------------------------
+
+TARGET_UP = Series(
+    "servemon_target_up",
+    "gauge",
+    "bool",
+    "1 if the last scrape of the target's /metrics succeeded, else 0.",
+    ("target",),
+)
+TARGET_SCRAPE_DURATION = Series(
+    "servemon_target_scrape_duration_seconds",
+    "gauge",
+    "seconds",
+    "How long the last scrape of the target took (fetch and parse).",
+    ("target",),
+)
+TARGET_SCRAPE_ERRORS = Series(
+    "servemon_target_scrape_errors_total",
+    "counter",
+    "scrapes",
+    "Failed scrapes by reason (connect, timeout, http, too_large, parse).",
+    ("target", "reason"),
+)
+
+# -- GPU (NVML) --------------------------------------------------------------------
+
+_GPU = ("gpu", "uuid", "name")
+
+GPU_UP = Series(
+    "servemon_gpu_up",
+    "gauge",
+    "bool",
+    "1 if NVML is readable and at least one GPU was found, else 0.",
+    (),
+)
+GPU_SAMPLE_AGE = Series(
+    "servemon_gpu_sample_age_seconds",
+    "gauge",
+    "seconds",
+    "Age of the GPU snapshot this scrape serves.",
+    (),
+)
+GPU_UTILIZATION = Series(
+    "servemon_gpu_utilization_ratio",
+    "gauge",
+    "ratio",
+    "Share of the last sample period in which a kernel ran (NVML), 0-1.",
+    _GPU,
+)
+GPU_MEMORY_UTILIZATION = Series(
+    "servemon_gpu_memory_utilization_ratio",
+    "gauge",
+    "ratio",
+    "Share of the last sample period in which memory was read or written, 0-1.",
+    _GPU,
+)
+GPU_MEMORY_USED = Series(
+    "servemon_gpu_memory_used_bytes",
+    "gauge",
+    "bytes",
+    "GPU memory in use.",
+    _GPU,
+)
+GPU_MEMORY_TOTAL = Series(
+    "servemon_gpu_memory_total_bytes",
+    "gauge",
+    "bytes",
+    "GPU memory in all.",
+    _GPU,
+)
+GPU_POWER = Series(
+    "servemon_gpu_power_watts",
+    "gauge",
+    "watts",
+    "Power draw.",
+    _GPU,
+)
+GPU_POWER_LIMIT = Series(
+    "servemon_gpu_power_limit_watts",
+    "gauge",
+    "watts",
+    "Enforced power limit.",
+    _GPU,
+)
+GPU_TEMPERATURE = Series(
+    "servemon_gpu_temperature_celsius",
+    "gauge",
+    "celsius",
+    "GPU temperature.",
+    _GPU,
+)
+GPU_SM_CLOCK = Series(
+    "servemon_gpu_sm_clock_hertz",
+    "gauge",
+    "hertz",
+    "SM clock.",
+    _GPU,
+)
+GPU_MEMORY_CLOCK = Series(
+    "servemon_gpu_memory_clock_hertz",
+    "gauge",
+    "hertz",
+    "Memory clock.",
+    _GPU,
+)
+GPU_THROTTLE = Series(
+    "servemon_gpu_throttle_active",
+    "gauge",
+    "bool",
+    "1 for each clock-throttle reason active now (sw_power_cap, hw_slowdown, "
+    "sw_thermal, hw_thermal, hw_power_brake, idle, ...), 0 for the others.",
+    (*_GPU, "reason"),
+)
+GPU_PCIE_RX = Series(
+    "servemon_gpu_pcie_rx_bytes_per_second",
+    "gauge",
+    "bytes/s",
+    "PCIe receive throughput (NVML's 20 ms sample), where available.",
+    _GPU,
+)
+GPU_PCIE_TX = Series(
+    "servemon_gpu_pcie_tx_bytes_per_second",
+    "gauge",
+    "bytes/s",
+    "PCIe transmit throughput, where available.",
+    _GPU,
+)
+GPU_ECC_ERRORS = Series(
+    "servemon_gpu_ecc_errors_total",
+    "counter",
+    "errors",
+    "Volatile ECC errors by type (corrected, uncorrected), where available.",
+    (*_GPU, "type"),
+)
+GPU_PROCESS_MEMORY = Series(
+    "servemon_gpu_process_memory_used_bytes",
+    "gauge",
+    "bytes",
+    "GPU memory used per compute process.",
+    (*_GPU, "pid", "process"),
+)
+
+GPU_SERIES: tuple[Series, ...] = (
+    GPU_UP,
+    GPU_SAMPLE_AGE,
+    GPU_UTILIZATION,
+    GPU_MEMORY_UTILIZATION,
+    GPU_MEMORY_USED,
+    GPU_MEMORY_TOTAL,
+    GPU_POWER,
+    GPU_POWER_LIMIT,
+    GPU_TEMPERATURE,
+    GPU_SM_CLOCK,
+    GPU_MEMORY_CLOCK,
+    GPU_THROTTLE,
+    GPU_PCIE_RX,
+    GPU_PCIE_TX,
+    GPU_ECC_ERRORS,
+    GPU_PROCESS_MEMORY,
+)
+
+# -- canary probe ------------------------------------------------------------------
+
+PROBE_REQUESTS = Series(
+    "servemon_probe_requests_total",
+    "counter",
+    "requests",
+    "Canary requests by outcome.",
+    ("target", "model", "outcome"),
+)
+PROBE_TTFT = Series(
+    "servemon_probe_ttft_seconds",
+    "histogram",
+    "seconds",
+    "Canary time to first content chunk.",
+    ("target", "model"),
+)
+PROBE_E2E = Series(
+    "servemon_probe_e2e_seconds",
+    "histogram",
+    "seconds",
+    "Canary end-to-end latency.",
+    ("target", "model"),
+)
+
+CLIENT_SERIES: tuple[Series, ...] = (
     CLIENT_REQUESTS,
     CLIENT_TTFT,
     CLIENT_TTFC,
@@ -135,4 +691,17 @@ SCHEMA: tuple[Series, ...] = (
     CLIENT_CURRENT_STAGE,
     CLIENT_HELD_BACK,
     CLIENT_SKIPPED,
+)
+
+SCHEMA: tuple[Series, ...] = (
+    *ENGINE_SERIES,
+    ENGINE_INFO,
+    TARGET_UP,
+    TARGET_SCRAPE_DURATION,
+    TARGET_SCRAPE_ERRORS,
+    *GPU_SERIES,
+    PROBE_REQUESTS,
+    PROBE_TTFT,
+    PROBE_E2E,
+    *CLIENT_SERIES,
 )

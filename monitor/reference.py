@@ -21,12 +21,19 @@ END = "<!-- series:end -->"
 def render() -> str:
     """The generated block: one table row per series."""
     lines = [
-        "| series | type | unit | labels | meaning |",
-        "| --- | --- | --- | --- | --- |",
+        "| series | type | unit | labels | meaning | engine sources |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for s in SCHEMA:
-        labels = ", ".join(f"`{label}`" for label in s.labels)
-        lines.append(f"| `{s.name}` | {s.kind} | {s.unit} | {labels} | {s.doc} |")
+        labels = ", ".join(f"`{label}`" for label in s.labels) or "-"
+        sources = "<br>".join(
+            f"{src.engine}: `{src.name}` ({src.versions}"
+            + (f"; {src.note}" if src.note else "")
+            + ")"
+            for src in s.sources
+        )
+        cells = (f"`{s.name}`", s.kind, s.unit, labels, s.doc, sources or "-")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join([BEGIN, *lines, END])
 
 

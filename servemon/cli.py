@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeVar
 import click
 
 from loadgen.config import LoadConfig, merge_load, parse_extra_body
+from monitor.config import ExporterConfig, merge_exporter, parse_target
 from servemon import __version__
 from servemon.errors import ConfigError, ServemonError
 from servemon.fields import read_yaml
@@ -489,6 +490,94 @@ def sweep(config_file: Path | None, **flags: Any) -> None:
     """Closed loop: each level keeps N requests in flight until M have finished."""
     config = _run_or_exit(lambda: load_config(config_file, flags))
     _run_load("sweep", config)
+
+
+@cli.command()
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path),
+    help="YAML with any of these settings (targets: a list of {url, name, "
+    "engine, model}); flags win.",
+)
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    help="[NAME=]URL of an engine "
+    "(repeatable). NAME becomes the target label [default: host:port].",
+)
+@click.option("--listen", help="Address for /metrics. [default: 127.0.0.1:9400]")
+@click.option(
+    "--scrape-timeout",
+    type=float,
+    help="Seconds to wait for a target "
+    "(kept below the scraper's own timeout). [default: 2.5]",
+)
+@click.option(
+    "--max-body-bytes",
+    type=int,
+    help="Largest /metrics body accepted from a target. [default: 8 MiB]",
+)
+@click.option(
+    "--passthrough/--no-passthrough",
+    default=None,
+    help="Also pass through families servemon does not know.",
+)
+@click.option("--gpu/--no-gpu", default=None, help="GPU stats from NVML. [default: on]")
+@click.option(
+    "--gpu-interval", type=float, help="Seconds between NVML reads. [default: 2]"
+)
+@click.option(
+    "--probe-interval",
+    type=float,
+    help="Seconds between canary requests per target. [default: off]",
+)
+@click.option("--probe-prompt", help="The canary's prompt.")
+@click.option(
+    "--probe-max-tokens", type=int, help="The canary's max_tokens. [default: 8]"
+)
+@click.option(
+    "--auth-file",
+    help="YAML with bearer_token or basic_auth that /metrics asks scrapers for.",
+)
+def exporter(config_file: Path | None, targets: tuple[str, ...], **flags: Any) -> None:
+    """Export engine /metrics in servemon's schema, GPU stats and a canary probe."""
+    config = _run_or_exit(lambda: exporter_config(config_file, targets, flags))
+    _run_or_exit(lambda: _asyncio_run(_serve_exporter(config)))
+
+
+def exporter_config(
+    config_file: Path | None, targets: Sequence[str], flags: dict[str, Any]
+) -> ExporterConfig:
+    """The exporter's config: defaults, then the YAML file, then flags."""
+    config = ExporterConfig()
+    if config_file is not None:
+        config = merge_exporter(config, read_yaml(config_file), str(config_file))
+    overrides = dict(flags)
+    overrides["targets"] = tuple(parse_target(t) for t in targets)
+    config = merge_exporter(config, overrides, "command line")
+    if not config.targets:
+        raise ConfigError("--target: give at least one (or targets: in --config)")
+    return config
+
+
+async def _serve_exporter(config: ExporterConfig) -> None:
+    import logging
+
+    from monitor.exporter import Exporter
+
+    logging.basicConfig(level=logging.INFO, format="servemon exporter: %(message)s")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with Exporter(config) as exp:
+        names = ", ".join(f"{t.name}={t.url}" for t in exp.targets)
+        click.echo(f"servemon exporter: serving {exp.url}/metrics for {names}")
+        sys.stdout.flush()
+        await stop.wait()
+    click.echo("servemon exporter: stopped")
 
 
 def join_multi_values(argv: list[str], names: Sequence[str]) -> list[str]:

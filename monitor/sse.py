@@ -1,4 +1,4 @@
-"""Server-sent events from an aiohttp response, one ``data`` payload at a time.
+"""Server-sent events from an aiohttp response, and what an OpenAI chunk carries.
 
 The framing is the part of the SSE standard that OpenAI-compatible servers use:
 ``data:`` lines (several join with newlines), events ended by a blank line, comment
@@ -14,7 +14,10 @@ from collections.abc import AsyncIterator
 
 from aiohttp import StreamReader
 
-__all__ = ["EventTooLarge", "iter_events"]
+__all__ = ["CONTENT_KEYS", "EventTooLarge", "choice_text", "iter_events"]
+
+#: Fields of a streamed choice (or its ``delta``) that carry generated text.
+CONTENT_KEYS = ("content", "reasoning_content", "reasoning", "text")
 
 
 class EventTooLarge(ValueError):
@@ -60,4 +63,18 @@ def _take_line(raw: bytes, data: list[str]) -> str | None:
     name, _, value = line.partition(":")
     if name == "data":
         data.append(value[1:] if value.startswith(" ") else value)
+    return None
+
+
+def choice_text(choice: dict[str, object]) -> str | None:
+    """The generated text an OpenAI-style streamed choice carries, if any.
+
+    A chunk with only the role, or empty content, carries none: it is not a token.
+    """
+    delta = choice.get("delta")
+    part = delta if isinstance(delta, dict) else choice
+    for key in CONTENT_KEYS:
+        value = part.get(key)
+        if isinstance(value, str) and value:
+            return value
     return None

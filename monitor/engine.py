@@ -1,0 +1,229 @@
+"""The engine collector: every target's ``/metrics``, fetched and normalized per scrape.
+
+On each scrape of the exporter, :meth:`EngineCollector.scrape` fetches every target
+concurrently with a timeout below the scrape's own, normalizes what answers
+(:mod:`monitor.normalize`), and returns servemon families plus, per target,
+``servemon_target_up``, ``servemon_target_scrape_duration_seconds`` and
+``servemon_target_scrape_errors_total{reason}``. A target that is down, slow, too
+large or answers garbage gets ``up 0`` and no engine series at all (nothing stale is
+served); it never fails the exporter's scrape. What the engine tells about itself
+(``/v1/models``, ``/version``, cache config) goes into ``servemon_engine_info``,
+refreshed once a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from monitor import names
+from monitor.exposition import ExpositionParser
+from monitor.normalize import Normalized, normalize
+
+__all__ = ["ERROR_REASONS", "EngineCollector", "Target"]
+
+ERROR_REASONS = ("connect", "timeout", "http", "too_large", "parse")
+INFO_REFRESH_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One endpoint to watch."""
+
+    url: str
+    name: str
+    engine: str | None = None
+    model: str | None = None
+
+
+@dataclass(slots=True)
+class _TargetState:
+    parser: ExpositionParser = field(default_factory=ExpositionParser)
+    errors: Counter[str] = field(default_factory=Counter)
+    models: list[dict[str, Any]] = field(default_factory=list)
+    version: str | None = None
+    info_at: float = -INFO_REFRESH_S
+    info_task: asyncio.Task[None] | None = None
+
+
+class _ScrapeFailed(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+class EngineCollector:
+    """Scrapes targets on demand; one instance lives as long as the exporter."""
+
+    def __init__(
+        self,
+        targets: list[Target],
+        session: aiohttp.ClientSession,
+        *,
+        timeout_s: float = 2.5,
+        max_bytes: int = 8 * 1024 * 1024,
+        passthrough: bool = False,
+    ) -> None:
+        self.targets = targets
+        self._session = session
+        self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
+        self.passthrough = passthrough
+        self._state = {t.name: _TargetState() for t in targets}
+        self.last_error: dict[str, str] = {}
+
+    async def close(self) -> None:
+        """Cancel background refreshes."""
+        tasks = [s.info_task for s in self._state.values() if s.info_task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def model_of(self, target: Target) -> str | None:
+        """The configured model, else the first one the target lists."""
+        if target.model:
+            return target.model
+        models = self._state[target.name].models
+        first = models[0].get("id") if models else None
+        return first if isinstance(first, str) else None
+
+    async def scrape(self, timeout_s: float | None = None) -> list[Metric]:
+        """Scrape every target now; servemon families for all of them."""
+        timeout = min(self.timeout_s, timeout_s) if timeout_s else self.timeout_s
+        results = await asyncio.gather(*(self._one(t, timeout) for t in self.targets))
+        up = GaugeMetricFamily(
+            names.TARGET_UP.base, names.TARGET_UP.doc, labels=names.TARGET_UP.labels
+        )
+        took = GaugeMetricFamily(
+            names.TARGET_SCRAPE_DURATION.base,
+            names.TARGET_SCRAPE_DURATION.doc,
+            labels=names.TARGET_SCRAPE_DURATION.labels,
+        )
+        errors = CounterMetricFamily(
+            names.TARGET_SCRAPE_ERRORS.base,
+            names.TARGET_SCRAPE_ERRORS.doc,
+            labels=names.TARGET_SCRAPE_ERRORS.labels,
+        )
+        info = GaugeMetricFamily(
+            names.ENGINE_INFO.base,
+            names.ENGINE_INFO.doc,
+            labels=names.ENGINE_INFO.labels,
+        )
+        by_name: dict[str, Metric] = {}
+        for target, (normalized, duration) in zip(self.targets, results, strict=True):
+            up.add_metric([target.name], 0.0 if normalized is None else 1.0)
+            took.add_metric([target.name], duration)
+            state = self._state[target.name]
+            for reason in ERROR_REASONS:
+                errors.add_metric([target.name, reason], state.errors[reason])
+            if normalized is None:
+                continue
+            info.add_metric(self._info_values(target, normalized), 1.0)
+            for family in normalized.families:
+                merged = by_name.get(family.name)
+                if merged is None:
+                    by_name[family.name] = family
+                else:
+                    merged.samples.extend(family.samples)
+        return [up, took, errors, info, *by_name.values()]
+
+    def _info_values(self, target: Target, n: Normalized) -> list[str]:
+        state = self._state[target.name]
+        card = state.models[0] if state.models else {}
+        model = next(iter(sorted(n.models)), None) or self.model_of(target) or "unknown"
+        values = {
+            "target": target.name,
+            "model": model,
+            "engine": n.engine,
+            "version": state.version or "unknown",
+            "block_size": n.info.get("block_size", ""),
+            "num_gpu_blocks": n.info.get("num_gpu_blocks", ""),
+            "prefix_caching": n.info.get("prefix_caching", ""),
+            "max_model_len": str(card.get("max_model_len", "")),
+            "prefix_cache_unit": n.info.get("prefix_cache_unit", ""),
+            "dialect": n.dialect,
+        }
+        return [values[label] for label in names.ENGINE_INFO.labels]
+
+    async def _one(
+        self, target: Target, timeout_s: float
+    ) -> tuple[Normalized | None, float]:
+        state = self._state[target.name]
+        start = time.monotonic()
+        try:
+            if time.monotonic() - state.info_at >= INFO_REFRESH_S:
+                # In the background: a slow /v1/models must not fail the scrape.
+                state.info_at = time.monotonic()
+                state.info_task = asyncio.create_task(self._refresh_info(target, state))
+            async with asyncio.timeout(timeout_s):
+                text = await self._fetch(target)
+            try:
+                normalized = normalize(
+                    text,
+                    target=target.name,
+                    model=self.model_of(target),
+                    engine=target.engine,
+                    passthrough=self.passthrough,
+                    parser=state.parser,
+                )
+            except (ValueError, KeyError, IndexError) as exc:
+                raise _ScrapeFailed("parse", f"{type(exc).__name__}: {exc}") from exc
+        except TimeoutError:
+            return self._failed(
+                target, "timeout", f"no answer in {timeout_s:g} s", start
+            )
+        except _ScrapeFailed as exc:
+            return self._failed(target, exc.reason, str(exc), start)
+        self.last_error.pop(target.name, None)
+        return normalized, time.monotonic() - start
+
+    def _failed(
+        self, target: Target, reason: str, detail: str, start: float
+    ) -> tuple[None, float]:
+        self._state[target.name].errors[reason] += 1
+        self.last_error[target.name] = f"{reason}: {detail}"[:300]
+        return None, time.monotonic() - start
+
+    async def _fetch(self, target: Target) -> str:
+        url = target.url.rstrip("/") + "/metrics"
+        try:
+            async with self._session.get(url) as resp:
+                if resp.status != 200:
+                    raise _ScrapeFailed("http", f"HTTP {resp.status}")
+                body = bytearray()
+                async for chunk in resp.content.iter_chunked(256 * 1024):
+                    body += chunk
+                    if len(body) > self.max_bytes:
+                        raise _ScrapeFailed(
+                            "too_large", f"body over {self.max_bytes} bytes"
+                        )
+        except aiohttp.ClientConnectorError as exc:
+            raise _ScrapeFailed("connect", str(exc)) from exc
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+            raise _ScrapeFailed("connect", f"{type(exc).__name__}: {exc}") from exc
+        return body.decode("utf-8", errors="replace")
+
+    async def _refresh_info(self, target: Target, state: _TargetState) -> None:
+        """Best effort: ``/v1/models`` and ``/version``; failures are ignored."""
+        base = target.url.rstrip("/")
+        for path in ("/v1/models", "/version"):
+            try:
+                async with self._session.get(
+                    base + path, timeout=aiohttp.ClientTimeout(total=10)
+                ) as resp:
+                    if resp.status != 200:
+                        continue
+                    body = await resp.json(content_type=None)
+            except (aiohttp.ClientError, ConnectionError, ValueError, RuntimeError):
+                continue
+            if path == "/version" and isinstance(body, dict):
+                version = body.get("version")
+                state.version = str(version) if version is not None else None
+            elif isinstance(body, dict) and isinstance(body.get("data"), list):
+                state.models = [m for m in body["data"] if isinstance(m, dict)]

@@ -1,0 +1,168 @@
+"""The canary probe: one tiny streamed chat request per target, every interval.
+
+It answers "how long would a user wait right now?" even when traffic is quiet:
+``servemon_probe_ttft_seconds`` (to the first chunk with content, never the role
+chunk), ``servemon_probe_e2e_seconds`` and ``servemon_probe_requests_total{outcome}``.
+Probe requests carry ``X-Servemon-Probe: 1`` (and an ``X-Request-Id`` starting with
+``servemon-probe-``) so that they can be told apart in the server's logs. Nothing
+from the network raises out of a probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import Callable, Mapping
+
+import aiohttp
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from monitor import names
+from monitor.engine import Target
+from monitor.sse import EventTooLarge, choice_text, iter_events
+
+__all__ = ["PROBE_BUCKETS", "PROBE_HEADER", "Prober"]
+
+PROBE_HEADER = "X-Servemon-Probe"
+PROBE_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+)
+
+
+class Prober:
+    """Runs the probe for every target; its series live on :attr:`registry`."""
+
+    def __init__(
+        self,
+        targets: list[Target],
+        session: aiohttp.ClientSession,
+        model_of: Callable[[Target], str | None],
+        *,
+        interval_s: float,
+        prompt: str = "Say hello.",
+        max_tokens: int = 8,
+        timeout_s: float = 30.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.targets = targets
+        self._session = session
+        self._model_of = model_of
+        self.interval_s = interval_s
+        self.prompt = prompt
+        self.max_tokens = max_tokens
+        self.timeout_s = timeout_s
+        self._headers = dict(headers or {})
+        self._ids = itertools.count()
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            names.PROBE_REQUESTS.base,
+            names.PROBE_REQUESTS.doc,
+            names.PROBE_REQUESTS.labels,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            names.PROBE_TTFT.base,
+            names.PROBE_TTFT.doc,
+            names.PROBE_TTFT.labels,
+            registry=r,
+            buckets=PROBE_BUCKETS,
+        )
+        self.e2e = Histogram(
+            names.PROBE_E2E.base,
+            names.PROBE_E2E.doc,
+            names.PROBE_E2E.labels,
+            registry=r,
+            buckets=PROBE_BUCKETS,
+        )
+
+    async def run(self) -> None:
+        """Probe every target each interval until cancelled."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            await asyncio.gather(*(self.probe(t) for t in self.targets))
+            next_at += self.interval_s
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+
+    async def probe(self, target: Target) -> str:
+        """One probe of ``target``; returns its outcome."""
+        model = self._model_of(target)
+        body: dict[str, object] = {
+            "messages": [{"role": "user", "content": self.prompt}],
+            "max_tokens": self.max_tokens,
+            "stream": True,
+        }
+        if model:
+            body["model"] = model
+        headers = {
+            **self._headers,
+            PROBE_HEADER: "1",
+            "X-Request-Id": f"servemon-probe-{next(self._ids)}",
+        }
+        url = target.url.rstrip("/") + "/v1/chat/completions"
+        sent = time.monotonic()
+        first: float | None = None
+        outcome = "ok"
+        try:
+            async with (
+                asyncio.timeout(self.timeout_s),
+                self._session.post(url, json=body, headers=headers) as resp,
+            ):
+                if resp.status != 200:
+                    outcome = "http_error"
+                else:
+                    done = False
+                    async for data in iter_events(resp.content):
+                        if data.strip() == "[DONE]":
+                            done = True
+                            break
+                        if first is None and _has_content(data):
+                            first = time.monotonic()
+                    if not done:
+                        outcome = "stream_error"
+        except TimeoutError:
+            outcome = "timeout"
+        except aiohttp.ClientConnectorError:
+            outcome = "connect_error"
+        except (aiohttp.ClientError, ConnectionError, EventTooLarge, RuntimeError):
+            outcome = "stream_error"
+        end = time.monotonic()
+        labels = (target.name, model or "unknown")
+        self.requests.labels(*labels, outcome).inc()
+        if outcome == "ok":
+            if first is not None:
+                self.ttft.labels(*labels).observe(first - sent)
+            self.e2e.labels(*labels).observe(end - sent)
+        return outcome
+
+
+def _has_content(data: str) -> bool:
+    try:
+        event = json.loads(data)
+    except json.JSONDecodeError:
+        return False
+    choices = event.get("choices") if isinstance(event, dict) else None
+    if not isinstance(choices, list):
+        return False
+    return any(isinstance(c, dict) and choice_text(c) for c in choices)
