@@ -601,7 +601,7 @@ GPU_THROTTLE = Series(
     "gauge",
     "bool",
     "1 for each clock-throttle reason active now (sw_power_cap, hw_slowdown, "
-    "sw_thermal, hw_thermal, hw_power_brake, idle, ...), 0 for the others.",
+    "sw_thermal, hw_thermal, hw_power_brake, gpu_idle, ...), 0 for the others.",
     (*_GPU, "reason"),
 )
 GPU_PCIE_RX = Series(

@@ -4,7 +4,8 @@
 
     ServemonError                 anything servemon raises on purpose
     ├── ConfigError               a bad flag, YAML field or config file (one line)
-    └── TargetError               the endpoint under test did not answer as expected
+    ├── TargetError               the endpoint under test did not answer as expected
+    └── GpuUnavailable            NVML missing, no GPU (defined in monitor.gpu)
 
 Outcomes of single requests are never exceptions: they are an enum on the request's
 record. This module imports nothing of servemon's own.

@@ -1,0 +1,86 @@
+"""The generated dashboards: committed JSON is current, and every panel is sound."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dashboards.build import DASHBOARDS, dashboard_json
+from monitor import names
+
+JSON_DIR = Path(__file__).resolve().parents[2] / "dashboards" / "json"
+COUNTERS = [s.name for s in names.SCHEMA if s.kind == "counter"]
+
+
+def panels(name: str) -> list[dict[str, Any]]:
+    data: dict[str, Any] = json.loads(dashboard_json(name))
+    return list(data["panels"])
+
+
+def exprs(name: str) -> Iterator[tuple[str, str]]:
+    for panel in panels(name):
+        for target in panel.get("targets", []):
+            yield panel["title"], target["expr"]
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_committed_json_is_a_fresh_generation(name: str) -> None:
+    committed = (JSON_DIR / f"{name}.json").read_text()
+    assert committed == dashboard_json(name), (
+        "run: python -m dashboards.build dashboards/json"
+    )
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_panels_have_unique_ids_a_query_and_a_unit(name: str) -> None:
+    seen = set()
+    for panel in panels(name):
+        assert panel["id"] not in seen, panel["title"]
+        seen.add(panel["id"])
+        if panel["type"] == "row":
+            continue
+        targets = panel.get("targets", [])
+        assert targets, f"{panel['title']}: no query"
+        assert all(t["expr"].strip() for t in targets), panel["title"]
+        unit = (
+            panel.get("fieldConfig", {}).get("defaults", {}).get("unit")
+            or panel.get("format")
+            or panel.get("yAxis", {}).get("format")
+            or panel.get("yaxes", [{}])[0].get("format")
+        )
+        assert unit, f"{panel['title']}: no unit"
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_counters_and_buckets_only_under_rate_or_increase(name: str) -> None:
+    for title, expr in exprs(name):
+        for counter in COUNTERS:
+            for match in re.finditer(re.escape(counter) + r"\b", expr):
+                before = expr[: match.start()]
+                assert re.search(r"(rate|increase)\($", before), (title, expr)
+        for match in re.finditer(r"_bucket\b", expr):
+            before = expr[: match.start()]
+            assert re.search(r"(rate|increase)\([a-z0-9_:]*$", before), (title, expr)
+        if "rate(" in expr or "increase(" in expr:
+            assert "[$__rate_interval]" in expr, (title, expr)
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_queries_name_only_servemon_series(name: str) -> None:
+    known = {s.name for s in names.SCHEMA}
+    for title, expr in exprs(name):
+        for metric in re.findall(r"\b(servemon_[a-z0-9_]+)", expr):
+            base = re.sub(r"_(bucket|count|sum)$", "", metric)
+            assert metric in known or base in known, (title, metric)
+
+
+def test_template_variables() -> None:
+    for name in DASHBOARDS:
+        data = json.loads(dashboard_json(name))
+        variables = {v["name"] for v in data["templating"]["list"]}
+        assert {"datasource", "target", "model"} <= variables
