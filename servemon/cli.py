@@ -541,10 +541,17 @@ def sweep(config_file: Path | None, **flags: Any) -> None:
     "--auth-file",
     help="YAML with bearer_token or basic_auth that /metrics asks scrapers for.",
 )
-def exporter(config_file: Path | None, targets: tuple[str, ...], **flags: Any) -> None:
+@click.option(
+    "--fake-gpu",
+    is_flag=True,
+    help="Serve a made-up GPU instead of NVML (demos and tests without a GPU).",
+)
+def exporter(
+    config_file: Path | None, targets: tuple[str, ...], fake_gpu: bool, **flags: Any
+) -> None:
     """Export engine /metrics in servemon's schema, GPU stats and a canary probe."""
     config = _run_or_exit(lambda: exporter_config(config_file, targets, flags))
-    _run_or_exit(lambda: _asyncio_run(_serve_exporter(config)))
+    _run_or_exit(lambda: _asyncio_run(_serve_exporter(config, fake_gpu)))
 
 
 def exporter_config(
@@ -562,22 +569,42 @@ def exporter_config(
     return config
 
 
-async def _serve_exporter(config: ExporterConfig) -> None:
+async def _serve_exporter(config: ExporterConfig, fake_gpu: bool = False) -> None:
     import logging
 
     from monitor.exporter import Exporter
+    from monitor.gpu import FakeGpuReader
 
     logging.basicConfig(level=logging.INFO, format="servemon exporter: %(message)s")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with Exporter(config) as exp:
+    async with Exporter(
+        config, gpu_reader=FakeGpuReader() if fake_gpu else None
+    ) as exp:
         names = ", ".join(f"{t.name}={t.url}" for t in exp.targets)
         click.echo(f"servemon exporter: serving {exp.url}/metrics for {names}")
         sys.stdout.flush()
         await stop.wait()
     click.echo("servemon exporter: stopped")
+
+
+@cli.command()
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    default=Path("dashboards/json"),
+    show_default=True,
+    help="Folder for the dashboard JSON files.",
+)
+def dashboards(out_dir: Path) -> None:
+    """Generate the Grafana dashboards (serving overview, ramp test, GPU)."""
+    from dashboards.build import write_dashboards
+
+    for path in write_dashboards(out_dir):
+        click.echo(str(path))
 
 
 def join_multi_values(argv: list[str], names: Sequence[str]) -> list[str]:
