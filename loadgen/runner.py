@@ -525,7 +525,7 @@ class _Run:
             server_metrics={
                 "scrapes": sampler.scrapes,
                 "errors": sampler.errors,
-                "engine_info": _engine_info(sampler.last),
+                "engine_info": sampler.engine_info or None,
             },
         )
         self.rundir.write_run(info)
@@ -580,13 +580,6 @@ async def _grace(
 async def _all_done(loop: OpenLoop) -> None:
     while loop.tasks:
         await asyncio.wait(set(loop.tasks))
-
-
-def _engine_info(samples: list[list[Any]]) -> dict[str, Any] | None:
-    for name, labels, _value in samples:
-        if name == "vllm:cache_config_info":
-            return dict(labels)
-    return None
 
 
 def _version() -> str:

@@ -1,16 +1,17 @@
 """Samples the target's ``/metrics`` during a run into ``server_metrics.jsonl``.
 
-Once a second (by default) the sampler fetches the target's exposition, keeps the
-engine's families (``vllm:``, ``sglang:``, ``tgi_``, ``llamacpp:``) without histogram
-buckets or ``_created`` samples, and appends one line::
+Once a second (by default) the sampler fetches the target's exposition, normalizes it
+with the exporter's table (:mod:`monitor.normalize`: servemon names whatever the
+engine and version), keeps gauges, counters and histogram ``_count``/``_sum`` (not
+buckets), and appends one line::
 
     {"mono_s": 123.4,
-     "samples": [["vllm:num_requests_running", {"engine": "0", ...}, 3.0], ...]}
+     "samples": [["servemon_engine_requests_running", {"rank": "0", ...}, 3.0], ...]}
 
-or ``{"mono_s": ..., "error": "..."}`` when the scrape failed. Names are the engine's
-own until the exporter's normalization table exists. Parsing runs in a worker thread so
-the event loop that sends requests is not held up. Nothing from the network raises
-out of the sampler.
+(the ``target`` label is left out: it is the run's target), or
+``{"mono_s": ..., "error": "..."}`` when the scrape failed. Parsing runs in a worker
+thread so the event loop that sends requests is not held up. Nothing from the network
+raises out of the sampler.
 """
 
 from __future__ import annotations
@@ -21,25 +22,30 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["ENGINE_PREFIXES", "ServerSampler", "parse_engine_samples"]
+from monitor.exposition import ExpositionParser
+from monitor.normalize import normalize
 
-ENGINE_PREFIXES = ("vllm:", "sglang:", "tgi_", "llamacpp:")
+__all__ = ["ServerSampler", "parse_engine_samples"]
+
 Sample = list[Any]
 
 
-def parse_engine_samples(text: str) -> list[Sample]:
-    """The engine samples of an exposition, as ``[name, labels, value]``."""
+def parse_engine_samples(
+    text: str, parser: ExpositionParser | None = None
+) -> tuple[list[Sample], dict[str, str]]:
+    """An exposition normalized to servemon names, as ``[name, labels, value]``, and
+    the engine's self-description (``engine``, ``dialect``, cache config)."""
+    normalized = normalize(text, target="", parser=parser)
     kept: list[Sample] = []
-    for family in text_string_to_metric_families(text):
-        if not family.name.startswith(ENGINE_PREFIXES):
-            continue
+    for family in normalized.families:
         for sample in family.samples:
             if sample.name.endswith(("_bucket", "_created")):
                 continue
-            kept.append([sample.name, dict(sample.labels), sample.value])
-    return kept
+            labels = {k: v for k, v in sample.labels.items() if k != "target"}
+            kept.append([sample.name, labels, sample.value])
+    info = {"engine": normalized.engine, **normalized.info}
+    return kept, info
 
 
 class ServerSampler:
@@ -62,6 +68,8 @@ class ServerSampler:
         self.scrapes = 0
         self.errors = 0
         self.last: list[Sample] = []
+        self.engine_info: dict[str, str] = {}
+        self._parser = ExpositionParser()
 
     async def sample_once(self) -> list[Sample] | None:
         """One scrape; the samples, or None after recording an error line."""
@@ -71,13 +79,16 @@ class ServerSampler:
                 if resp.status != 200:
                     raise ValueError(f"HTTP {resp.status}")
                 text = await resp.text()
-            samples = await asyncio.to_thread(parse_engine_samples, text)
+            samples, info = await asyncio.to_thread(
+                parse_engine_samples, text, self._parser
+            )
         except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeError) as exc:
             self.errors += 1
             self._sink({"mono_s": now, "error": f"{type(exc).__name__}: {exc}"[:300]})
             return None
         self.scrapes += 1
         self.last = samples
+        self.engine_info = info
         self._sink({"mono_s": now, "samples": samples})
         return samples
 

@@ -114,24 +114,27 @@ def test_live_histograms_have_a_bucket_at_every_slo_threshold() -> None:
     assert ("servemon_client_e2e_seconds_bucket", "7.77") in edges
 
 
-def test_sampler_keeps_engine_series_without_buckets() -> None:
+def test_sampler_keeps_normalized_series_without_buckets() -> None:
     text = (
         "# TYPE vllm:num_requests_running gauge\n"
-        'vllm:num_requests_running{model_name="m"} 3\n'
+        'vllm:num_requests_running{model_name="m",engine="0"} 3\n'
         "# TYPE vllm:e2e_request_latency_seconds histogram\n"
-        'vllm:e2e_request_latency_seconds_bucket{le="1.0"} 2\n'
-        'vllm:e2e_request_latency_seconds_bucket{le="+Inf"} 2\n'
-        "vllm:e2e_request_latency_seconds_count 2\n"
-        "vllm:e2e_request_latency_seconds_sum 1.5\n"
+        'vllm:e2e_request_latency_seconds_bucket{model_name="m",le="1.0"} 2\n'
+        'vllm:e2e_request_latency_seconds_bucket{model_name="m",le="+Inf"} 2\n'
+        'vllm:e2e_request_latency_seconds_count{model_name="m"} 2\n'
+        'vllm:e2e_request_latency_seconds_sum{model_name="m"} 1.5\n'
         "# TYPE process_cpu_seconds_total counter\n"
         "process_cpu_seconds_total 4\n"
     )
-    names = [s[0] for s in parse_engine_samples(text)]
-    assert names == [
-        "vllm:num_requests_running",
-        "vllm:e2e_request_latency_seconds_count",
-        "vllm:e2e_request_latency_seconds_sum",
+    samples, info = parse_engine_samples(text)
+    assert [s[0] for s in samples] == [
+        "servemon_engine_requests_running",
+        "servemon_engine_e2e_seconds_count",
+        "servemon_engine_e2e_seconds_sum",
     ]
+    assert samples[0][1] == {"model": "m", "engine": "vllm", "rank": "0"}
+    assert samples[0][2] == 3.0
+    assert info["engine"] == "vllm"
 
 
 @pytest.mark.asyncio
