@@ -403,14 +403,17 @@ class _Run:
         dispatching = asyncio.create_task(loop.run(due, start))
         try:
             interrupted = await _until_stopped(dispatching, stop.requested)
-        finally:
-            if not dispatching.done():
-                dispatching.cancel()
-                await asyncio.gather(dispatching, return_exceptions=True)
-            if not all(t.done() for t in loop.tasks):
-                # Also when this task itself is cancelled: in-flight requests are
-                # cancelled and recorded, never left running against a closed session.
-                await _grace(set(loop.tasks), 0.0, stop.hurry)
+        except BaseException:
+            # This task itself was cancelled (or broke): stop sending, and cancel
+            # the requests in flight, which record themselves, rather than leave
+            # them running against a session about to close.
+            dispatching.cancel()
+            await asyncio.gather(dispatching, return_exceptions=True)
+            await _grace(set(loop.tasks), 0.0, stop.hurry)
+            raise
+        if interrupted:
+            dispatching.cancel()
+            await asyncio.gather(dispatching, return_exceptions=True)
         end_of_schedule = time.monotonic()
         for record in self.stages:
             record.sent = loop.counts.sent[record.index]

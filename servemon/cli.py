@@ -607,6 +607,15 @@ def dashboards(out_dir: Path) -> None:
         click.echo(str(path))
 
 
+@cli.command()
+@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+def report(run_dir: Path) -> None:
+    """Write RUN_DIR/report.html from the run directory alone."""
+    from loadgen.report import write_report
+
+    click.echo(str(_run_or_exit(lambda: write_report(run_dir))))
+
+
 def join_multi_values(argv: list[str], names: Sequence[str]) -> list[str]:
     """``--parallel 1 2 4`` (EvalScope's form) as ``--parallel 1,2,4`` for click."""
     out: list[str] = []

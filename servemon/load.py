@@ -14,6 +14,7 @@ from rich.table import Table
 
 from loadgen.config import LoadConfig
 from loadgen.progress import Progress
+from loadgen.report import write_report
 from loadgen.runner import RunResult, Stopper, run_load
 from loadgen.summary import Summary
 from servemon.embedded import embedded_simulator
@@ -61,7 +62,9 @@ async def run_command(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
     console.print(summary_table(kind, result))
+    report = write_report(result.path)
     console.print(f"run directory: {result.path} ({result.status})")
+    console.print(f"report: {report}")
     return result
 
 

@@ -1,0 +1,397 @@
+"""``report.html``: one self-contained page per run directory, built from it alone.
+
+The page holds the run's conditions (target, model, engine config, workload, command,
+environment), the summary table, and plots drawn with matplotlib as inline SVG (no
+JavaScript, no external URL, opens offline):
+
+- throughput and latency percentiles against the offered load (rate or concurrency);
+- one time line, shared x axis, stage boundaries marked: target vs achieved request
+  rate, running and waiting requests, KV cache usage, prefix-cache hit ratio, and the
+  client's TTFT p95.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from servemon.errors import ConfigError
+
+__all__ = ["RunData", "load_run", "render_report", "svg", "write_report"]
+
+plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "figure.dpi": 96})
+MONITOR = "servemon_engine_"
+
+
+@dataclass(slots=True)
+class RunData:
+    """What a run directory holds, loaded."""
+
+    path: Path
+    run: dict[str, Any]
+    summary: dict[str, Any]
+    requests: list[dict[str, Any]]
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def origin(self) -> float:
+        """Monotonic time of the run's start."""
+        return float(self.run.get("clock_origin", {}).get("monotonic_s", 0.0))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: missing: is this a servemon run directory?"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: line {exc.lineno}: not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return data
+
+
+def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill: everything before it is kept
+            if isinstance(item, dict):
+                yield item
+
+
+def load_run(path: Path) -> RunData:
+    """Load a run directory (one-line ConfigError if it is not one)."""
+    return RunData(
+        path=path,
+        run=_read_json(path / "run.json"),
+        summary=_read_json(path / "summary.json"),
+        requests=list(_read_jsonl(path / "requests.jsonl")),
+        samples=list(_read_jsonl(path / "server_metrics.jsonl")),
+    )
+
+
+def svg(fig: Any) -> str:
+    """A matplotlib figure as inline SVG text."""
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]
+
+
+def _stages(data: RunData) -> list[dict[str, Any]]:
+    return list(data.summary.get("stages", []))
+
+
+def _load_axis(data: RunData) -> tuple[str, list[float]]:
+    stages = _stages(data)
+    if data.run.get("kind") == "sweep":
+        return "concurrency", [float(s.get("parallel") or 0) for s in stages]
+    return "offered rate (req/s)", [float(s.get("target_rate") or 0) for s in stages]
+
+
+def _stat(stage: Mapping[str, Any], figure: str, stat: str) -> float:
+    dist = stage.get("summary", {}).get(figure)
+    return float(dist[stat]) if dist else math.nan
+
+
+def plot_vs_load(data: RunData) -> str:
+    """Throughput and latency percentiles against the offered load."""
+    label, x = _load_axis(data)
+    stages = _stages(data)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
+    left.plot(
+        x,
+        [s["summary"]["request_throughput"] for s in stages],
+        "o-",
+        label="requests/s (ok)",
+    )
+    left.set_xlabel(label)
+    left.set_ylabel("requests/s")
+    twin = left.twinx()
+    twin.plot(
+        x,
+        [s["summary"]["output_throughput"] for s in stages],
+        "s--",
+        color="tab:orange",
+        label="output tokens/s",
+    )
+    twin.set_ylabel("output tokens/s")
+    left.set_title("Throughput")
+    left.legend(loc="upper left")
+    twin.legend(loc="lower right")
+    for figure, stat, style in (
+        ("ttft", "p50", "o-"),
+        ("ttft", "p95", "o-"),
+        ("ttft", "p99", "o-"),
+        ("itl", "p95", "^--"),
+        ("e2e", "p95", "s:"),
+    ):
+        right.plot(
+            x,
+            [_stat(s, figure, stat) * 1000 for s in stages],
+            style,
+            label=f"{figure.upper()} {stat}",
+        )
+    right.set_xlabel(label)
+    right.set_ylabel("ms")
+    right.set_yscale("log")
+    right.set_title("Latency (client)")
+    right.legend(fontsize=7)
+    for axis in (left, right):
+        axis.grid(alpha=0.3)
+    fig.subplots_adjust(wspace=0.55)
+    return svg(fig)
+
+
+def _bins(values: Iterable[float], width: float) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = defaultdict(list)
+    for v in values:
+        out[int(v // width)].append(v)
+    return out
+
+
+def _series(data: RunData, name: str) -> tuple[list[float], list[float]]:
+    """A sampled servemon series over time (summed over ranks)."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for line in data.samples:
+        values = [v for n, _labels, v in line.get("samples", []) if n == name]
+        if values:
+            xs.append(float(line["mono_s"]) - data.origin)
+            ys.append(sum(values))
+    return xs, ys
+
+
+def _hit_ratio(data: RunData) -> tuple[list[float], list[float]]:
+    hx, hits = _series(data, MONITOR + "prefix_cache_hits_total")
+    _qx, queries = _series(data, MONITOR + "prefix_cache_queries_total")
+    xs, ys = [], []
+    for i in range(1, min(len(hits), len(queries))):
+        dq = queries[i] - queries[i - 1]
+        if dq > 0:
+            xs.append(hx[i])
+            ys.append((hits[i] - hits[i - 1]) / dq)
+    return xs, ys
+
+
+def plot_timeline(data: RunData) -> str:
+    """The run on one time axis, stage boundaries marked."""
+    origin = data.origin
+    fig, axes = plt.subplots(5, 1, figsize=(10, 9), sharex=True)
+    rate_ax, queue_ax, kv_ax, hit_ax, ttft_ax = axes
+    sent = [r["sent_s"] - origin for r in data.requests if r.get("sent_s")]
+    per_second = _bins(sent, 1.0)
+    if per_second:
+        seconds = range(min(per_second), max(per_second) + 1)
+        rate_ax.plot(
+            list(seconds),
+            [len(per_second.get(s, [])) for s in seconds],
+            label="sent per second",
+        )
+    for stage in _stages(data):
+        if stage.get("start_s") is not None and stage.get("target_rate"):
+            rate_ax.hlines(
+                stage["target_rate"],
+                stage["start_s"],
+                stage["end_s"],
+                colors="tab:red",
+                label=None,
+            )
+    rate_ax.set_ylabel("req/s")
+    rate_ax.set_title("Target (red) vs achieved request rate")
+    for name, label in (
+        ("requests_running", "running"),
+        ("requests_waiting", "waiting"),
+    ):
+        xs, ys = _series(data, MONITOR + name)
+        queue_ax.plot(xs, ys, label=label)
+    queue_ax.set_ylabel("requests")
+    queue_ax.legend(fontsize=7)
+    xs, ys = _series(data, MONITOR + "kv_cache_usage_ratio")
+    kv_ax.plot(xs, [y * 100 for y in ys], color="tab:purple")
+    kv_ax.set_ylabel("KV usage %")
+    xs, ys = _hit_ratio(data)
+    hit_ax.plot(xs, [y * 100 for y in ys], color="tab:green")
+    hit_ax.set_ylabel("prefix hits %")
+    windows = _bins(
+        [
+            r["first_content_s"] - origin
+            for r in data.requests
+            if r.get("outcome") == "ok" and r.get("first_content_s")
+        ],
+        5.0,
+    )
+    ttft_by_window: dict[int, list[float]] = defaultdict(list)
+    for r in data.requests:
+        if r.get("outcome") == "ok" and r.get("ttft_s") is not None:
+            ttft_by_window[int((r["first_content_s"] - origin) // 5.0)].append(
+                r["ttft_s"]
+            )
+    keys = sorted(k for k in ttft_by_window if k in windows)
+    ttft_ax.plot(
+        [k * 5 + 2.5 for k in keys],
+        [_p95(ttft_by_window[k]) * 1000 for k in keys],
+        "o-",
+        markersize=3,
+    )
+    ttft_ax.set_ylabel("TTFT p95 ms")
+    ttft_ax.set_xlabel("seconds since the run started")
+    for axis in axes:
+        axis.grid(alpha=0.3)
+        for stage in _stages(data):
+            if stage.get("start_s") is not None:
+                axis.axvline(stage["start_s"], color="grey", linestyle=":", lw=0.8)
+    return svg(fig)
+
+
+def _p95(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def _ms(dist: Mapping[str, Any] | None, stat: str) -> str:
+    return "-" if not dist else f"{dist[stat] * 1000:.1f}"
+
+
+def _summary_table(data: RunData) -> str:
+    head = (
+        "stage",
+        "load",
+        "sent",
+        "ok",
+        "errors",
+        "achieved rps",
+        "out tok/s",
+        "TTFT p50",
+        "TTFT p95",
+        "TTFT p99",
+        "ITL p95",
+        "TPOT mean",
+        "E2E p95",
+        "lag p99",
+        "goodput",
+    )
+    rows = []
+    for stage in _stages(data):
+        s = stage["summary"]
+        ok = s["outcomes"].get("ok", 0)
+        load = (
+            f"{stage['target_rate']:g} rps"
+            if stage.get("target_rate")
+            else f"parallel {stage.get('parallel')}"
+        )
+        rows.append(
+            (
+                str(stage["stage"] + 1),
+                load,
+                str(stage.get("sent", s["requests"])),
+                str(ok),
+                str(s["requests"] - ok),
+                f"{stage.get('achieved_rate', 0):.2f}",
+                f"{s['output_throughput']:.1f}",
+                _ms(s.get("ttft"), "p50"),
+                _ms(s.get("ttft"), "p95"),
+                _ms(s.get("ttft"), "p99"),
+                _ms(s.get("itl"), "p95"),
+                _ms(s.get("tpot"), "mean"),
+                _ms(s.get("e2e"), "p95"),
+                _ms(s.get("dispatch_lag"), "p99"),
+                "-" if s.get("goodput") is None else f"{s['goodput']:.2f}",
+            )
+        )
+    return _table(head, rows)
+
+
+def _table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _conditions(data: RunData) -> list[tuple[str, str]]:
+    run = data.run
+    target = run.get("target", {})
+    env = run.get("environment", {})
+    engine = (run.get("server_metrics") or {}).get("engine_info") or {}
+    workload = run.get("workload", {})
+    return [
+        ("status", str(run.get("status"))),
+        ("target", f"{target.get('url')} (model {target.get('model')})"),
+        ("engine", ", ".join(f"{k}={v}" for k, v in sorted(engine.items())) or "none"),
+        (
+            "workload",
+            f"{workload.get('spec')} (prompt tokens: {workload.get('token_source')})",
+        ),
+        ("arrival", str(run.get("arrival"))),
+        ("SLO", ", ".join(run.get("slo") or []) or "none"),
+        ("command", " ".join(run.get("command") or [])),
+        ("servemon", str(run.get("servemon_version"))),
+        ("environment", f"Python {env.get('python')}, {env.get('platform')}"),
+        (
+            "started / ended (UTC)",
+            f"{run.get('clock_origin', {}).get('utc')} / {run.get('ended_utc')}",
+        ),
+    ]
+
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
+h1{font-size:20px} h2{font-size:16px;margin-top:28px}
+table{border-collapse:collapse;font-size:12px} td,th{border:1px solid #ccc;
+padding:3px 6px;text-align:right} th{background:#f3f3f3}
+dl{display:grid;grid-template-columns:max-content auto;gap:2px 12px;font-size:13px}
+dt{font-weight:600} dd{margin:0;word-break:break-all} svg{max-width:100%;height:auto}
+"""
+
+
+def render_report(data: RunData) -> str:
+    """The report as one HTML document."""
+    kind = data.run.get("kind", "run")
+    conditions = "".join(
+        f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>"
+        for k, v in _conditions(data)
+    )
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>servemon {html.escape(kind)}: {html.escape(data.path.name)}</title>",
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>servemon {html.escape(kind)} — {html.escape(data.path.name)}</h1>",
+        f"<dl>{conditions}</dl>",
+        "<h2>Summary</h2>",
+        _summary_table(data),
+    ]
+    if _stages(data):
+        parts += ["<h2>Against offered load</h2>", plot_vs_load(data)]
+    parts += ["<h2>Time line</h2>", plot_timeline(data), "</body></html>"]
+    return "\n".join(parts)
+
+
+def write_report(run_dir: Path) -> Path:
+    """Write ``RUN_DIR/report.html``; return its path."""
+    page = render_report(load_run(run_dir))
+    path = run_dir / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path
