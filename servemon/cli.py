@@ -616,6 +616,53 @@ def report(run_dir: Path) -> None:
     click.echo(str(_run_or_exit(lambda: write_report(run_dir))))
 
 
+@cli.command()
+@click.argument(
+    "run_dirs",
+    nargs=-1,
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False),
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("compare.html"),
+    show_default=True,
+    help="Where to write the HTML comparison.",
+)
+def compare(run_dirs: tuple[Path, ...], out: Path) -> None:
+    """Compare run directories level by level, with ratios and caveats."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from loadgen.compare import header, rows, write_compare
+
+    if len(run_dirs) < 2:
+        _run_or_exit(_fail("compare: give at least two run directories"))
+    result = _run_or_exit(lambda: write_compare(run_dirs, out))
+    if not result.levels:
+        _run_or_exit(_fail("compare: the runs share no load level (rate or parallel)"))
+    table = Table(title="servemon compare", title_justify="left")
+    for column in header(result):
+        table.add_column(column, justify="right")
+    for row in rows(result):
+        table.add_row(*row)
+    console = Console(soft_wrap=True)
+    if not console.is_terminal:
+        console = Console(soft_wrap=True, width=200)
+    console.print(table)
+    for warning in result.warnings:
+        console.print(f"caution: {warning}")
+    console.print(f"written: {out}")
+
+
+def _fail(message: str) -> Callable[[], None]:
+    def raise_it() -> None:
+        raise ConfigError(message)
+
+    return raise_it
+
+
 def join_multi_values(argv: list[str], names: Sequence[str]) -> list[str]:
     """``--parallel 1 2 4`` (EvalScope's form) as ``--parallel 1,2,4`` for click."""
     out: list[str] = []
