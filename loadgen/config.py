@@ -62,6 +62,15 @@ class LoadConfig:
     late: Literal["send", "skip"] = "send"
     late_tolerance: Annotated[float, Ge(0)] = 1.0
     max_requests: Annotated[int, Ge(1)] | None = None
+    # guard rails (every load command)
+    abort_error_rate: Annotated[float, Ge(0), Le(1)] = 0.2
+    abort_waiting: Annotated[float, Gt(0)] = 5000.0
+    rps_max: Positive | None = None
+    # capacity search
+    rps_min: Positive = 0.5
+    max_duration: Positive = 600.0
+    settle: Annotated[float, Ge(0)] = 5.0
+    precision: Annotated[float, Gt(0), Le(1)] = 0.05
     # closed loop (sweep)
     parallel: tuple[Annotated[int, Ge(1)], ...] = (1, 2, 4, 8)
     number: tuple[Annotated[int, Ge(1)], ...] = (16,)

@@ -11,16 +11,19 @@ sending, gives requests in flight ``grace`` seconds, cancels the rest (recorded 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import platform
 import random
 import secrets
 import sys
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -30,6 +33,7 @@ from loadgen.client import ClientSettings, make_session, send_request
 from loadgen.closedloop import run_closed_loop
 from loadgen.config import LoadConfig, auth_headers
 from loadgen.dispatch import OpenLoop
+from loadgen.guard import GuardRail
 from loadgen.live import LiveMetrics
 from loadgen.progress import Progress
 from loadgen.record import RunDirectory
@@ -39,6 +43,7 @@ from loadgen.summary import Summary, flat_row, summarize
 from loadgen.timing import RequestTiming
 from loadgen.tokens import pick_counter
 from loadgen.workload import Workload, build_workload, request_body
+from monitor import names
 from servemon.errors import ConfigError, TargetError
 
 __all__ = [
@@ -51,6 +56,7 @@ __all__ = [
 ]
 
 DEFAULT_STAGES = "1:10,2:10,4:10"
+ENGINE_WAITING = names.ENGINE_REQUESTS_WAITING.name
 Kind = Literal["ramp", "sweep"]
 
 
@@ -143,6 +149,37 @@ def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
     ]
 
 
+def is_loopback(url: str) -> bool:
+    """Whether ``url`` points at this machine."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_rate_bound(
+    kind: str, config: LoadConfig, target: str, stages: Sequence[StageRecord]
+) -> None:
+    """A guard rail: open-loop load on another machine needs ``--rps-max``."""
+    if kind == "sweep":
+        return
+    if config.rps_max is None:
+        if not is_loopback(target):
+            raise ConfigError(
+                f"--rps-max: required when the target is not on this machine "
+                f"({urlsplit(target).hostname}): it bounds the load servemon may send"
+            )
+        return
+    over = [r for s in stages if (r := s.target_rate or 0.0) > config.rps_max]
+    if over:
+        raise ConfigError(
+            f"--stages: {max(over):g} req/s is over --rps-max {config.rps_max:g}"
+        )
+
+
 def redact_argv(argv: Sequence[str]) -> list[str]:
     """The command line with every ``--header`` value replaced by ``<redacted>``."""
     out: list[str] = []
@@ -188,6 +225,7 @@ async def run_load(
     """Run a ramp or a sweep against ``target`` (a base URL); see module docstring."""
     slo = parse_slo(config.slo) if config.slo else []
     stages = plan_stages(kind, config)
+    check_rate_bound(kind, config, target, stages)
     arrival = parse_arrival(config.arrival)
     if config.cancel_fraction > 0 and (
         config.cancel_after is None and config.cancel_after_tokens is None
@@ -294,6 +332,13 @@ class _Run:
             "/v1/chat/completions" if config.api == "chat" else "/v1/completions"
         )
         self.tag = secrets.token_hex(3)
+        self.guard = GuardRail(
+            abort_error_rate=config.abort_error_rate, max_waiting=config.abort_waiting
+        )
+        self.stop_reason: str | None = None
+        self.stopper = Stopper()
+        #: (monotonic time, normalized samples) of the target, newest last.
+        self.history: deque[tuple[float, list[list[Any]]]] = deque(maxlen=3600)
 
     def body(self, index: int) -> dict[str, Any]:
         c = self.config
@@ -322,14 +367,34 @@ class _Run:
         self.live.observe(timing)
         self.stages[timing.stage].timings.append(timing)
         self.progress.request_done(timing)
+        self.abort(self.guard.observe(timing))
+
+    def sampled(self, sample: Mapping[str, Any]) -> None:
+        """A sample of the target's metrics: record it, watch the queue."""
+        self.rundir.append_server_sample(sample)
+        values = sample.get("samples")
+        if values:
+            self.history.append((float(sample["mono_s"]), values))
+            waiting = sum(v for n, _l, v in values if n == ENGINE_WAITING)
+            self.abort(self.guard.observe_waiting(waiting))
+
+    def abort(self, reason: str | None) -> None:
+        """Stop the run at once for ``reason`` (a guard rail tripped)."""
+        if reason is None or self.stop_reason is not None:
+            return
+        self.stop_reason = reason
+        self.progress.console.print(f"servemon: stopping: {reason}")
+        self.stopper.requested.set()
+        self.stopper.hurry.set()
 
     async def execute(
         self, info: dict[str, Any], stop: Stopper, arrival: Any
     ) -> RunResult:
+        self.stopper = stop
         sampler = ServerSampler(
             self.session,
             self.base + "/metrics",
-            self.rundir.append_server_sample,
+            self.sampled,
             interval_s=self.config.sample_interval,
         )
         sampling = asyncio.create_task(sampler.run())
@@ -341,6 +406,8 @@ class _Run:
             else:
                 interrupted = await self._sweep(stop)
             status = "interrupted" if interrupted else "completed"
+            if self.stop_reason is not None:
+                status = "aborted"
         except asyncio.CancelledError:
             status = "interrupted"
             raise
@@ -520,6 +587,7 @@ class _Run:
         )
         info.update(
             status=status,
+            stop_reason=self.stop_reason,
             ended_utc=datetime.now(UTC).isoformat(timespec="milliseconds"),
             stages=[
                 {k: v for k, v in entry.items() if k != "summary"}
