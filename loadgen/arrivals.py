@@ -27,6 +27,7 @@ from servemon.errors import ConfigError
 __all__ = [
     "Arrival",
     "Due",
+    "Shard",
     "Stage",
     "linear_stages",
     "parse_arrival",
@@ -130,10 +131,50 @@ def linear_stages(start: float, end: float, step: float, seconds: float) -> list
     return [Stage(i, r, seconds, i * seconds) for i, r in enumerate(rates)]
 
 
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """Shard ``index`` of ``count`` (0-based): it sends every ``count``-th arrival."""
+
+    index: int = 0
+    count: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """``I/N`` with 0 <= I < N."""
+        i, sep, n = text.partition("/")
+        try:
+            shard = cls(int(i), int(n))
+        except ValueError:
+            shard = cls(-1, 0)
+        if not sep or not 0 <= shard.index < shard.count:
+            raise ConfigError(
+                f"--shard {text!r}: expected I/N with 0 <= I < N, e.g. 0/4"
+            )
+        return shard
+
+
 def schedule(
-    stages: Sequence[Stage], arrival: Arrival, seed: int, *, limit: int | None = None
+    stages: Sequence[Stage],
+    arrival: Arrival,
+    seed: int,
+    *,
+    limit: int | None = None,
+    shard: Shard | None = None,
 ) -> Iterator[Due]:
-    """Every request's offset from the run's start, in order; at most ``limit``."""
+    """Every request's offset from the run's start, in order; at most ``limit``.
+
+    With ``shard``, only this shard's share: the same seeded schedule thinned to every
+    N-th arrival, so N shards together send exactly the unsharded schedule (request
+    indexes stay those of the whole schedule, so ids never clash across shards).
+    """
+    for due in _schedule(stages, arrival, seed, limit):
+        if shard is None or due.index % shard.count == shard.index:
+            yield due
+
+
+def _schedule(
+    stages: Sequence[Stage], arrival: Arrival, seed: int, limit: int | None
+) -> Iterator[Due]:
     rng = random.Random(f"arrivals:{seed}")
     index = 0
     for stage in stages:

@@ -62,6 +62,8 @@ class LoadConfig:
     late: Literal["send", "skip"] = "send"
     late_tolerance: Annotated[float, Ge(0)] = 1.0
     max_requests: Annotated[int, Ge(1)] | None = None
+    shard: str | None = None
+    start_at: str | None = None
     # guard rails (every load command)
     abort_error_rate: Annotated[float, Ge(0), Le(1)] = 0.2
     abort_waiting: Annotated[float, Gt(0)] = 5000.0

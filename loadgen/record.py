@@ -27,9 +27,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from loadgen.timing import RequestTiming
+from loadgen.timing import Outcome, RequestTiming, TokenSource
 
-__all__ = ["RECORD_VERSION", "RunDirectory", "request_line"]
+__all__ = ["RECORD_VERSION", "RunDirectory", "request_line", "timing_from_line"]
 
 RECORD_VERSION = 1
 
@@ -63,6 +63,41 @@ def request_line(t: RequestTiming) -> dict[str, Any]:
     }
 
 
+def timing_from_line(line: dict[str, Any], shift_s: float = 0.0) -> RequestTiming:
+    """A ``requests.jsonl`` line back as a timing (times moved by ``shift_s``).
+
+    Content chunk times are rebuilt from ``first_content_s`` and the ITL gaps.
+    """
+
+    def at(key: str) -> float | None:
+        value = line.get(key)
+        return None if value is None else float(value) + shift_s
+
+    content: list[float] = []
+    first = at("first_content_s")
+    if first is not None:
+        content.append(first)
+        for gap in line.get("itl_s") or []:
+            content.append(content[-1] + float(gap))
+    return RequestTiming(
+        request_id=str(line["id"]),
+        stage=int(line.get("stage", 0)),
+        scheduled_s=float(line["scheduled_s"]) + shift_s,
+        sent_s=float(line["sent_s"]) + shift_s,
+        end_s=float(line["end_s"]) + shift_s,
+        outcome=Outcome(line["outcome"]),
+        headers_s=at("headers_s"),
+        first_chunk_s=at("first_chunk_s"),
+        content_s=tuple(content),
+        status=line.get("status"),
+        prompt_tokens=line.get("prompt_tokens"),
+        output_tokens=int(line.get("output_tokens") or 0),
+        token_source=TokenSource(line.get("token_source", "chunks")),
+        finish_reason=line.get("finish_reason"),
+        error=line.get("error"),
+    )
+
+
 class RunDirectory:
     """Creates and fills one run directory."""
 
@@ -86,8 +121,10 @@ class RunDirectory:
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         for n in range(1000):
             name = f"{stamp}-{kind}" + (f"-{n}" if n else "")
-            if not (parent / name).exists():
+            try:
                 return cls(parent / name)
+            except FileExistsError:
+                continue  # another run (a shard) took it a moment ago
         raise FileExistsError(f"{parent}: too many runs named {stamp}-{kind}")
 
     def write_run(self, run: Mapping[str, Any]) -> None:

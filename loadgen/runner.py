@@ -27,7 +27,14 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from loadgen.arrivals import Due, Stage, linear_stages, parse_arrival, parse_stages
+from loadgen.arrivals import (
+    Due,
+    Shard,
+    Stage,
+    linear_stages,
+    parse_arrival,
+    parse_stages,
+)
 from loadgen.arrivals import schedule as make_schedule
 from loadgen.client import ClientSettings, make_session, send_request
 from loadgen.closedloop import run_closed_loop
@@ -157,6 +164,17 @@ def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
     ]
 
 
+def parse_start_at(text: str) -> datetime:
+    """``--start-at``: an ISO 8601 time; without a zone it is UTC."""
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(
+            f"--start-at {text!r}: expected an ISO 8601 time, e.g. 2026-12-01T10:00:00Z"
+        ) from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
 def is_loopback(url: str) -> bool:
     """Whether ``url`` points at this machine."""
     host = urlsplit(url).hostname or ""
@@ -234,6 +252,10 @@ async def run_load(
     slo = parse_slo(config.slo) if config.slo else []
     stages = plan_stages(kind, config)
     check_rate_bound(kind, config, target, stages)
+    if config.shard is not None:
+        Shard.parse(config.shard)
+    if config.start_at is not None:
+        parse_start_at(config.start_at)
     arrival = parse_arrival(config.arrival)
     if config.cancel_fraction > 0 and (
         config.cancel_after is None and config.cancel_after_tokens is None
@@ -345,6 +367,7 @@ class RunState:
         )
         self.stop_reason: str | None = None
         self.capacity: CapacityResult | None = None
+        self.start_late_s: float | None = None
         self.stopper = Stopper()
         #: (monotonic time, normalized samples) of the target, newest last.
         self.history: deque[tuple[float, list[list[Any]]]] = deque(maxlen=3600)
@@ -440,9 +463,37 @@ class RunState:
             duration = s.planned_s or 0.0
             plan.append(Stage(s.index, s.target_rate or 0.0, duration, offset))
             offset += duration
+        c = self.config
+        shard = Shard.parse(c.shard) if c.shard else None
+        start = await self._wait_for_start(stop)
+        if start is None:
+            return True
         return await self.open_loop(
-            plan, stop, arrival, seed=self.config.seed, limit=self.config.max_requests
+            plan,
+            stop,
+            arrival,
+            seed=c.seed,
+            limit=c.max_requests,
+            shard=shard,
+            start_s=start,
         )
+
+    async def _wait_for_start(self, stop: Stopper) -> float | None:
+        """The monotonic start of the schedule: ``--start-at`` (shared by shards)
+        or now; None if the run was stopped while waiting."""
+        c = self.config
+        if c.start_at is None:
+            return time.monotonic() + 0.05
+        at = parse_start_at(c.start_at)
+        delay = (at - datetime.now(UTC)).total_seconds()
+        self.start_late_s = max(0.0, -delay)
+        if delay > 0:
+            self.progress.console.print(
+                f"servemon: waiting {delay:.1f} s for --start-at {c.start_at}"
+            )
+            if await _until_stopped(asyncio.sleep(delay), stop.requested):
+                return None
+        return time.monotonic()
 
     async def open_loop(
         self,
@@ -454,6 +505,8 @@ class RunState:
         limit: int | None = None,
         first_index: int = 0,
         halt: asyncio.Event | None = None,
+        shard: Shard | None = None,
+        start_s: float | None = None,
     ) -> bool:
         """Send ``plan`` open loop; True if the run was stopped meanwhile.
 
@@ -461,7 +514,7 @@ class RunState:
         sending stops and the requests in flight get the grace period.
         """
         c = self.config
-        start = time.monotonic() + 0.05
+        start = time.monotonic() + 0.05 if start_s is None else start_s
 
         def on_stage(index: int) -> None:
             stage = next(p for p in plan if p.index == index)
@@ -499,7 +552,7 @@ class RunState:
             on_skip=on_skip,
         )
         self.progress.open_loop = loop
-        due = make_schedule(plan, arrival, seed, limit=limit)
+        due = make_schedule(plan, arrival, seed, limit=limit, shard=shard)
         dispatching = asyncio.create_task(loop.run(due, start))
         ending = (stop.requested,) if halt is None else (stop.requested, halt)
         try:
@@ -624,6 +677,9 @@ class RunState:
         info.update(
             status=status,
             stop_reason=self.stop_reason,
+            shard=self.config.shard,
+            start_at=self.config.start_at,
+            start_late_s=self.start_late_s,
             ended_utc=datetime.now(UTC).isoformat(timespec="milliseconds"),
             stages=[
                 {k: v for k, v in entry.items() if k != "summary"}

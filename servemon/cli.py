@@ -480,6 +480,16 @@ def _asyncio_run(coro: Coroutine[Any, Any, T]) -> T:
     help="Seconds late before --late skip applies. [default: 1]",
 )
 @click.option("--max-requests", type=int, help="Stop the schedule after this many.")
+@click.option(
+    "--shard",
+    help="Run shard I of N (0-based): every N-th arrival of the "
+    "same seeded schedule; merge the shards with servemon merge.",
+)
+@click.option(
+    "--start-at",
+    help="Start the schedule at this UTC time (ISO 8601), so "
+    "that shards start together.",
+)
 def ramp(config_file: Path | None, **flags: Any) -> None:
     """Open-loop load: requests at scheduled times, whatever is in flight."""
     config = _run_or_exit(lambda: load_config(config_file, flags))
@@ -710,6 +720,30 @@ def capacity(config_file: Path | None, **flags: Any) -> None:
     """Find the highest request rate that meets the SLO, and what saturates first."""
     config = _run_or_exit(lambda: load_config(config_file, flags))
     _run_load("capacity", config)
+
+
+@cli.command("merge")
+@click.argument(
+    "run_dirs",
+    nargs=-1,
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False),
+)
+@click.option(
+    "--out",
+    "out_parent",
+    type=click.Path(path_type=Path),
+    default=Path("runs"),
+    show_default=True,
+    help="Parent of the merged run directory.",
+)
+def merge_command(run_dirs: tuple[Path, ...], out_parent: Path) -> None:
+    """Merge shard run directories (servemon ramp --shard I/N) into one run."""
+    from loadgen.merge import merge_runs
+
+    path = _run_or_exit(lambda: merge_runs(run_dirs, out_parent))
+    click.echo(f"merged run directory: {path}")
+    click.echo(f"report: {path / 'report.html'}")
 
 
 def join_multi_values(argv: list[str], names: Sequence[str]) -> list[str]:
