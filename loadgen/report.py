@@ -349,12 +349,27 @@ def _conditions(data: RunData) -> list[tuple[str, str]]:
         ("SLO", ", ".join(run.get("slo") or []) or "none"),
         ("command", " ".join(run.get("command") or [])),
         ("servemon", str(run.get("servemon_version"))),
+        ("engine version", str(run.get("engine_version", "none"))),
         ("environment", f"Python {env.get('python')}, {env.get('platform')}"),
+        ("GPUs here", _gpus(env.get("gpus"))),
         (
             "started / ended (UTC)",
             f"{run.get('clock_origin', {}).get('utc')} / {run.get('ended_utc')}",
         ),
     ]
+
+
+def _gpus(gpus: Any) -> str:
+    if isinstance(gpus, list):
+        return (
+            "; ".join(
+                f"{g.get('name')} (driver {g.get('driver')}, "
+                f"{(g.get('memory_total_bytes') or 0) / 2**30:.0f} GiB)"
+                for g in gpus
+            )
+            or "none"
+        )
+    return str(gpus or "none")
 
 
 CSS = """

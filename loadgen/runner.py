@@ -109,6 +109,48 @@ class RunResult:
     stop_reason: str | None = None
 
 
+async def target_version(session: aiohttp.ClientSession, base_url: str) -> str | None:
+    """The engine version from ``/version`` (vLLM has it), else None."""
+    try:
+        async with session.get(
+            base_url.rstrip("/") + "/version", timeout=aiohttp.ClientTimeout(total=5)
+        ) as resp:
+            if resp.status != 200:
+                return None
+            body = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    version = body.get("version") if isinstance(body, dict) else None
+    return str(version) if version is not None else None
+
+
+def local_gpus() -> list[dict[str, Any]] | str:
+    """GPU names, driver and memory from NVML where the load generator runs, or
+    why there are none (blocking: call through a thread)."""
+    from monitor.gpu import GpuUnavailable, NvmlReader
+
+    reader = NvmlReader()
+    try:
+        reader.open()
+        snapshot = reader.read()
+    except GpuUnavailable as exc:
+        return f"none ({exc})"
+    except Exception as exc:
+        return f"none ({type(exc).__name__}: {exc})"
+    finally:
+        reader.close()
+    return [
+        {
+            "index": g.index,
+            "name": g.name,
+            "uuid": g.uuid,
+            "driver": snapshot.driver_version,
+            "memory_total_bytes": g.memory_total_bytes,
+        }
+        for g in snapshot.gpus
+    ]
+
+
 async def discover_model(
     session: aiohttp.ClientSession, base_url: str, model: str | None
 ) -> tuple[str, Any]:
@@ -270,6 +312,9 @@ async def run_load(
     base = target.rstrip("/")
     async with make_session(settings) as session:
         model, listing = await discover_model(session, base, config.model)
+        version, gpus = await asyncio.gather(
+            target_version(session, base), asyncio.to_thread(local_gpus)
+        )
         live = LiveMetrics(base, model, slo)
         try:
             await live.serve(config.metrics_host, config.metrics_port)
@@ -327,7 +372,9 @@ async def run_load(
                     "python": sys.version.split()[0],
                     "platform": platform.platform(),
                     "host": platform.node(),
+                    "gpus": gpus,
                 },
+                "engine_version": version or "none",
                 "stages": [],
             }
             rundir.write_run(info)
