@@ -116,9 +116,9 @@ def _attribute(run: RunState, record: StageRecord, summary: Summary) -> str:
         preempted = window[-1].get(PREEMPTIONS, 0.0) - window[0].get(PREEMPTIONS, 0.0)
         if kv >= 0.95 or preempted > 0:
             return "kv_cache"
-        waiting = [s.get(WAITING, 0.0) for s in window]
-        if sum(waiting) / len(waiting) >= 1.0:
-            return "queue"
+        queued = sum(1 for s in window if s.get(WAITING, 0.0) > 0)
+        if queued >= max(1, len(window) // 5):
+            return "queue"  # requests waited for a batch slot in a fifth of samples
     lag = summary.dispatch_lag
     if lag is not None and lag.p99 > LAG_LIMIT_S:
         return "client"

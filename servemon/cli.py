@@ -248,57 +248,55 @@ async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
     help="Simulator profile.",
 )
 @click.option(
-    "--number",
-    type=click.IntRange(1, 10_000),
+    "--max-num-seqs",
+    type=click.IntRange(1, 4096),
     default=16,
     show_default=True,
-    help="Requests to measure.",
+    help="The simulator's batch size.",
 )
 @click.option(
-    "--concurrency",
-    type=click.IntRange(1, 1024),
-    default=8,
+    "--out",
+    type=click.Path(path_type=Path),
+    default=Path("runs"),
     show_default=True,
-    help="Requests in flight.",
+    help="Parent of the run directory.",
 )
 @click.option(
-    "--prompt-tokens",
-    type=click.IntRange(1, 100_000),
-    default=128,
+    "--max-duration",
+    type=float,
+    default=150.0,
     show_default=True,
-    help="Prompt length in words (tokens for the sim).",
-)
-@click.option(
-    "--max-tokens",
-    type=click.IntRange(1, 100_000),
-    default=128,
-    show_default=True,
-    help="Output limit per request.",
+    help="Seconds the capacity search may take.",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--keep", is_flag=True, help="Keep everything up after the search, until Ctrl-C."
+)
 def demo(
     profile: str,
-    number: int,
-    concurrency: int,
-    prompt_tokens: int,
-    max_tokens: int,
+    max_num_seqs: int,
+    out: Path,
+    max_duration: float,
     seed: int,
+    keep: bool,
 ) -> None:
-    """Start the built-in simulator and measure a burst of streamed requests."""
+    """Simulator, exporter and Prometheus, a short capacity search, a report."""
     from servemon.demo import run_demo
 
-    _run_or_exit(
-        lambda: asyncio.run(
+    result = _run_or_exit(
+        lambda: _asyncio_run(
             run_demo(
                 profile=profile,
-                number=number,
-                concurrency=concurrency,
-                prompt_tokens=prompt_tokens,
-                max_tokens=max_tokens,
+                max_num_seqs=max_num_seqs,
+                out=out,
                 seed=seed,
+                max_duration=max_duration,
+                keep=keep,
             )
         )
     )
+    if result.status != "completed":
+        sys.exit(130)
 
 
 def _load_options(func: F) -> F:
@@ -563,17 +561,24 @@ def sweep(config_file: Path | None, **flags: Any) -> None:
     "--auth-file",
     help="YAML with bearer_token or basic_auth that /metrics asks scrapers for.",
 )
+@click.option("--exit-with-parent", is_flag=True, hidden=True)
 @click.option(
     "--fake-gpu",
     is_flag=True,
     help="Serve a made-up GPU instead of NVML (demos and tests without a GPU).",
 )
 def exporter(
-    config_file: Path | None, targets: tuple[str, ...], fake_gpu: bool, **flags: Any
+    config_file: Path | None,
+    targets: tuple[str, ...],
+    fake_gpu: bool,
+    exit_with_parent: bool,
+    **flags: Any,
 ) -> None:
     """Export engine /metrics in servemon's schema, GPU stats and a canary probe."""
     config = _run_or_exit(lambda: exporter_config(config_file, targets, flags))
-    _run_or_exit(lambda: _asyncio_run(_serve_exporter(config, fake_gpu)))
+    _run_or_exit(
+        lambda: _asyncio_run(_serve_exporter(config, fake_gpu, exit_with_parent))
+    )
 
 
 def exporter_config(
@@ -591,7 +596,9 @@ def exporter_config(
     return config
 
 
-async def _serve_exporter(config: ExporterConfig, fake_gpu: bool = False) -> None:
+async def _serve_exporter(
+    config: ExporterConfig, fake_gpu: bool = False, exit_with_parent: bool = False
+) -> None:
     import logging
 
     from monitor.exporter import Exporter
@@ -602,6 +609,11 @@ async def _serve_exporter(config: ExporterConfig, fake_gpu: bool = False) -> Non
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    watchdog = (
+        asyncio.create_task(_watch_parent(os.getppid(), stop))
+        if exit_with_parent
+        else None
+    )
     async with Exporter(
         config, gpu_reader=FakeGpuReader() if fake_gpu else None
     ) as exp:
@@ -609,6 +621,8 @@ async def _serve_exporter(config: ExporterConfig, fake_gpu: bool = False) -> Non
         click.echo(f"servemon exporter: serving {exp.url}/metrics for {names}")
         sys.stdout.flush()
         await stop.wait()
+    if watchdog is not None:
+        watchdog.cancel()
     click.echo("servemon exporter: stopped")
 
 

@@ -1,107 +1,125 @@
-"""``servemon demo``: the simulator, a burst of streamed requests, what was measured."""
+"""``servemon demo``: the main job on the embedded default, end to end.
+
+It starts the simulator (a Qwen3-0.6B-like vLLM with a small batch, so that it
+saturates within a minute), the exporter beside it, and Prometheus if it is installed
+(scraping both the exporter and the load generator's live metrics), runs a short
+capacity search against the simulator, writes the report, and prints where everything
+is. With ``--keep`` everything stays up afterwards until Ctrl-C, so the ``/metrics``
+URLs and Prometheus can be looked at.
+"""
 
 from __future__ import annotations
 
-import random
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
 
-from prometheus_client.parser import text_string_to_metric_families
+import yaml
 from rich.console import Console
-from rich.table import Table
 
-from loadgen.client import ClientSettings, make_session
-from loadgen.closedloop import run_closed_loop
-from loadgen.summary import Distribution, Summary, summarize
-from loadgen.workload import chat_body, random_prompt
-from simulator.config import SimConfig
-from simulator.server import SimServer
-
-__all__ = ["run_demo"]
-
-SERVER_SERIES = (
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "vllm:kv_cache_usage_perc",
-    "vllm:prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total",
-    "vllm:num_preemptions_total",
-    "vllm:prompt_tokens_total",
-    "vllm:generation_tokens_total",
-    "vllm:request_success_total",
+from loadgen.config import LoadConfig
+from loadgen.runner import RunResult
+from servemon.embedded import (
+    embedded_exporter,
+    embedded_prometheus,
+    embedded_simulator,
+    free_port,
 )
+from servemon.load import console_for, run_command
+
+__all__ = ["DEMO_SLO", "run_demo"]
+
+DEMO_SLO = "ttft_p95<=0.5,itl_p95<=0.05,error_rate<=0.01"
+
+
+def prometheus_config(exporter_url: str, client_port: int) -> dict[str, object]:
+    """A Prometheus config scraping the exporter and the load generator every 1 s."""
+    exporter = urlsplit(exporter_url).netloc
+    return {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
+            {
+                "job_name": "servemon-exporter",
+                "static_configs": [{"targets": [exporter]}],
+            },
+            {
+                "job_name": "servemon-loadgen",
+                "static_configs": [{"targets": [f"127.0.0.1:{client_port}"]}],
+            },
+        ],
+    }
 
 
 async def run_demo(
     *,
     profile: str,
-    number: int,
-    concurrency: int,
-    prompt_tokens: int,
-    max_tokens: int,
+    max_num_seqs: int,
+    out: Path,
     seed: int,
-) -> Summary:
-    """Run the burst and print what the client and the server measured."""
-    console = Console(soft_wrap=True)
-    config = SimConfig(port=0, profile=profile, seed=seed)
-    async with SimServer(config) as server, make_session(ClientSettings()) as session:
+    max_duration: float,
+    keep: bool,
+) -> RunResult:
+    """Run the demo (see the module docstring)."""
+    console = console_for()
+    sim_args = ["--max-num-seqs", str(max_num_seqs), "--seed", str(seed)]
+    async with embedded_simulator(profile, sim_args) as sim_url:
         console.print(
-            f"servemon demo: simulator ({server.profile.name}, model {server.model})"
-            f" on {server.url}; {number} streamed chat requests, "
-            f"{concurrency} in flight, "
-            f"{prompt_tokens}-word prompts, max_tokens {max_tokens}"
+            f"simulator ({profile}, --max-num-seqs {max_num_seqs}): {sim_url}"
         )
-        rng = random.Random(seed)
-        prompts = [random_prompt(rng, prompt_tokens) for _ in range(number)]
-        timings = await run_closed_loop(
-            session,
-            server.url + "/v1/chat/completions",
-            lambda i: chat_body(server.model, prompts[i], max_tokens),
-            concurrency=concurrency,
-            number=number,
-            id_prefix="demo",
-        )
-        async with session.get(server.url + "/metrics") as resp:
-            exposition = await resp.text()
-    summary = summarize(timings)
-    console.print(_client_table(summary))
-    console.print(_server_excerpt(exposition))
-    return summary
-
-
-def _client_table(summary: Summary) -> Table:
-    table = Table(title="What the client measured", title_justify="left")
-    for column in ("figure", "mean", "p50", "p90", "p99"):
-        table.add_column(column, justify="left" if column == "figure" else "right")
-
-    def row(name: str, dist: Distribution | None) -> None:
-        if dist is None:
-            table.add_row(name, "-", "-", "-", "-")
-            return
-        table.add_row(
-            name,
-            *(f"{v * 1000:.1f}" for v in (dist.mean, dist.p50, dist.p90, dist.p99)),
-        )
-
-    row("TTFT (ms)", summary.ttft)
-    row("TPOT (ms)", summary.tpot)
-    row("ITL (ms)", summary.itl)
-    row("E2E (ms)", summary.e2e)
-    outcomes = ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items()))
-    table.caption = (
-        f"{summary.requests} requests ({outcomes}) in {summary.duration_s:.2f} s: "
-        f"{summary.request_throughput:.2f} req/s, "
-        f"output {summary.output_throughput:.1f} tok/s, "
-        f"mean output {summary.mean_output_tokens or 0:.1f} tokens"
-    )
-    return table
-
-
-def _server_excerpt(exposition: str) -> str:
-    lines = ["What the server's /metrics says now:"]
-    for family in text_string_to_metric_families(exposition):
-        for sample in family.samples:
-            if sample.name in SERVER_SERIES:
-                labels = ",".join(
-                    f'{k}="{v}"' for k, v in sorted(sample.labels.items())
+        async with embedded_exporter(
+            [f"sim={sim_url}"], ["--probe-interval", "5"]
+        ) as exp:
+            console.print(f"exporter: {exp}/metrics")
+            client_port = free_port()
+            prom_dir = out / "demo-prometheus"
+            prom_dir.mkdir(parents=True, exist_ok=True)
+            config_file = prom_dir / "prometheus.yml"
+            config_file.write_text(yaml.safe_dump(prometheus_config(exp, client_port)))
+            async with embedded_prometheus(
+                config_file, prom_dir / "data", free_port()
+            ) as prom:
+                console.print(
+                    f"prometheus: {prom}"
+                    if prom
+                    else "prometheus: not installed (scripts/system-deps installs it)"
                 )
-                lines.append(f"  {sample.name}{{{labels}}} {sample.value:g}")
-    return "\n".join(lines)
+                console.print(
+                    f"load generator /metrics: http://127.0.0.1:{client_port}"
+                    "/metrics (while the search runs)"
+                )
+                config = LoadConfig(
+                    target=sim_url,
+                    slo=DEMO_SLO,
+                    rps_min=1.0,
+                    step_seconds=10.0,
+                    settle=3.0,
+                    precision=0.1,
+                    max_duration=max_duration,
+                    workload="random:prompt=128,output=64",
+                    metrics_port=client_port,
+                    out=str(out),
+                    seed=seed,
+                    grace=3.0,
+                )
+                result = await run_command(
+                    "capacity", config, sys.argv, console=console
+                )
+                if keep:
+                    await _until_interrupted(console, prom)
+    return result
+
+
+async def _until_interrupted(console: Console, prom: str | None) -> None:
+    where = f" (Prometheus: {prom})" if prom else ""
+    console.print(f"everything stays up until Ctrl-C{where}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

@@ -20,16 +20,26 @@ from loadgen.runner import RunResult, Stopper, run_load
 from loadgen.summary import Summary
 from servemon.embedded import embedded_simulator
 
-__all__ = ["run_command", "summary_table"]
+__all__ = ["capacity_lines", "console_for", "run_command", "summary_table"]
 
 
-async def run_command(
-    kind: Literal["ramp", "sweep", "capacity"], config: LoadConfig, argv: Sequence[str]
-) -> RunResult:
-    """Run a load command to the end (or to Ctrl-C/SIGTERM) and print the summary."""
+def console_for() -> Console:
+    """A console for servemon's output: wide tables when not on a terminal."""
     console = Console(soft_wrap=True)
     if not console.is_terminal:
         console = Console(soft_wrap=True, width=200)
+    return console
+
+
+async def run_command(
+    kind: Literal["ramp", "sweep", "capacity"],
+    config: LoadConfig,
+    argv: Sequence[str],
+    *,
+    console: Console | None = None,
+) -> RunResult:
+    """Run a load command to the end (or to Ctrl-C/SIGTERM) and print the summary."""
+    console = console or console_for()
     stop = Stopper()
     loop = asyncio.get_running_loop()
 
