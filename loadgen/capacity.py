@@ -43,6 +43,8 @@ RUNNING = names.ENGINE_REQUESTS_RUNNING.name
 KV = names.ENGINE_KV_CACHE_USAGE.name
 PREEMPTIONS = names.ENGINE_PREEMPTIONS.name
 LAG_LIMIT_S = 0.05
+#: A step lasts long enough for about this many judged requests.
+MIN_REQUESTS = 10
 
 
 @dataclass(slots=True)
@@ -203,14 +205,19 @@ async def search(run: RunState, stop: Stopper, arrival: Any) -> bool:
         if time.monotonic() + step_s > deadline:
             ended = "--max-duration reached"
             break
-        record = StageRecord(len(run.stages), f"{rate:.4g} rps", rate, None, step_s)
+        # Long enough for MIN_REQUESTS judged requests even at a low rate.
+        duration = max(step_s, c.settle + MIN_REQUESTS / rate)
+        if time.monotonic() + duration > deadline:
+            ended = "--max-duration reached"
+            break
+        record = StageRecord(len(run.stages), f"{rate:.4g} rps", rate, None, duration)
         run.stages.append(record)
         halt = asyncio.Event()
         early: dict[str, str] = {}
         watcher = asyncio.create_task(_watch(run, record, c.settle, halt, early))
         try:
             interrupted = await run.open_loop(
-                [Stage(record.index, rate, step_s, 0.0)],
+                [Stage(record.index, rate, duration, 0.0)],
                 stop,
                 arrival,
                 seed=c.seed + record.index,

@@ -33,13 +33,15 @@ async def run_closed_loop(
     timeout_s: float = 600.0,
     stage: int = 0,
     on_done: Callable[[RequestTiming], None] | None = None,
+    on_send: Callable[[], None] | None = None,
     stop: asyncio.Event | None = None,
     options: Callable[[int], dict[str, Any]] | None = None,
 ) -> list[RequestTiming]:
     """Run ``warmup + number`` requests with ``concurrency`` in flight.
 
     ``options(index)`` may add keyword arguments of :func:`send_request` (such as
-    ``cancel_after_s``) per request; ``on_done`` sees each measured request.
+    ``cancel_after_s``) per request; ``on_send`` and ``on_done`` see each measured
+    request go out and finish.
     """
     total = warmup + number
     counter = itertools.count()  # rebound per phase below; workers read the current
@@ -50,6 +52,8 @@ async def run_closed_loop(
             index = next(counter)
             if index >= end:
                 return
+            if index >= warmup and on_send is not None:
+                on_send()
             timing = await send_request(
                 session,
                 url,

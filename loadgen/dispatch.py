@@ -26,6 +26,14 @@ from loadgen.arrivals import Due
 __all__ = ["DispatchCounts", "OpenLoop"]
 
 Send = Callable[[Due, float], Awaitable[None]]
+#: The last stretch of a wait that a thread sleeps, for precision.
+PRECISE_S = 0.003
+
+
+def _sleep_to(at: float) -> None:
+    delay = at - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
 
 
 @dataclass(slots=True)
@@ -96,6 +104,15 @@ class OpenLoop:
 
     @staticmethod
     async def _sleep_until(at: float) -> None:
+        """Wake at ``at`` on the monotonic clock, to well under a millisecond.
+
+        The event loop's timers wake up to a millisecond late (epoll's resolution),
+        which would bunch Poisson arrivals together. So the loop sleeps until shortly
+        before, and a thread sleeps the rest with the OS's fine-grained sleep and wakes
+        the loop at once (without burning a core in a spin).
+        """
         delay = at - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        if delay > PRECISE_S:
+            await asyncio.sleep(delay - PRECISE_S)
+        if at - time.monotonic() > 0:
+            await asyncio.get_running_loop().run_in_executor(None, _sleep_to, at)

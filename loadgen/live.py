@@ -22,100 +22,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from loadgen.slo import SloTerm
 from loadgen.timing import RequestTiming
 from monitor import names
+from monitor.buckets import LATENCY_BUCKETS
 from monitor.names import Series
 
-__all__ = ["LATENCY_BUCKETS", "LiveMetrics"]
-
-LATENCY_BUCKETS: dict[str, tuple[float, ...]] = {
-    "ttft": (
-        0.005,
-        0.01,
-        0.02,
-        0.04,
-        0.06,
-        0.08,
-        0.1,
-        0.15,
-        0.2,
-        0.25,
-        0.3,
-        0.4,
-        0.5,
-        0.75,
-        1.0,
-        1.5,
-        2.0,
-        2.5,
-        5.0,
-        7.5,
-        10.0,
-        20.0,
-        40.0,
-        80.0,
-    ),
-    "itl": (
-        0.001,
-        0.0025,
-        0.005,
-        0.01,
-        0.015,
-        0.02,
-        0.025,
-        0.03,
-        0.04,
-        0.05,
-        0.075,
-        0.1,
-        0.15,
-        0.2,
-        0.3,
-        0.5,
-        0.75,
-        1.0,
-        2.5,
-        5.0,
-    ),
-    "e2e": (
-        0.1,
-        0.25,
-        0.5,
-        0.75,
-        1.0,
-        1.5,
-        2.0,
-        2.5,
-        3.0,
-        4.0,
-        5.0,
-        7.5,
-        10.0,
-        15.0,
-        20.0,
-        30.0,
-        45.0,
-        60.0,
-        120.0,
-        240.0,
-        480.0,
-    ),
-    "dispatch_lag": (
-        0.0005,
-        0.001,
-        0.002,
-        0.005,
-        0.01,
-        0.025,
-        0.05,
-        0.1,
-        0.25,
-        0.5,
-        1.0,
-        2.5,
-        5.0,
-    ),
-}
-LATENCY_BUCKETS["ttfc"] = LATENCY_BUCKETS["ttft"]
-LATENCY_BUCKETS["tpot"] = LATENCY_BUCKETS["itl"]
+__all__ = ["LiveMetrics"]
 
 
 def _edges(figure: str, slo: Sequence[SloTerm]) -> list[float]:

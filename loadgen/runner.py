@@ -441,7 +441,12 @@ class RunState:
             "cancel_after_tokens": c.cancel_after_tokens,
         }
 
+    def started(self) -> None:
+        """A measured request goes out."""
+        self.live.in_flight.inc()
+
     def finished(self, timing: RequestTiming) -> None:
+        self.live.in_flight.dec()
         self.rundir.append_request(timing)
         self.live.observe(timing)
         self.stages[timing.stage].timings.append(timing)
@@ -576,6 +581,7 @@ class RunState:
 
         async def send(due: Due, at: float) -> None:
             index = first_index + due.index
+            self.started()
             timing = await send_request(
                 self.session,
                 self.url,
@@ -658,6 +664,7 @@ class RunState:
                     timeout_s=c.timeout,
                     stage=record.index,
                     on_done=self.finished,
+                    on_send=self.started,
                     stop=stop.requested,
                     options=self.cancel_options,
                 )

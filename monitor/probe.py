@@ -73,6 +73,7 @@ class Prober:
         self.timeout_s = timeout_s
         self._headers = dict(headers or {})
         self._ids = itertools.count()
+        self._listed: dict[str, str] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -107,7 +108,7 @@ class Prober:
 
     async def probe(self, target: Target) -> str:
         """One probe of ``target``; returns its outcome."""
-        model = self._model_of(target)
+        model = self._model_of(target) or await self._listed_model(target)
         body: dict[str, object] = {
             "messages": [{"role": "user", "content": self.prompt}],
             "max_tokens": self.max_tokens,
@@ -155,6 +156,25 @@ class Prober:
                 self.ttft.labels(*labels).observe(first - sent)
             self.e2e.labels(*labels).observe(end - sent)
         return outcome
+
+    async def _listed_model(self, target: Target) -> str | None:
+        """The first model of the target's ``/v1/models`` (remembered), or None."""
+        if target.name in self._listed:
+            return self._listed[target.name]
+        try:
+            async with self._session.get(
+                target.url.rstrip("/") + "/v1/models",
+                timeout=aiohttp.ClientTimeout(total=min(5.0, self.timeout_s)),
+            ) as resp:
+                body = await resp.json(content_type=None) if resp.status == 200 else {}
+        except (aiohttp.ClientError, TimeoutError, ValueError, RuntimeError):
+            return None
+        data = body.get("data") if isinstance(body, dict) else None
+        first = data[0].get("id") if isinstance(data, list) and data else None
+        if isinstance(first, str):
+            self._listed[target.name] = first
+            return first
+        return None
 
 
 def _has_content(data: str) -> bool:

@@ -268,6 +268,13 @@ async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
     show_default=True,
     help="Seconds the capacity search may take.",
 )
+@click.option(
+    "--step-seconds",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Length of one step of the search.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--keep", is_flag=True, help="Keep everything up after the search, until Ctrl-C."
@@ -277,6 +284,7 @@ def demo(
     max_num_seqs: int,
     out: Path,
     max_duration: float,
+    step_seconds: float,
     seed: int,
     keep: bool,
 ) -> None:
@@ -291,6 +299,7 @@ def demo(
                 out=out,
                 seed=seed,
                 max_duration=max_duration,
+                step_seconds=step_seconds,
                 keep=keep,
             )
         )
@@ -758,6 +767,30 @@ def merge_command(run_dirs: tuple[Path, ...], out_parent: Path) -> None:
     path = _run_or_exit(lambda: merge_runs(run_dirs, out_parent))
     click.echo(f"merged run directory: {path}")
     click.echo(f"report: {path / 'report.html'}")
+
+
+@cli.command()
+@click.option(
+    "--slo-config",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="SLO YAML (see deploy/slos.example.yaml).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    default=Path("deploy/rules"),
+    show_default=True,
+    help="Folder for the rule files.",
+)
+def rules(slo_config: Path, out_dir: Path) -> None:
+    """Generate Prometheus recording rules and SLO burn-rate alerts."""
+    from dashboards.rules import load_slo_config, write_rules
+
+    config = _run_or_exit(lambda: load_slo_config(slo_config))
+    for path in write_rules(config, out_dir):
+        click.echo(str(path))
 
 
 def join_multi_values(argv: list[str], names: Sequence[str]) -> list[str]:

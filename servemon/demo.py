@@ -60,6 +60,7 @@ async def run_demo(
     seed: int,
     max_duration: float,
     keep: bool,
+    step_seconds: float = 10.0,
 ) -> RunResult:
     """Run the demo (see the module docstring)."""
     console = console_for()
@@ -93,8 +94,8 @@ async def run_demo(
                     target=sim_url,
                     slo=DEMO_SLO,
                     rps_min=1.0,
-                    step_seconds=10.0,
-                    settle=3.0,
+                    step_seconds=step_seconds,
+                    settle=min(3.0, step_seconds / 3),
                     precision=0.1,
                     max_duration=max_duration,
                     workload="random:prompt=128,output=64",

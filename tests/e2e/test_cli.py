@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import re
 import signal
 import subprocess
@@ -121,18 +122,38 @@ def test_bad_flag_value_names_the_field() -> None:
     assert "faults.http_503_fraction" in done.stderr
 
 
-def test_demo_measures_a_burst_against_the_simulator() -> None:
+def test_demo_runs_the_main_job_end_to_end(tmp_path: Path) -> None:
     done = subprocess.run(
-        [*SERVEMON, "demo", "--profile", "tiny", "--number", "8", "--concurrency", "4",
-         "--max-tokens", "16"],
+        [
+            *SERVEMON,
+            "demo",
+            "--profile",
+            "tiny",
+            "--max-num-seqs",
+            "2",
+            "--step-seconds",
+            "2",
+            "--max-duration",
+            "14",
+            "--out",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=150,
         check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert "TTFT (ms)" in done.stdout
-    assert "8 requests (ok 8)" in done.stdout
-    assert 'vllm:generation_tokens_total{engine="0",model_name="sim-tiny"} 128' in (
-        done.stdout
     )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    assert re.search(
+        r"simulator \(tiny, --max-num-seqs 2\): http://127\.0\.0\.1:\d+", out
+    )
+    assert re.search(r"exporter: http://127\.0\.0\.1:\d+/metrics", out)
+    assert "capacity:" in out
+    assert "saturated first:" in out
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.name.endswith("-capacity")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    found = summary["capacity"]
+    assert found["capacity_rps"] is not None, found
+    assert any(step["good"] for step in found["steps"]), found
+    assert (run_dir / "report.html").stat().st_size > 10_000
