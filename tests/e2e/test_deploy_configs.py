@@ -53,9 +53,8 @@ RULES_FILE = DEPLOY / "rules" / "servemon-rules.yaml"
 #: Oldest Kubernetes the manifests are written for; the newest is the validator's.
 K8S_OLDEST = "1.29"
 OPERATOR_KINDS = {"PodMonitor", "PrometheusRule"}
-#: `servemon ramp` flags the Indexed Job uses before they exist (issue 6: --shard and
-#: --start-at).
-PENDING_RAMP_FLAGS = ("--shard", "--start-at")
+#: `servemon ramp` flags a manifest may use before they exist (none at present).
+PENDING_RAMP_FLAGS: tuple[str, ...] = ()
 #: Prometheus' duration syntax (the Operator's CRDs use the same pattern).
 DURATION = re.compile(
     r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?"
@@ -489,16 +488,6 @@ def test_servemon_command_lines_parse(
             parse_target(target)
         if ctx.params["listen"] is not None:
             assert parse_listen(ctx.params["listen"])[0] == "0.0.0.0", where
-
-
-def test_pending_ramp_flags_are_still_pending() -> None:
-    """When `servemon ramp` gains one of these, take it out of PENDING_RAMP_FLAGS so
-    that the Job's use of it is checked, and out of docs/deploy.md's list."""
-    known = {opt for param in cli.commands["ramp"].params for opt in param.opts}
-    assert not known & set(PENDING_RAMP_FLAGS)
-    for flag in PENDING_RAMP_FLAGS:
-        with pytest.raises(click.NoSuchOption):
-            cli.commands["ramp"].make_context("ramp", [flag, "x"])
 
 
 # --- Kubernetes: schemas ------------------------------------------------------------
