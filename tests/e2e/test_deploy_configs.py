@@ -36,7 +36,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import click
 import pytest
 import yaml
 
