@@ -7,7 +7,8 @@ servemon series through the table in :mod:`monitor.names`: the first source of a
 series that is present wins, so a version that exposes a deprecated name beside the
 new one is read once. Gauges stay gauges, counters counters, histograms keep their
 buckets. What it does not recognise is dropped, or passed through unchanged (with a
-``target`` label) when asked.
+``target`` label) when asked, except ``process_*`` and ``servemon_*`` families, which
+the exporter publishes itself.
 
 Labels: ``target`` (the configured name), ``model`` (the engine's ``model_name``, else
 the model the target lists), ``engine``, and ``rank`` (vLLM's ``engine`` index for
@@ -35,6 +36,9 @@ from monitor.exposition import ExpositionParser
 from monitor.names import Series, Source
 
 __all__ = ["ENGINE_PREFIXES", "Normalized", "detect_engine", "normalize"]
+
+#: Families the exporter publishes itself, never passed through (they would clash).
+OWN_PREFIXES = ("process_", "servemon_")
 
 ENGINE_PREFIXES = {
     "vllm": "vllm:",
@@ -227,7 +231,7 @@ def _passthrough(
 ) -> list[Metric]:
     out: list[Metric] = []
     for family in families:
-        if family.name in used:
+        if family.name in used or family.name.startswith(OWN_PREFIXES):
             continue
         copy = Metric(family.name, family.documentation, family.type, family.unit)
         for sample in family.samples:

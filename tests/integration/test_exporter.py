@@ -875,11 +875,6 @@ async def test_passthrough_passes_unknown_families_with_a_target_label(
     assert value(got, "servemon_engine_generation_tokens_total", target="sim") == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: with passthrough the target's process_* families and the exporter's "
-    "own ProcessCollector families share names: two HELP/TYPE blocks per name",
-)
 @pytest.mark.asyncio
 async def test_passthrough_exposition_has_each_family_once(
     start_sim: Any, http: aiohttp.ClientSession
