@@ -21,7 +21,14 @@ import matplotlib.pyplot as plt
 
 from loadgen.report import CSS, RunData, load_run, svg
 
-__all__ = ["FIGURES", "Comparison", "compare", "render_compare", "write_compare"]
+__all__ = [
+    "FIGURES",
+    "Comparison",
+    "compare",
+    "render_compare",
+    "run_names",
+    "write_compare",
+]
 
 #: (label, path in a stage summary, statistic, unit multiplier, higher is better)
 FIGURES: tuple[tuple[str, str, str | None, float, bool], ...] = (
@@ -84,6 +91,8 @@ def _warnings(
 ) -> list[str]:
     notes: list[str] = []
     names = [r.path.name for r in runs]
+    if len(set(names)) < len(names):
+        names = [f"{r.path.parent.name}/{r.path.name}" for r in runs]
     for level in levels:
         for key, what in (
             ("mean_prompt_tokens", "prompt"),
@@ -152,22 +161,30 @@ def rows(c: Comparison) -> list[list[str]]:
     return out
 
 
+def run_names(c: Comparison) -> list[str]:
+    """Each run's label: its directory's name, with its parent's when names clash."""
+    names = [r.path.name for r in c.runs]
+    if len(set(names)) < len(names):
+        names = [f"{r.path.parent.name}/{r.path.name}" for r in c.runs]
+    return names
+
+
 def header(c: Comparison) -> list[str]:
     """Column names for :func:`rows`."""
-    names = [r.path.name for r in c.runs]
+    names = run_names(c)
     return ["level", "figure", *names, *(f"{n} / {names[0]}" for n in names[1:])]
 
 
 def _plot(c: Comparison, label: str) -> str:
     fig, axis = plt.subplots(figsize=(6, 3))
     width = 0.8 / len(c.runs)
-    for i, run in enumerate(c.runs):
+    for i, name in enumerate(run_names(c)):
         vals = [c.values[level][label][i] or 0.0 for level in c.levels]
         axis.bar(
             [x + i * width for x in range(len(c.levels))],
             vals,
             width,
-            label=run.path.name,
+            label=name,
         )
     axis.set_xticks([x + width * (len(c.runs) - 1) / 2 for x in range(len(c.levels))])
     axis.set_xticklabels(c.levels)

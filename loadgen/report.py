@@ -92,7 +92,14 @@ def load_run(path: Path) -> RunData:
 def svg(fig: Any) -> str:
     """A matplotlib figure as inline SVG text."""
     buffer = io.StringIO()
-    fig.savefig(buffer, format="svg", bbox_inches="tight")
+    # No metadata: it names matplotlib's web site and a timestamp (no URL may appear
+    # in a report, and the same run should render the same bytes).
+    fig.savefig(
+        buffer,
+        format="svg",
+        bbox_inches="tight",
+        metadata={"Creator": None, "Date": None, "Format": None, "Type": None},
+    )
     plt.close(fig)
     text = buffer.getvalue()
     return text[text.index("<svg") :]
