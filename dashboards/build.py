@@ -31,7 +31,10 @@ from monitor import names as n
 __all__ = ["DASHBOARDS", "dashboard_json", "main", "write_dashboards"]
 
 DS = "${datasource}"
-NOT_OK = 'outcome!="ok"'
+#: Failed client requests: as the availability SLO counts them (a cancelled request
+#: is the client's own doing).
+FAILED = 'outcome!~"ok|cancelled"'
+NOT_CANCELLED = 'outcome!="cancelled"'
 WIDTH = 24
 
 
@@ -187,7 +190,7 @@ def _stage_annotations() -> g.Annotations:
                 "expr": f"changes(max({n.CLIENT_CURRENT_STAGE.name})[1m:5s]) > 0",
                 "step": "5s",
                 "titleFormat": "stage change",
-                "textFormat": "stage {{stage}}",
+                "textFormat": "the load generator moved to its next stage",
             }
         ]
     )
@@ -405,7 +408,8 @@ def overview() -> g.Dashboard:
         _stat(
             "Client error ratio",
             "percentunit",
-            rate(n.CLIENT_REQUESTS, NOT_OK) + " / " + rate(n.CLIENT_REQUESTS),
+            f"({rate(n.CLIENT_REQUESTS, FAILED)} or vector(0)) / "
+            f"{rate(n.CLIENT_REQUESTS, NOT_CANCELLED)}",
         ),
         width=6,
     )

@@ -31,9 +31,9 @@ so the threshold must be one of the histogram's bucket edges (:data:`HISTOGRAMS`
 keeps every edge list in one place): the client's edges are
 :data:`monitor.buckets.LATENCY_BUCKETS` plus every threshold of ``loadgen_slo`` (the
 load generator adds a bucket at each ``--slo`` threshold); the engine's are vLLM's
-(:mod:`monitor.buckets`; the simulator serves them as vLLM does). An availability SLO counts
-client outcomes other than ``ok`` and ``cancelled`` as errors (a cancelled request is
-the client's own doing, and every stopped load test cancels some), or, with
+(:mod:`monitor.buckets`; the simulator serves them as vLLM does). An availability SLO
+counts client outcomes other than ``ok`` and ``cancelled`` as errors (a cancelled
+request is the client's own doing, and every stopped load test cancels some), or, with
 ``source: engine``, the engine's finish reasons ``abort`` and ``error`` (``abort``
 also counts clients that hung up).
 

@@ -31,6 +31,9 @@ class LoadConfig:
     __pydantic_config__ = FORBID_EXTRA
 
     target: str | None = None
+    #: The ``target`` label of the live client series; by default host:port, as the
+    #: exporter names the same target, so dashboards join the two.
+    target_name: str | None = None
     model: str | None = None
     api: Literal["chat", "completions"] = "chat"
     stream: bool = True

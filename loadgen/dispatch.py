@@ -57,6 +57,7 @@ class OpenLoop:
         late_tolerance_s: float = 1.0,
         on_stage: Callable[[int], None] | None = None,
         on_skip: Callable[[Due], None] | None = None,
+        on_hold: Callable[[Due], None] | None = None,
     ) -> None:
         self._send = send
         self._max = max_inflight
@@ -64,6 +65,7 @@ class OpenLoop:
         self._tolerance = late_tolerance_s
         self._on_stage = on_stage
         self._on_skip = on_skip
+        self._on_hold = on_hold
         self._slot = asyncio.Event()
         self.in_flight = 0
         self.tasks: set[asyncio.Task[None]] = set()
@@ -81,6 +83,8 @@ class OpenLoop:
             await self._sleep_until(at)
             if self.in_flight >= self._max:
                 self.counts.held_back[stage] += 1
+                if self._on_hold is not None:
+                    self._on_hold(due)
                 while self.in_flight >= self._max:
                     self._slot.clear()
                     await self._slot.wait()

@@ -79,6 +79,11 @@ class LiveMetrics:
         """A stage (or level) begins; ``rate`` 0 for closed loops."""
         self.current_stage.set(index)
         self.target_rate.set(rate)
+        if index >= 0:
+            # Counters that may stay at 0 still show up, so queries on them have data.
+            labels = (*self._base, str(index))
+            self.held_back.labels(*labels)
+            self.skipped.labels(*labels, "late")
 
     def observe(self, timing: RequestTiming) -> None:
         """Count one finished request."""

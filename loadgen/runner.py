@@ -315,7 +315,8 @@ async def run_load(
         version, gpus = await asyncio.gather(
             target_version(session, base), asyncio.to_thread(local_gpus)
         )
-        live = LiveMetrics(base, model, slo)
+        label = config.target_name or urlsplit(base).netloc
+        live = LiveMetrics(label, model, slo)
         try:
             await live.serve(config.metrics_host, config.metrics_port)
         except OSError as exc:
@@ -402,6 +403,7 @@ class RunState:
         progress: Progress,
     ) -> None:
         self.kind, self.config, self.base, self.model = kind, config, base, model
+        self.label = config.target_name or urlsplit(base).netloc
         self.session, self.rundir, self.live = session, rundir, live
         self.workload, self.headers, self.slo = workload, headers, slo
         self.stages, self.progress = stages, progress
@@ -576,8 +578,11 @@ class RunState:
 
         def on_skip(due: Due) -> None:
             self.live.skipped.labels(
-                self.base, self.model, str(due.stage), "late"
+                self.label, self.model, str(due.stage), "late"
             ).inc()
+
+        def on_hold(due: Due) -> None:
+            self.live.held_back.labels(self.label, self.model, str(due.stage)).inc()
 
         async def send(due: Due, at: float) -> None:
             index = first_index + due.index
@@ -603,6 +608,7 @@ class RunState:
             late_tolerance_s=c.late_tolerance,
             on_stage=on_stage,
             on_skip=on_skip,
+            on_hold=on_hold,
         )
         self.progress.open_loop = loop
         due = make_schedule(plan, arrival, seed, limit=limit, shard=shard)
@@ -637,8 +643,6 @@ class RunState:
         waited = await _until_stopped(_all_done(loop), *ending)
         if waited or interrupted:
             await _grace(set(loop.tasks), c.grace, stop.hurry)
-        for stage_index, n in loop.counts.held_back.items():
-            self.live.held_back.labels(self.base, self.model, str(stage_index)).inc(n)
         return stop.requested.is_set()
 
     async def _sweep(self, stop: Stopper) -> bool:

@@ -322,6 +322,11 @@ def _load_options(func: F) -> F:
             "Without it the built-in simulator is started on a free port.",
         ),
         click.option(
+            "--target-name",
+            help="The target label of the live client series. [default: host:port "
+            "of --target, as the exporter names it]",
+        ),
+        click.option(
             "--model", help="Model to ask for. [default: the first of /v1/models]"
         ),
         click.option(
