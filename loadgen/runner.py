@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import platform
 import random
 import secrets
@@ -66,6 +67,9 @@ __all__ = [
 ]
 
 DEFAULT_STAGES = "1:10,2:10,4:10"
+#: How long cancelled requests get to record themselves before the run goes on.
+ABANDON_AFTER_S = 5.0
+log = logging.getLogger("servemon.loadgen")
 ENGINE_WAITING = names.ENGINE_REQUESTS_WAITING.name
 Kind = Literal["ramp", "sweep", "capacity"]
 
@@ -808,7 +812,11 @@ async def _grace(
     for task in pending:
         task.cancel()
     if pending:
-        await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
+        # A cancelled request records itself at once, unless the connection it waits
+        # on never yields; do not let that hold the run (and its summary) forever.
+        _done, stuck = await asyncio.wait(pending, timeout=ABANDON_AFTER_S)
+        if stuck:
+            log.warning("%d requests did not stop after cancellation; left", len(stuck))
 
 
 async def _all_done(loop: OpenLoop) -> None:

@@ -99,4 +99,6 @@ class ServerSampler:
         while True:
             await self.sample_once()
             next_at += self._interval
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            # After a stall, skip the missed rounds rather than run them back to back.
+            next_at = max(next_at, loop.time())
+            await asyncio.sleep(next_at - loop.time())

@@ -104,7 +104,9 @@ class Prober:
         while True:
             await asyncio.gather(*(self.probe(t) for t in self.targets))
             next_at += self.interval_s
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            # After a stall, skip the missed rounds rather than run them back to back.
+            next_at = max(next_at, loop.time())
+            await asyncio.sleep(next_at - loop.time())
 
     async def probe(self, target: Target) -> str:
         """One probe of ``target``; returns its outcome."""

@@ -317,10 +317,17 @@ class SimServer:
                 req, parsed, writer, response, written, role, cut, malformed
             )
             return response
-        except (asyncio.CancelledError, ConnectionError):
+        except asyncio.CancelledError:
             self.engine.abort(req)
             status = 499
             raise
+        except ConnectionError:
+            # The client went away while we wrote: abort quietly, as vLLM does.
+            self.engine.abort(req)
+            status = 499
+            if response is None:
+                raise
+            return response
         finally:
             role.cancel()
             self._record(req, written, status)

@@ -12,6 +12,7 @@ import asyncio
 import io
 import itertools
 import json
+import os
 import re
 import statistics
 from collections import Counter
@@ -74,6 +75,22 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+#: Runnable tasks per core (1-minute load average) above which a missed timing
+#: bound says more about the machine than about the load generator.
+OVERLOADED = 2.0
+
+
+def check_timing(ok: bool, message: str) -> None:
+    """A bound on measured time: fails, unless the machine is so oversubscribed
+    (other work included) that the miss is reported as a skip, with the figures."""
+    if ok:
+        return
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    if load > OVERLOADED:
+        pytest.skip(f"{message}; machine overloaded ({load:.1f} runnable per core)")
+    pytest.fail(message)
 
 
 async def read_trace(
@@ -183,8 +200,7 @@ def test_open_loop_sends_the_seeded_schedule_at_the_target_rate(
     ]
     assert min(lags) >= 0
     message = f"dispatch lag p95 {p95 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms"
-    assert p95 < 0.020, message
-    assert p99 < 0.250, message
+    check_timing(p95 < 0.020 and p99 < 0.250, message)
 
 
 def send_gaps(records: list[dict[str, Any]]) -> list[float]:
@@ -195,7 +211,7 @@ def send_gaps(records: list[dict[str, Any]]) -> list[float]:
 def test_open_loop_send_gaps_are_exponential(open_loop_run: OpenLoopRun) -> None:
     gaps = send_gaps(open_loop_run.records)
     result = stats.kstest(gaps, stats.expon(scale=1 / RATE).cdf)
-    assert result.pvalue > 0.01, result
+    check_timing(result.pvalue > 0.01, f"send gaps not exponential: {result}")
 
 
 # -- ground truth -----------------------------------------------------------------
@@ -233,7 +249,9 @@ async def test_client_timings_agree_with_the_simulator_trace(
         server_ttft = server_side["first_token_s"] - server_side["arrival_s"]
         differences.append(abs(r["ttft_s"] - server_ttft))
     median = statistics.median(differences)
-    assert median < 0.002, f"median |client - server| TTFT {median * 1000:.2f} ms"
+    check_timing(
+        median < 0.002, f"median |client - server| TTFT {median * 1000:.2f} ms"
+    )
 
 
 @pytest.mark.asyncio

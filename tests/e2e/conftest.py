@@ -1,0 +1,139 @@
+"""Fixtures for the console script run as a user runs it: ``python -m servemon ...``
+in its own session, output to files, and everything it started cleaned up.
+
+Processes are found through ``/proc`` (Linux): a child is remembered with its start
+time, so that cleanup never signals a process that merely reused its id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+SERVEMON = [sys.executable, "-m", "servemon"]
+
+#: (pid, start time in clock ticks since boot): one process, whatever reuses its id.
+ProcId = tuple[int, int]
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name, or None."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def is_running(proc: ProcId) -> bool:
+    """Whether that process still exists and is not a zombie."""
+    fields = _stat(proc[0])
+    return fields is not None and fields[0] != "Z" and int(fields[19]) == proc[1]
+
+
+def children_of(pid: int) -> list[ProcId]:
+    """The running processes whose parent is ``pid``."""
+    found: list[ProcId] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat(int(entry.name))
+        if fields is not None and fields[0] != "Z" and int(fields[1]) == pid:
+            found.append((int(entry.name), int(fields[19])))
+    return found
+
+
+class ServemonProcess:
+    """One ``python -m servemon ARGS`` process; stdout and stderr go to files."""
+
+    def __init__(
+        self, args: tuple[str, ...], workdir: Path, env: Mapping[str, str]
+    ) -> None:
+        n = len(list(workdir.glob("servemon-*.stdout")))
+        self.stdout_path = workdir / f"servemon-{n}.stdout"
+        self.stderr_path = workdir / f"servemon-{n}.stderr"
+        with (
+            self.stdout_path.open("wb") as out,
+            self.stderr_path.open("wb") as err,
+        ):
+            self.proc = subprocess.Popen(
+                [*SERVEMON, *args],
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                cwd=workdir,
+                env=dict(env),
+                start_new_session=True,  # its own process group, as a shell job
+            )
+        self.pid = self.proc.pid
+        self._seen: set[ProcId] = set()
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(encoding="utf-8", errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(encoding="utf-8", errors="replace")
+
+    def children(self) -> list[ProcId]:
+        """Its running children now (remembered for cleanup)."""
+        found = children_of(self.pid) if self.proc.poll() is None else []
+        self._seen.update(found)
+        return found
+
+    def wait(self, timeout: float) -> int:
+        """Its exit code; fails the test if it runs past ``timeout`` seconds."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"servemon still running after {timeout} s; stderr: {self.stderr}"
+            )
+
+    def close(self) -> None:
+        """Kill it and everything it started that is still there."""
+        self.children()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        for proc in self._seen:
+            if is_running(proc):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc[0], signal.SIGKILL)
+
+
+@pytest.fixture
+def servemon(
+    tmp_path: Path,
+) -> Iterator[Callable[..., ServemonProcess]]:
+    """``servemon("ramp", "--stages", "1:1", env={...})`` starts the console script
+    in ``tmp_path``; ``env`` is added to this process's environment. Every process
+    started, and every child of it seen, is killed when the test ends."""
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("needs /proc (Linux)")
+    started: list[ServemonProcess] = []
+
+    def start(*args: str, env: Mapping[str, str] | None = None) -> ServemonProcess:
+        proc = ServemonProcess(args, tmp_path, {**os.environ, **(env or {})})
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.close()
+
+
+@pytest.fixture
+def process_running() -> Callable[[ProcId], bool]:
+    """``process_running((pid, start_time))``: alive and not a zombie."""
+    return is_running
