@@ -13,6 +13,7 @@ the two agree.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from prometheus_client.metrics_core import Metric
@@ -21,6 +22,8 @@ from prometheus_client.samples import Sample
 
 __all__ = ["ExpositionParser"]
 
+_UNTYPED = ("untyped", "unknown")  # prometheus_client calls "untyped" "unknown"
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _ALLOWED = {
     "counter": ("",),
     "gauge": ("",),
@@ -38,6 +41,7 @@ class ExpositionParser:
 
     def __init__(self, max_cached_label_sets: int = 50_000) -> None:
         self._labels: dict[str, dict[str, str]] = {}
+        self._names: set[str] = set()
         self._limit = max_cached_label_sets
         self.fallbacks = 0
 
@@ -55,7 +59,11 @@ class ExpositionParser:
         families: dict[str, Metric] = {}
         for family in text_string_to_metric_families(text):
             if keep is None or keep(family.name):
-                families[family.name] = family
+                earlier = families.get(family.name)
+                if earlier is not None and {earlier.type, family.type} <= {*_UNTYPED}:
+                    earlier.samples = [*earlier.samples, *family.samples]
+                else:
+                    families[family.name] = family
         return families
 
     def _fast(self, text: str, keep: Callable[[str], bool] | None) -> dict[str, Metric]:
@@ -76,8 +84,10 @@ class ExpositionParser:
                 continue
             if line[0] == "#":
                 parts = line.split(None, 3)
-                if len(parts) < 3 or parts[1] not in ("HELP", "TYPE"):
+                if len(parts) < 2 or parts[1] not in ("HELP", "TYPE"):
                     continue
+                if len(parts) < 3:
+                    raise _Fallback  # "# TYPE" alone: the library refuses it
                 candidate = parts[2]
                 if '"' in candidate:
                     raise _Fallback
@@ -112,9 +122,11 @@ class ExpositionParser:
             fields = line.split()
             if len(fields) != 2:
                 raise _Fallback  # a timestamp, or something odd
-            return Sample(fields[0], {}, _number(fields[1]), None)
-        end = line.rfind("}")
-        if end < brace:
+            return Sample(self._name(fields[0]), {}, _number(fields[1]), None)
+        end = line.find("}", brace)
+        if end < 0 or line.find("}", end + 1) >= 0:
+            # No end, or a brace after the label set (an exemplar, a stray one, or
+            # one inside a quoted value): prometheus_client's parser decides.
             raise _Fallback
         key = line[brace : end + 1]
         labels = self._labels.get(key)
@@ -129,10 +141,24 @@ class ExpositionParser:
         fields = line[end + 1 :].split()
         if len(fields) != 1 or "__name__" in labels:
             raise _Fallback
-        return Sample(line[:brace].strip(), labels, _number(fields[0]), None)
+        return Sample(
+            self._name(line[:brace].strip()), labels, _number(fields[0]), None
+        )
+
+    def _name(self, name: str) -> str:
+        """``name`` if it is a valid metric name (remembered), else fall back."""
+        if name not in self._names:
+            if not _METRIC_NAME.fullmatch(name):
+                raise _Fallback
+            if len(self._names) >= self._limit:
+                self._names.clear()
+            self._names.add(name)
+        return name
 
 
 def _number(text: str) -> float:
+    if "_" in text:
+        raise _Fallback  # float() takes "1_000"; the exposition format does not
     try:
         return float(text)
     except ValueError as exc:
@@ -147,6 +173,10 @@ def _build(
             name = name[:-6]
         else:
             samples = [Sample(s.name + "_total", *s[1:]) for s in samples]
+    earlier = families.get(name)
+    if earlier is not None and typ == "untyped" and earlier.type in _UNTYPED:
+        earlier.samples = [*earlier.samples, *samples]  # untyped singletons, joined
+        return
     metric = Metric(name, doc, typ)
     metric.samples = samples
     families[name] = metric

@@ -222,11 +222,6 @@ def test_escaped_label_values_are_unescaped() -> None:
     assert families["odd_info"].samples[2].labels["path"] == "brace } and , comma"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: parse() keys families by name and keeps only the last of the "
-    "untyped singleton families the library yields for samples without HELP/TYPE",
-)
 def test_a_family_without_type_keeps_every_sample() -> None:
     """Without HELP or TYPE, each sample is its own family in the library; by name,
     every sample must still be there (e.g. one series per data-parallel rank)."""
@@ -290,30 +285,16 @@ INVALID = {
     "missing_value": 'foo{a="b"}\n',
     "json": '{"detail": "Not Found"}\n',
 }
-#: Text the fast path takes although prometheus_client refuses it.
+#: Text the fast path once took although prometheus_client refuses it.
 INVALID_ACCEPTED = {
     "underscore_in_value": pytest.param(
         "foo 1_000\n",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="bug: _number() uses float(), which accepts '1_000'; the library "
-            "refuses underscores",
-        ),
     ),
     "invalid_metric_name": pytest.param(
         "foo-bar 1\n",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="bug: the fast path never validates an unlabelled sample's name",
-        ),
     ),
     "type_without_name": pytest.param(
         "# TYPE\nfoo 1\n",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="bug: the fast path skips '# TYPE' lines of < 3 words; the library "
-            "raises",
-        ),
     ),
 }
 
@@ -334,11 +315,6 @@ def test_invalid_text_raises_value_error_like_the_library(text: str) -> None:
 
 
 @pytest.mark.timeout(1)
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: _sample() cuts the label set at the LAST '}' of the line and hands "
-    "prometheus_client.parse_labels a string with '}' in it, which loops forever",
-)
 @pytest.mark.parametrize(
     "text",
     ['foo_total{a="b"} 1 # {trace_id="x"} 2\n', 'foo{a="b"} 1 }\n'],
