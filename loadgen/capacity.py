@@ -34,9 +34,10 @@ from monitor import names
 from servemon.errors import ConfigError
 
 if TYPE_CHECKING:
+    from loadgen.config import LoadConfig
     from loadgen.runner import RunState, StageRecord, Stopper
 
-__all__ = ["CapacityResult", "StepVerdict", "search"]
+__all__ = ["CapacityResult", "StepVerdict", "check_config", "search"]
 
 WAITING = names.ENGINE_REQUESTS_WAITING.name
 RUNNING = names.ENGINE_REQUESTS_RUNNING.name
@@ -122,7 +123,7 @@ def _attribute(run: RunState, record: StageRecord, summary: Summary) -> str:
         if queued >= max(1, len(window) // 5):
             return "queue"  # requests waited for a batch slot in a fifth of samples
     lag = summary.dispatch_lag
-    if lag is not None and lag.p99 > LAG_LIMIT_S:
+    if lag is not None and lag.p50 > LAG_LIMIT_S:
         return "client"
     return "none"
 
@@ -140,11 +141,11 @@ async def _watch(
         if record.start_s is None or time.monotonic() < record.start_s + settle_s:
             continue
         signal = _server_signal(_window(run, record.start_s, time.monotonic()))
-        lags = [t.dispatch_lag for t in record.timings[-200:]]
-        if signal is None and len(lags) >= 20:
-            lags.sort()
-            if lags[int(0.99 * (len(lags) - 1))] > LAG_LIMIT_S:
-                signal = ("client", "the client fell behind its schedule")
+        # The client is behind when its recent lag stays high (the median of the
+        # last requests), not when one stall of the process shows in a p99.
+        lags = sorted(t.dispatch_lag for t in record.timings[-50:])
+        if signal is None and len(lags) >= 20 and lags[len(lags) // 2] > LAG_LIMIT_S:
+            signal = ("client", "the client fell behind its schedule")
         if signal is not None:
             verdict["saturated"], verdict["reason"] = signal
             halt.set()
@@ -182,16 +183,22 @@ def _judge(
     )
 
 
+def check_config(c: LoadConfig) -> None:
+    """What a search needs, checked before anything is sent."""
+    if not c.slo:
+        raise ConfigError("--slo: capacity needs an SLO, e.g. --slo 'ttft_p95<=0.5'")
+    step_s = c.step_seconds if c.step_seconds is not None else 20.0
+    if c.settle >= step_s:
+        raise ConfigError(f"--settle {c.settle:g}: must be shorter than the step")
+
+
 async def search(run: RunState, stop: Stopper, arrival: Any) -> bool:
     """Run the search; True if the run was stopped from outside."""
     from loadgen.runner import StageRecord
 
     c = run.config
-    if not run.slo:
-        raise ConfigError("--slo: capacity needs an SLO, e.g. --slo 'ttft_p95<=0.5'")
+    check_config(c)
     step_s = c.step_seconds if c.step_seconds is not None else 20.0
-    if c.settle >= step_s:
-        raise ConfigError(f"--settle {c.settle:g}: must be shorter than the step")
     cap = c.rps_max if c.rps_max is not None else 10_000.0
     deadline = time.monotonic() + c.max_duration
     rate = min(c.rps_min, cap)

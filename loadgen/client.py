@@ -119,6 +119,7 @@ class _Probe:
         self.sent_s = scheduled_s
         self.headers_s: float | None = None
         self.first_chunk_s: float | None = None
+        self.done_s: float | None = None
         self.content_s: list[float] = []
         self.status: int | None = None
         self.usage: dict[str, Any] | None = None
@@ -138,6 +139,10 @@ class _Probe:
                 self.first_chunk_s = now
             if data.strip() == "[DONE]":
                 done = True
+                self.done_s = now
+                # Read to the end of the body, so that the connection is reused
+                # rather than closed (a new connect would land in a later TTFT).
+                await resp.content.read()
                 break
             try:
                 event = json.loads(data)
@@ -188,7 +193,7 @@ class _Probe:
         self.take_event(event, now)
 
     def result(self) -> RequestTiming:
-        end = time.monotonic()
+        end = self.done_s if self.done_s is not None else time.monotonic()
         usage = self.usage or {}
         completion = usage.get("completion_tokens")
         prompt = usage.get("prompt_tokens")

@@ -10,7 +10,6 @@ On by default for every load command. A run stops, with the reason recorded, whe
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -32,30 +31,41 @@ class GuardRail:
     max_waiting: float = 5000.0
 
     def __post_init__(self) -> None:
-        self._recent: deque[tuple[float, bool]] = deque()
-        self._last_answer = time.monotonic()
+        # (end time, failed, dead) of recent requests, with running counts.
+        self._recent: deque[tuple[float, bool, bool]] = deque()
+        self._failed = 0
+        self._dead = 0
         self._dead_since: float | None = None
 
     def observe(self, timing: RequestTiming) -> str | None:
         """Account for one finished request; a reason to stop, or None."""
         now = timing.end_s
+        dead = timing.outcome in _DEAD
         failed = timing.outcome not in (Outcome.OK, Outcome.CANCELLED)
-        self._recent.append((now, failed))
+        self._recent.append((now, failed, dead))
+        self._failed += failed
+        self._dead += dead
         while self._recent and self._recent[0][0] < now - self.window_s:
-            self._recent.popleft()
-        if timing.outcome in _DEAD:
+            _at, old_failed, old_dead = self._recent.popleft()
+            self._failed -= old_failed
+            self._dead -= old_dead
+        if dead:
             if self._dead_since is None:
                 self._dead_since = timing.sent_s
-            if now - self._dead_since >= self.dead_after_s:
-                return (
-                    f"the target stopped answering: only connection errors and "
-                    f"timeouts for {now - self._dead_since:.1f} s"
-                )
         else:
             self._dead_since = None
+        dead_for = now - self._dead_since if self._dead_since is not None else 0.0
+        stopped_answering = (
+            f"the target stopped answering: only connection errors and timeouts "
+            f"for {dead_for:.1f} s"
+        )
+        if dead_for >= self.dead_after_s:
+            return stopped_answering
         if len(self._recent) >= self.min_requests:
-            share = sum(f for _, f in self._recent) / len(self._recent)
+            share = self._failed / len(self._recent)
             if share > self.abort_error_rate:
+                if self._dead == self._failed and self._dead_since is not None:
+                    return stopped_answering  # every failure is the target gone
                 return (
                     f"error rate {share:.0%} over the last {self.window_s:g} s "
                     f"passed --abort-error-rate {self.abort_error_rate:g}"

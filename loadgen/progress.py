@@ -43,6 +43,8 @@ class Progress:
         self._done = 0
         self._in_flight_closed = 0
         self._live: Live | None = None
+        #: The stages are not known up front (a capacity search adds them).
+        self.growing = False
 
     def start(self, stages: Sequence[StageRecord]) -> None:
         """The run begins."""
@@ -109,7 +111,10 @@ class Progress:
         in_flight = self.open_loop.in_flight if self.open_loop is not None else "-"
         p95 = self._p95()
         table.add_row(
-            "-" if stage is None else f"{stage.index + 1}/{len(self._stages)}",
+            "-"
+            if stage is None
+            else f"{stage.index + 1}"
+            + ("" if self.growing else f"/{len(self._stages)}"),
             "-" if stage is None else stage.label,
             f"{self._achieved():.1f} rps",
             str(in_flight),
@@ -123,8 +128,9 @@ class Progress:
         stage = self._stages[index]
         ok = sum(1 for t in stage.timings if t.outcome is Outcome.OK)
         p95 = self._p95()
+        total = "" if self.growing else f"/{len(self._stages)}"
         self.console.print(
-            f"stage {index + 1}/{len(self._stages)} ({stage.label}): "
+            f"stage {index + 1}{total} ({stage.label}): "
             f"{len(stage.timings)} finished, {ok} ok, "
             f"{len(stage.timings) - ok} errors"
             + ("" if p95 is None else f", TTFT p95 {p95 * 1000:.0f} ms"),

@@ -11,6 +11,7 @@ sending, gives requests in flight ``grace`` seconds, cancels the rest (recorded 
 from __future__ import annotations
 
 import asyncio
+import gc
 import ipaddress
 import logging
 import platform
@@ -298,6 +299,10 @@ async def run_load(
     slo = parse_slo(config.slo) if config.slo else []
     stages = plan_stages(kind, config)
     check_rate_bound(kind, config, target, stages)
+    if kind == "capacity":
+        from loadgen.capacity import check_config
+
+        check_config(config)
     if config.shard is not None:
         Shard.parse(config.shard)
     if config.start_at is not None:
@@ -488,6 +493,9 @@ class RunState:
             interval_s=self.config.sample_interval,
         )
         sampling = asyncio.create_task(sampler.run())
+        # What exists now lives as long as the run: keep the collector off it.
+        gc.freeze()
+        self.progress.growing = self.kind == "capacity"
         self.progress.start(self.stages)
         status = "failed"
         try:
@@ -575,6 +583,7 @@ class RunState:
         start = time.monotonic() + 0.05 if start_s is None else start_s
 
         def on_stage(index: int) -> None:
+            gc.freeze()  # the records of the stages before are there to stay
             stage = next(p for p in plan if p.index == index)
             self.stages[index].start_s = start + stage.start_s
             self.live.stage(index, stage.rate)
