@@ -66,6 +66,7 @@ class LoadConfig:
     late_tolerance: Annotated[float, Ge(0)] = 1.0
     max_requests: Annotated[int, Ge(1)] | None = None
     shard: str | None = None
+    workers: Annotated[int, Ge(1), Le(64)] = 1
     start_at: str | None = None
     # guard rails (every load command)
     abort_error_rate: Annotated[float, Ge(0), Le(1)] = 0.2

@@ -15,16 +15,19 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loadgen.record import RunDirectory, timing_from_line
 from loadgen.report import RunData, load_run, write_report
 from loadgen.slo import parse_slo
-from loadgen.summary import flat_row, summarize
+from loadgen.summary import flat_row, summarize, summary_from_json
 from loadgen.timing import RequestTiming
 from servemon.errors import ConfigError
 
-__all__ = ["merge_runs"]
+if TYPE_CHECKING:
+    from loadgen.runner import RunResult
+
+__all__ = ["load_result", "merge_runs"]
 
 
 def _utc(run: dict[str, Any]) -> float:
@@ -123,3 +126,29 @@ def merge_runs(dirs: Sequence[Path], out_parent: Path) -> Path:
 def _status(shards: Sequence[RunData]) -> str:
     states = {str(d.run.get("status")) for d in shards}
     return "completed" if states == {"completed"} else "+".join(sorted(states))
+
+
+def load_result(path: Path) -> RunResult:
+    """A finished run directory as the :class:`RunResult` a run returns."""
+    from loadgen.runner import RunResult, StageRecord
+
+    summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+    stages = [
+        StageRecord(
+            s["stage"],
+            s.get("label") or "",
+            s.get("target_rate"),
+            s.get("parallel"),
+            s.get("planned_s"),
+            sent=int(s.get("sent") or 0),
+        )
+        for s in summary["stages"]
+    ]
+    return RunResult(
+        path=path,
+        status=str(summary.get("status")),
+        stages=stages,
+        summaries=[summary_from_json(s["summary"]) for s in summary["stages"]],
+        overall=summary_from_json(summary["overall"]),
+        stop_reason=summary.get("stop_reason"),
+    )

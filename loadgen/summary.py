@@ -17,7 +17,14 @@ from typing import Any
 from loadgen.slo import SloTerm, request_meets
 from loadgen.timing import Outcome, RequestTiming
 
-__all__ = ["FIGURE_NAMES", "Distribution", "Summary", "flat_row", "summarize"]
+__all__ = [
+    "FIGURE_NAMES",
+    "Distribution",
+    "Summary",
+    "flat_row",
+    "summarize",
+    "summary_from_json",
+]
 
 #: Latency figures in a summary, in the order tables show them.
 FIGURE_NAMES = (
@@ -193,3 +200,12 @@ def flat_row(summary: Summary) -> dict[str, Any]:
                 None if dist is None else round(dist.stat(stat), 6)
             )
     return row
+
+
+def summary_from_json(data: dict[str, Any]) -> Summary:
+    """A :class:`Summary` back from its ``summary.json`` form."""
+    fields = dict(data)
+    for name in FIGURE_NAMES:
+        value = fields.get(name)
+        fields[name] = Distribution(**value) if isinstance(value, dict) else None
+    return Summary(**fields)

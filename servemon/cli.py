@@ -502,6 +502,13 @@ def _asyncio_run(coro: Coroutine[Any, Any, T]) -> T:
     help="Start the schedule at this UTC time (ISO 8601), so "
     "that shards start together.",
 )
+@click.option(
+    "--workers",
+    type=int,
+    help="Send the schedule from this many "
+    "processes (shards merged at the end), when one cannot keep up. "
+    "[default: 1]",
+)
 def ramp(config_file: Path | None, **flags: Any) -> None:
     """Open-loop load: requests at scheduled times, whatever is in flight."""
     config = _run_or_exit(lambda: load_config(config_file, flags))

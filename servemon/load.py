@@ -57,6 +57,10 @@ async def run_command(
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
+    if kind == "ramp" and config.workers > 1:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)  # the workers get signals themselves
+        return await _run_workers(config, console)
     try:
         async with _target(config, console) as (url, embedded):
             result = await run_load(
@@ -172,3 +176,16 @@ def capacity_lines(found: CapacityResult) -> str:
             f"  saturated first: {found.saturated_first or 'nothing'}",
         ]
     )
+
+
+async def _run_workers(config: LoadConfig, console: Console) -> RunResult:
+    from loadgen.merge import load_result
+    from servemon.workers import run_workers
+
+    async with _target(config, console) as (url, _embedded):
+        merged = await run_workers(config, url, console)
+    result = load_result(merged)
+    console.print(summary_table("ramp", result))
+    console.print(f"run directory: {merged} ({result.status})")
+    console.print(f"report: {merged / 'report.html'}")
+    return result

@@ -157,3 +157,40 @@ def test_demo_runs_the_main_job_end_to_end(tmp_path: Path) -> None:
     assert found["capacity_rps"] is not None, found
     assert any(step["good"] for step in found["steps"]), found
     assert (run_dir / "report.html").stat().st_size > 10_000
+
+
+def test_ramp_workers_send_the_same_schedule_as_one_process(tmp_path: Path) -> None:
+    common = [
+        "ramp",
+        "--sim-profile",
+        "tiny",
+        "--stages",
+        "20:3",
+        "--metrics-port",
+        "0",
+        "--workload",
+        "random:prompt=16,output=4",
+        "--seed",
+        "7",
+    ]
+    sent = {}
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        done = subprocess.run(
+            [*SERVEMON, *common, "--workers", str(workers), "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        (run_dir,) = [p for p in out.iterdir() if not p.name.startswith(".")]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["status"] == "completed"
+        sent[workers] = summary["stages"][0]["sent"]
+        ids = [
+            json.loads(line)["id"].rsplit("-", 1)[1]
+            for line in (run_dir / "requests.jsonl").read_text().splitlines()
+        ]
+        assert len(ids) == len(set(ids)) == sent[workers]
+    assert sent[1] == sent[2] > 40

@@ -1,0 +1,92 @@
+"""``servemon ramp --workers N``: one open-loop schedule sent by N processes.
+
+When one process cannot keep its dispatch lag low at the rate asked for, the schedule
+is split the way shards split it (every N-th arrival of the same seeded schedule,
+:class:`loadgen.arrivals.Shard`): N child processes ``servemon ramp --shard i/N`` start
+together (``--start-at``), each with its own event loop and core, each serving its
+live metrics on ``--metrics-port + i`` (Prometheus sums them), and their run
+directories are merged into one (:mod:`loadgen.merge`), whose summary and report are
+those of the whole load. Signals reach the children too (they share the process
+group); their records are merged however they ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+
+from loadgen.config import LoadConfig
+from loadgen.merge import merge_runs
+from servemon.errors import ServemonError
+
+__all__ = ["run_workers"]
+
+START_DELAY_S = 4.0
+
+
+def _worker_config(config: LoadConfig, target: str) -> dict[str, object]:
+    """The workers' shared config file: everything but secrets and per-worker flags."""
+    data = dataclasses.asdict(config)
+    for key in ("header", "workers", "shard", "start_at", "metrics_port", "out"):
+        data.pop(key, None)
+    data["target"] = target
+    return data
+
+
+async def run_workers(config: LoadConfig, target: str, console: Console) -> Path:
+    """Run the ramp as ``config.workers`` processes; return the merged run directory."""
+    n = config.workers
+    out = Path(config.out)
+    shard_dir = out / f".workers-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S-%f')}"
+    shard_dir.mkdir(parents=True)
+    config_file = shard_dir / "worker.yaml"
+    config_file.write_text(yaml.safe_dump(_worker_config(config, target)))
+    start = config.start_at or (
+        datetime.now(UTC) + timedelta(seconds=START_DELAY_S)
+    ).isoformat(timespec="milliseconds")
+    headers = [arg for h in config.header for arg in ("--header", h)]
+    procs = []
+    for i in range(n):
+        port = 0 if config.metrics_port == 0 else config.metrics_port + i
+        argv: Sequence[str] = (
+            sys.executable,
+            "-m",
+            "servemon",
+            "ramp",
+            "--config",
+            str(config_file),
+            "--shard",
+            f"{i}/{n}",
+            "--start-at",
+            start,
+            "--out",
+            str(shard_dir),
+            "--metrics-port",
+            str(port),
+            *headers,
+        )
+        log = (shard_dir / f"worker-{i}.log").open("w")
+        procs.append(
+            await asyncio.create_subprocess_exec(*argv, stdout=log, stderr=log)
+        )
+    console.print(
+        f"servemon: {n} workers send the schedule together from {start} "
+        f"(logs in {shard_dir})"
+    )
+    codes = await asyncio.gather(*(p.wait() for p in procs))
+    runs = sorted(p for p in shard_dir.iterdir() if p.is_dir())
+    if len(runs) != n:
+        raise ServemonError(
+            f"--workers: {n - len(runs)} of {n} workers left no run directory "
+            f"(exit codes {codes}; see {shard_dir}/worker-*.log)"
+        )
+    merged = merge_runs(runs, out)
+    console.print(f"workers' exit codes: {codes}; merged run directory: {merged}")
+    return merged
