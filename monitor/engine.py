@@ -1,14 +1,18 @@
 """The engine collector: every target's ``/metrics``, fetched and normalized per scrape.
 
-On each scrape of the exporter, :meth:`EngineCollector.scrape` fetches every target
-concurrently with a timeout below the scrape's own, normalizes what answers
-(:mod:`monitor.normalize`), and returns servemon families plus, per target,
-``servemon_target_up``, ``servemon_target_scrape_duration_seconds`` and
-``servemon_target_scrape_errors_total{reason}``. A target that is down, slow, too
-large or answers garbage gets ``up 0`` and no engine series at all (nothing stale is
-served); it never fails the exporter's scrape. What the engine tells about itself
-(``/v1/models``, ``/version``, cache config) goes into ``servemon_engine_info``,
-refreshed once a minute.
+On each scrape of the exporter, :meth:`EngineCollector.collect` fetches every target
+concurrently with a timeout below the scrape's own, then normalizes each answer in
+turn (:mod:`monitor.fastpath`, or :mod:`monitor.normalize` where the fast path hands
+an exposition back, and always with ``--passthrough``), and returns a
+:class:`Scrape`: servemon's engine families plus, per target, ``servemon_target_up``,
+``servemon_target_scrape_duration_seconds`` (the target's own fetch and its own
+processing: fetching everything first keeps one target's processing out of another's
+time) and ``servemon_target_scrape_errors_total{reason}``. A target that is down,
+slow, too large or answers garbage gets ``up 0`` and no engine series at all (nothing
+stale is served); it never fails the exporter's scrape. What the engine tells about
+itself (``/v1/models``, ``/version``, cache config) goes into ``servemon_engine_info``,
+refreshed once a minute. :meth:`EngineCollector.encode` writes a scrape in the
+scraper's format.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ from typing import Any
 
 import aiohttp
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from monitor import names
 from monitor.exposition import ExpositionParser
+from monitor.fastpath import Encoder, FastNormalized, FastNormalizer, Renderer
 from monitor.normalize import Normalized, normalize
 
-__all__ = ["ERROR_REASONS", "EngineCollector", "Target"]
+__all__ = ["ERROR_REASONS", "EngineCollector", "Scrape", "Target"]
 
 ERROR_REASONS = ("connect", "timeout", "http", "too_large", "parse")
 INFO_REFRESH_S = 60.0
@@ -45,11 +51,44 @@ class Target:
 @dataclass(slots=True)
 class _TargetState:
     parser: ExpositionParser = field(default_factory=ExpositionParser)
+    fast: FastNormalizer = field(default_factory=FastNormalizer)
     errors: Counter[str] = field(default_factory=Counter)
     models: list[dict[str, Any]] = field(default_factory=list)
     version: str | None = None
     info_at: float = -INFO_REFRESH_S
     info_task: asyncio.Task[None] | None = None
+
+
+@dataclass(slots=True)
+class Scrape:
+    """One scrape of every target."""
+
+    #: ``servemon_target_up``, ``_scrape_duration_seconds``, ``_scrape_errors_total``
+    #: and ``servemon_engine_info``.
+    targets: list[Metric]
+    #: The engine families of each target that answered, in target order.
+    results: list[Normalized | FastNormalized]
+    #: Families were passed through: ``results`` are all the reference's.
+    passthrough: bool = False
+
+    def families(self) -> list[Metric]:
+        """Everything as prometheus_client families; same-named families of several
+        targets are merged into one with the first one's name, help and type."""
+        by_name: dict[str, Metric] = {}
+        for result in self.results:
+            families = (
+                result.families()
+                if isinstance(result, FastNormalized)
+                else result.families
+            )
+            for family in families:
+                merged = by_name.get(family.name)
+                if merged is None:
+                    merged = by_name[family.name] = Metric(
+                        family.name, family.documentation, family.type, family.unit
+                    )
+                merged.samples.extend(family.samples)
+        return [*self.targets, *by_name.values()]
 
 
 class _ScrapeFailed(Exception):
@@ -76,6 +115,7 @@ class EngineCollector:
         self.max_bytes = max_bytes
         self.passthrough = passthrough
         self._state = {t.name: _TargetState() for t in targets}
+        self._renderer = Renderer()
         self.last_error: dict[str, str] = {}
 
     async def close(self) -> None:
@@ -95,8 +135,14 @@ class EngineCollector:
 
     async def scrape(self, timeout_s: float | None = None) -> list[Metric]:
         """Scrape every target now; servemon families for all of them."""
+        return (await self.collect(timeout_s)).families()
+
+    async def collect(self, timeout_s: float | None = None) -> Scrape:
+        """Scrape every target now: fetch all at once, then process each answer."""
         timeout = min(self.timeout_s, timeout_s) if timeout_s else self.timeout_s
-        results = await asyncio.gather(*(self._one(t, timeout) for t in self.targets))
+        fetched = await asyncio.gather(
+            *(self._fetch_timed(t, timeout) for t in self.targets)
+        )
         up = GaugeMetricFamily(
             names.TARGET_UP.base, names.TARGET_UP.doc, labels=names.TARGET_UP.labels
         )
@@ -115,25 +161,42 @@ class EngineCollector:
             names.ENGINE_INFO.doc,
             labels=names.ENGINE_INFO.labels,
         )
-        by_name: dict[str, Metric] = {}
-        for target, (normalized, duration) in zip(self.targets, results, strict=True):
-            up.add_metric([target.name], 0.0 if normalized is None else 1.0)
-            took.add_metric([target.name], duration)
+        results: list[Normalized | FastNormalized] = []
+        for target, (body, fetch_s) in zip(self.targets, fetched, strict=True):
+            start = time.monotonic()
+            result = None if body is None else self._process(target, body)
+            up.add_metric([target.name], 0.0 if result is None else 1.0)
+            took.add_metric([target.name], fetch_s + time.monotonic() - start)
             state = self._state[target.name]
             for reason in ERROR_REASONS:
                 errors.add_metric([target.name, reason], state.errors[reason])
-            if normalized is None:
+            if result is None:
                 continue
-            info.add_metric(self._info_values(target, normalized), 1.0)
-            for family in normalized.families:
-                merged = by_name.get(family.name)
-                if merged is None:
-                    by_name[family.name] = family
-                else:
-                    merged.samples.extend(family.samples)
-        return [up, took, errors, info, *by_name.values()]
+            info.add_metric(self._info_values(target, result), 1.0)
+            results.append(result)
+        return Scrape([up, took, errors, info], results, self.passthrough)
 
-    def _info_values(self, target: Target, n: Normalized) -> list[str]:
+    def encode(
+        self,
+        scrape: Scrape,
+        encoder: Encoder,
+        content_type: str,
+        then: Collector | None = None,
+    ) -> bytes:
+        """``scrape``, then ``then``'s families, as ``encoder`` (from
+        prometheus_client's ``choose_encoder``) writes them: a whole answer."""
+        renderer = self._renderer
+        if scrape.passthrough:
+            pieces = [renderer.encode(encoder, content_type, scrape.families())]
+        else:
+            pieces = [renderer.encode(encoder, content_type, scrape.targets)]
+            pieces += renderer.pieces(scrape.results, encoder, content_type)
+        if then is not None:
+            pieces.append(renderer.encode(encoder, content_type, then.collect()))
+        pieces.append(renderer.trailer(encoder, content_type))
+        return "".join(pieces).encode("utf-8")
+
+    def _info_values(self, target: Target, n: Normalized | FastNormalized) -> list[str]:
         state = self._state[target.name]
         card = state.models[0] if state.models else {}
         model = next(iter(sorted(n.models)), None) or self.model_of(target) or "unknown"
@@ -151,9 +214,10 @@ class EngineCollector:
         }
         return [values[label] for label in names.ENGINE_INFO.labels]
 
-    async def _one(
+    async def _fetch_timed(
         self, target: Target, timeout_s: float
-    ) -> tuple[Normalized | None, float]:
+    ) -> tuple[bytes | None, float]:
+        """The target's body (None: failed, counted) and how long it took."""
         state = self._state[target.name]
         start = time.monotonic()
         try:
@@ -162,35 +226,48 @@ class EngineCollector:
                 state.info_at = time.monotonic()
                 state.info_task = asyncio.create_task(self._refresh_info(target, state))
             async with asyncio.timeout(timeout_s):
-                text = await self._fetch(target)
+                body = await self._fetch(target)
+        except TimeoutError:
+            self._failed(target, "timeout", f"no answer in {timeout_s:g} s")
+            return None, time.monotonic() - start
+        except _ScrapeFailed as exc:
+            self._failed(target, exc.reason, str(exc))
+            return None, time.monotonic() - start
+        return body, time.monotonic() - start
+
+    def _process(
+        self, target: Target, body: bytes
+    ) -> Normalized | FastNormalized | None:
+        """The target's engine families; None where it won't parse (counted)."""
+        state = self._state[target.name]
+        text = body.decode("utf-8", errors="replace")
+        model = self.model_of(target)
+        result: Normalized | FastNormalized | None = None
+        if not self.passthrough:
+            result = state.fast.normalize(
+                text, target=target.name, model=model, engine=target.engine
+            )
+        if result is None:
             try:
-                normalized = normalize(
+                result = normalize(
                     text,
                     target=target.name,
-                    model=self.model_of(target),
+                    model=model,
                     engine=target.engine,
                     passthrough=self.passthrough,
                     parser=state.parser,
                 )
             except (ValueError, KeyError, IndexError) as exc:
-                raise _ScrapeFailed("parse", f"{type(exc).__name__}: {exc}") from exc
-        except TimeoutError:
-            return self._failed(
-                target, "timeout", f"no answer in {timeout_s:g} s", start
-            )
-        except _ScrapeFailed as exc:
-            return self._failed(target, exc.reason, str(exc), start)
+                self._failed(target, "parse", f"{type(exc).__name__}: {exc}")
+                return None
         self.last_error.pop(target.name, None)
-        return normalized, time.monotonic() - start
+        return result
 
-    def _failed(
-        self, target: Target, reason: str, detail: str, start: float
-    ) -> tuple[None, float]:
+    def _failed(self, target: Target, reason: str, detail: str) -> None:
         self._state[target.name].errors[reason] += 1
         self.last_error[target.name] = f"{reason}: {detail}"[:300]
-        return None, time.monotonic() - start
 
-    async def _fetch(self, target: Target) -> str:
+    async def _fetch(self, target: Target) -> bytes:
         url = target.url.rstrip("/") + "/metrics"
         try:
             async with self._session.get(url) as resp:
@@ -207,7 +284,7 @@ class EngineCollector:
             raise _ScrapeFailed("connect", str(exc)) from exc
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
             raise _ScrapeFailed("connect", f"{type(exc).__name__}: {exc}") from exc
-        return body.decode("utf-8", errors="replace")
+        return bytes(body)
 
     async def _refresh_info(self, target: Target, state: _TargetState) -> None:
         """Best effort: ``/v1/models`` and ``/version``; failures are ignored."""

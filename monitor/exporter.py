@@ -154,15 +154,16 @@ class Exporter:
                 },
             )
         assert self.engine is not None
-        families = await self.engine.scrape(_scrape_budget(request))
+        scrape = await self.engine.collect(_scrape_budget(request))
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Families(families))
         registry.register(self.gpu)
         registry.register(self._process)
         if self.prober is not None:
             registry.register(_Families(list(self.prober.registry.collect())))
-        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        body = encoder(registry)
+        # The engine collector writes the answer: its own part mostly from text it
+        # keeps per target, the other collectors' through prometheus_client.
+        body = self.engine.encode(scrape, encoder, content_type, then=registry)
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     def _authorized(self, request: web.Request) -> bool:

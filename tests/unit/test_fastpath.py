@@ -1,0 +1,1114 @@
+"""The fast path publishes exactly what the reference publishes.
+
+The reference is :func:`monitor.normalize.normalize` with prometheus_client encoding
+its families (as the exporter did before the fast path). Every check runs both on the
+same exposition and compares, in the Prometheus text format 0.0.4 and in OpenMetrics
+(both as ``choose_encoder`` picks them for the scrapers that ask): the texts parsed
+back by prometheus_client's parsers (families, types, help, samples, labels, values;
+OpenMetrics with its strict parser), the texts byte for byte, the families as
+prometheus_client objects, and what ``normalize`` says besides (engine, dialect,
+models, info). Where the fast path hands an exposition back (None), the exporter uses
+the reference; where the reference refuses one, the fast path must hand it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Enum,
+    Gauge,
+    Histogram,
+    Info,
+    Summary,
+)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    StateSetMetricFamily,
+)
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.samples import Exemplar
+
+from monitor import fastpath
+from monitor.config import ExporterConfig, TargetConfig
+from monitor.engine import Scrape
+from monitor.exporter import Exporter
+from monitor.fastpath import Encoder, FastNormalized, FastNormalizer, Renderer
+from monitor.normalize import Normalized, normalize
+from simulator.config import DIALECTS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: How scrapers ask: Prometheus 3 (OpenMetrics, UTF-8 names allowed), OpenMetrics
+#: plainly, Prometheus 2's text format, text with UTF-8 names, and no preference.
+ACCEPTS = {
+    "prometheus3": "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;"
+    "q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,text/plain;"
+    "version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,"
+    "*/*;q=0.1",
+    "openmetrics": "application/openmetrics-text; version=1.0.0",
+    "text": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
+    "text_utf8": "text/plain;version=1.0.0;escaping=allow-utf-8",
+    "none": "",
+}
+FORMATS: list[tuple[str, Encoder, str]] = [
+    (name, *choose_encoder(accept)) for name, accept in ACCEPTS.items()
+]
+
+
+class _Families:
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> list[Metric]:
+        return self._families
+
+
+def _value(value: float) -> Any:
+    """Comparable: NaN equals NaN, and -0.0 is told from 0.0."""
+    if math.isnan(value):
+        return "NaN"
+    return (value, math.copysign(1.0, value))
+
+
+def parsed(text: str, content_type: str) -> Any:
+    """Families as prometheus_client's parser for the format reads them, or the
+    error it raises."""
+    parse = (
+        openmetrics_families
+        if content_type.startswith("application/openmetrics-text")
+        else text_string_to_metric_families
+    )
+    try:
+        return [
+            (
+                f.name,
+                f.type,
+                f.documentation,
+                f.unit,
+                [
+                    (s.name, tuple(sorted(s.labels.items())), _value(s.value))
+                    for s in f.samples
+                ],
+            )
+            for f in parse(text)
+        ]
+    except ValueError as exc:
+        return ("refused", str(exc))
+
+
+def family_rows(families: Iterable[Metric]) -> list[Any]:
+    return [
+        (
+            f.name,
+            f.type,
+            f.documentation,
+            f.unit,
+            [(s.name, s.labels, _value(s.value), s.timestamp) for s in f.samples],
+        )
+        for f in families
+    ]
+
+
+def merged(results: Iterable[Normalized]) -> list[Metric]:
+    """Same-named families of several targets merged into the first, as the
+    exporter's reference path does."""
+    by_name: dict[str, Metric] = {}
+    for result in results:
+        for family in result.families:
+            if family.name not in by_name:
+                first = Metric(family.name, family.documentation, family.type)
+                by_name[family.name] = first
+            by_name[family.name].samples.extend(family.samples)
+    return list(by_name.values())
+
+
+def assert_same_text(
+    ours: Iterable[Normalized | FastNormalized], theirs: Iterable[Normalized]
+) -> None:
+    """``ours`` written by :class:`Renderer` equals ``theirs`` (reference
+    results) written by prometheus_client, in every format."""
+    renderer = Renderer()
+    ours, reference = list(ours), merged(theirs)
+    for _, encoder, content_type in FORMATS:
+        want = encoder(_Families(reference)).decode()
+        got = renderer.render(ours, encoder, content_type)
+        got += renderer.trailer(encoder, content_type)
+        assert parsed(got, content_type) == parsed(want, content_type), content_type
+        assert got == want, content_type
+        if content_type.startswith("application/openmetrics-text"):
+            assert got.endswith("# EOF\n")
+        else:
+            assert "# EOF" not in got
+
+
+def check(
+    text: str,
+    *,
+    target: str = "t",
+    model: str | None = None,
+    engine: str | None = None,
+    fast: FastNormalizer | None = None,
+    expect_fast: bool | None = True,
+) -> FastNormalized | None:
+    """The fast path on ``text`` agrees with the reference; returns its result.
+
+    ``expect_fast``: True, the fast path must answer; False, it must hand the text
+    back; None, either (then it must agree where it answers).
+    """
+    fast = fast if fast is not None else FastNormalizer()
+    kwargs: dict[str, Any] = {"target": target, "model": model, "engine": engine}
+    disagreements = fast.disagreements
+    ours = fast.normalize(text, **kwargs)
+    # The fast path's own check of a new plan never found it wrong: its rules are
+    # the reference's (else that check would hide a difference from these tests).
+    assert fast.disagreements == disagreements
+    try:
+        theirs = normalize(text, **kwargs)
+    except (ValueError, KeyError, IndexError):
+        assert ours is None, "the fast path answered where the reference refuses"
+        return None
+    if expect_fast is not None:
+        assert (ours is not None) == expect_fast, "fast path used or not as expected"
+    if ours is None:
+        return None
+    assert (ours.engine, ours.dialect, ours.models, ours.info) == (
+        theirs.engine,
+        theirs.dialect,
+        theirs.models,
+        theirs.info,
+    )
+    assert family_rows(ours.families()) == family_rows(theirs.families)
+    assert_same_text([ours], [theirs])
+    return ours
+
+
+# -- the expositions ---------------------------------------------------------------
+
+
+def _vllm_exposition() -> ModuleType:
+    """``benchmarks/_vllm_exposition.py``, the benchmark's full vLLM exposition."""
+    name = "_vllm_exposition"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(
+        name, ROOT / "benchmarks" / "_vllm_exposition.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def hist(name: str, labels: str, buckets: list[tuple[str, float]], total: float) -> str:
+    sep = "," if labels else ""
+    braces = f"{{{labels}}}" if labels else ""
+    lines = [f"# HELP {name} {name}.", f"# TYPE {name} histogram"]
+    lines += [f'{name}_bucket{{{labels}{sep}le="{le}"}} {v}' for le, v in buckets]
+    lines += [f"{name}_count{braces} {buckets[-1][1]}", f"{name}_sum{braces} {total}"]
+    return "\n".join(lines) + "\n"
+
+
+BUCKETS = [("0.01", 1.0), ("0.1", 5.0), ("1.0", 9.0), ("+Inf", 10.0)]
+V1 = 'engine="0",model_name="m"'
+
+
+def vllm_v1(labels: str = V1, scale: float = 1.0) -> str:
+    text = ""
+    for name, value in (
+        ("vllm:num_requests_running", 3.0),
+        ("vllm:num_requests_waiting", 2.0),
+        ("vllm:kv_cache_usage_perc", 0.25),
+    ):
+        text += f"# HELP {name} {name}.\n# TYPE {name} gauge\n"
+        text += f"{name}{{{labels}}} {value * scale}\n"
+    for name, value in (
+        ("vllm:prefix_cache_queries", 1000.0),
+        ("vllm:prefix_cache_hits", 640.0),
+        ("vllm:prompt_tokens", 1200.0),
+        ("vllm:generation_tokens", 800.0),
+        ("vllm:num_preemptions", 4.0),
+    ):
+        text += f"# HELP {name}_total {name}, in tokens.\n"
+        text += f"# TYPE {name}_total counter\n"
+        text += f"{name}_total{{{labels}}} {value * scale}\n"
+        text += f"# HELP {name}_created {name}.\n# TYPE {name}_created gauge\n"
+        text += f"{name}_created{{{labels}}} 1.7e+09\n"
+    text += "# HELP vllm:request_success_total Finished.\n"
+    text += "# TYPE vllm:request_success_total counter\n"
+    for reason, value in (("stop", 7.0), ("length", 3.0), ("abort", 1.0)):
+        text += (
+            f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} '
+            f"{value * scale}\n"
+        )
+    for name in (
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:iteration_tokens_total",
+    ):
+        text += hist(name, labels, [(le, v * scale) for le, v in BUCKETS], 3.5 * scale)
+    return text
+
+
+CACHE_CONFIG = (
+    "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+    "# TYPE vllm:cache_config_info gauge\n"
+    'vllm:cache_config_info{block_size="16",enable_prefix_caching="True",'
+    'engine="0",num_gpu_blocks="5000"} 1.0\n'
+)
+PROCESS = (
+    "# HELP process_cpu_seconds_total Total user and system CPU time.\n"
+    "# TYPE process_cpu_seconds_total counter\n"
+    "process_cpu_seconds_total 12.5\n"
+    "# HELP python_info Python platform information\n"
+    "# TYPE python_info gauge\n"
+    'python_info{implementation="CPython",major="3",minor="12"} 1.0\n'
+)
+VLLM = PROCESS + vllm_v1() + CACHE_CONFIG
+
+
+def sglang(values: Callable[[int, int], float] = lambda dp, tp: 10.0 * dp + tp) -> str:
+    """SGLang with DP ranks 0 and 1, each with TP ranks 0 and 1 whose copies of every
+    series differ (``values(dp, tp)``), so dropping ``tp_rank`` folds them."""
+    copies = [
+        (f'model_name="m",tp_rank="{tp}",pp_rank="0",dp_rank="{dp}"', dp, tp)
+        for dp in (0, 1)
+        for tp in (0, 1)
+    ]
+    text = ""
+    for name, kind in (
+        ("sglang:num_running_reqs", "gauge"),
+        ("sglang:num_queue_reqs", "gauge"),
+        ("sglang:token_usage", "gauge"),
+        ("sglang:cache_hit_rate", "gauge"),
+        ("sglang:prompt_tokens_total", "counter"),
+        ("sglang:generation_tokens_total", "counter"),
+        ("sglang:cached_tokens_total", "counter"),
+        ("sglang:num_retracted_reqs_total", "counter"),
+    ):
+        text += f"# HELP {name} {name}.\n# TYPE {name} {kind}\n"
+        text += "".join(f"{name}{{{lb}}} {values(dp, tp)}\n" for lb, dp, tp in copies)
+    for name in (
+        "sglang:time_to_first_token_seconds",
+        "sglang:e2e_request_latency_seconds",
+    ):
+        text += f"# HELP {name} {name}.\n# TYPE {name} histogram\n"
+        for lb, dp, tp in copies:
+            scaled = [(le, v * (1 + tp) + dp) for le, v in BUCKETS]
+            text += hist(name, lb, scaled, 2.0 + tp).split("\n", 2)[2]
+    return text
+
+
+TGI = (
+    "# TYPE tgi_batch_current_size gauge\ntgi_batch_current_size 3\n"
+    "# TYPE tgi_queue_size gauge\ntgi_queue_size 1\n"
+    "# TYPE tgi_request_success counter\ntgi_request_success 10\n"
+    '# TYPE tgi_request_failure counter\ntgi_request_failure{err="validation"} 2\n'
+    + hist("tgi_request_duration", "", BUCKETS, 9.5)
+    + hist("tgi_request_queue_duration", "", BUCKETS, 0.75)
+    + hist("tgi_request_mean_time_per_token_duration", "", BUCKETS, 16.0)
+    + hist("tgi_request_input_length", "", BUCKETS, 120.0)
+)
+LLAMACPP = (
+    "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n"
+    "# TYPE llamacpp:prompt_tokens_total counter\nllamacpp:prompt_tokens_total 1500\n"
+    "# TYPE llamacpp:tokens_predicted_total counter\n"
+    "llamacpp:tokens_predicted_total 700\n"
+    "# TYPE llamacpp:kv_cache_usage_ratio gauge\nllamacpp:kv_cache_usage_ratio 0.125\n"
+    "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 2\n"
+    "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 1\n"
+)
+
+
+# -- every simulator dialect -------------------------------------------------------
+
+
+async def _traffic(http: aiohttp.ClientSession, url: str) -> None:
+    """Distinct prompts at once, then one prompt again and again (prefix hits)."""
+
+    async def one(content: str, max_tokens: int) -> None:
+        body = {
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "stream": True,
+        }
+        async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            await resp.read()
+
+    prompt = " ".join(f"w{i}" for i in range(80))
+    await asyncio.gather(*(one(f"{prompt} x{i}", 6) for i in range(3)))
+    for _ in range(3):
+        await one(prompt, 3)
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_every_simulator_dialect(
+    dialect: str, start_sim: Any, http: aiohttp.ClientSession
+) -> None:
+    async with start_sim(metrics_dialect=dialect) as server:
+        texts = []
+        for _ in range(2):
+            await _traffic(http, server.url)
+            async with http.get(f"{server.url}/metrics") as resp:
+                assert resp.status == 200
+                texts.append(await resp.text())
+    fast = FastNormalizer()
+    for model in (None, "configured"):
+        for text in texts:
+            result = check(text, model=model, fast=fast)
+            assert result is not None
+            assert result.families(), "no engine family: nothing was compared"
+    assert fast.fallbacks == 0
+    compiles = fast.compiles
+    check(texts[-1], model="configured", fast=fast)
+    assert fast.compiles == compiles  # from the plan
+
+
+# -- the benchmark's full vLLM exposition ----------------------------------------------
+
+
+def test_the_benchmarks_vllm_exposition_with_four_ranks() -> None:
+    module = _vllm_exposition()
+    exposition = module.VllmExposition(4, seed=3)
+    fast = FastNormalizer()
+    for _ in range(4):
+        exposition.advance()
+        result = check(exposition.body.decode(), target="t0", fast=fast)
+        assert result is not None
+        assert {labels["rank"] for _, labels in result._plan.slots} == {
+            "0",
+            "1",
+            "2",
+            "3",
+        }
+    assert fast.compiles == 1
+    assert fast.fallbacks == 0
+
+
+def test_many_benchmark_targets_merge_as_the_reference_does() -> None:
+    module = _vllm_exposition()
+    texts = []
+    for seed in range(3):
+        exposition = module.VllmExposition(2, seed=seed)
+        exposition.advance()
+        texts.append(exposition.body.decode())
+    # The middle target declares its model; the last one is an SGLang server.
+    kwargs: list[dict[str, Any]] = [
+        {"target": "a"},
+        {"target": "b", "model": "named"},
+        {"target": "c"},
+    ]
+    texts[2] = sglang()
+    ours = [
+        FastNormalizer().normalize(text, **kw)
+        for text, kw in zip(texts, kwargs, strict=True)
+    ]
+    assert all(r is not None for r in ours)
+    theirs = [normalize(text, **kw) for text, kw in zip(texts, kwargs, strict=True)]
+    assert_same_text([r for r in ours if r is not None], theirs)
+    # A target on the reference path among fast ones: one family per name still.
+    mixed: list[Normalized | FastNormalized] = [theirs[0]]
+    mixed += [r for r in ours[1:] if r is not None]
+    assert_same_text(mixed, theirs)
+
+
+def test_a_scrapes_families_merge_without_changing_the_targets() -> None:
+    fast = FastNormalizer().normalize(VLLM, target="a")
+    assert fast is not None
+    scrape = Scrape([], [fast, normalize(VLLM, target="b"), normalize(TGI, target="c")])
+    first = family_rows(scrape.families())
+    assert family_rows(scrape.families()) == first  # again: nothing was merged twice
+    assert first == family_rows(
+        merged([normalize(VLLM, target=t) for t in "ab"] + [normalize(TGI, target="c")])
+    )
+
+
+# -- SGLang's per-TP-rank copies: folding --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        lambda dp, tp: 10.0 * dp + tp,
+        lambda dp, tp: 0.1 * (dp + 1) + 0.2 * tp,  # means that round
+        lambda dp, tp: math.nan if tp else 1.0,
+        lambda dp, tp: 1.0 if tp else math.nan,  # max() keeps the first NaN
+        lambda dp, tp: -0.0,  # a mean turns -0.0 into 0.0
+        lambda dp, tp: math.inf if dp else -math.inf,
+        lambda dp, tp: 1e300 * (1 + tp),  # the mean overflows to +Inf
+    ],
+    ids=["offsets", "rounding", "nan_second", "nan_first", "minus_zero", "inf", "huge"],
+)
+def test_sglang_copies_fold_as_the_reference_folds(
+    values: Callable[[int, int], float],
+) -> None:
+    result = check(sglang(values))
+    assert result is not None
+    ranks = {labels["rank"] for _, labels in result._plan.slots}
+    assert ranks == {"0", "1"}
+
+
+def test_gauge_minus_zero_and_nan_without_folding() -> None:
+    text = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        f"vllm:num_requests_running{{{V1}}} -0.0\n"
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        f"vllm:num_requests_waiting{{{V1}}} NaN\n"
+        "# TYPE vllm:prompt_tokens_total counter\n"
+        f"vllm:prompt_tokens_total{{{V1}}} -0.0\n"
+        "# TYPE vllm:generation_tokens_total counter\n"
+        f"vllm:generation_tokens_total{{{V1}}} +Inf\n"
+    )
+    check(text)
+
+
+# -- odd but possible expositions ----------------------------------------------------
+
+ODD: dict[str, tuple[str, bool | None]] = {
+    # name: (text, must the fast path answer?)
+    "vllm_v1": (VLLM, True),
+    "tgi": (TGI, True),
+    "llamacpp": (LLAMACPP, True),
+    "no_type_lines": (
+        f"vllm:num_requests_running{{{V1}}} 1\n"
+        'vllm:num_requests_running{engine="1",model_name="m"} 2\n'
+        f"vllm:prompt_tokens_total{{{V1}}} 5\n",
+        True,
+    ),
+    "help_only": (
+        "# HELP vllm:num_requests_running Running.\n"
+        f"vllm:num_requests_running{{{V1}}} 1\n",
+        True,
+    ),
+    "type_without_samples": (
+        "# HELP vllm:kv_cache_usage_perc KV.\n# TYPE vllm:kv_cache_usage_perc gauge\n"
+        "# TYPE vllm:gpu_cache_usage_perc gauge\n"
+        "# TYPE vllm:time_to_first_token_seconds histogram\n" + VLLM,
+        True,
+    ),
+    "escaped_label_values": (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{model_name="C:\\\\m \\"q\\"\\nx",engine="0"} 1\n'
+        'vllm:num_requests_running{model_name="modèle ✓",engine="1"} 2\n',
+        True,
+    ),
+    "brace_in_label_value": (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{model_name="a}b",engine="0"} 1\n',
+        False,
+    ),
+    "nan_and_inf": (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0"} NaN\n'
+        'vllm:num_requests_running{engine="1"} +Inf\n'
+        'vllm:num_requests_running{engine="2"} -Inf\n'
+        'vllm:num_requests_running{engine="3"} 1.5e-3\n'
+        'vllm:num_requests_running{engine="4"} 12345678.9\n'
+        'vllm:num_requests_running{engine="5"} 1e22\n'
+        'vllm:num_requests_running{engine="6"} inf\n'
+        + hist(
+            "vllm:time_to_first_token_seconds",
+            V1,
+            [("0.1", math.nan), ("+Inf", math.inf)],
+            math.nan,
+        ),
+        True,
+    ),
+    "created_lines": (
+        "# TYPE vllm:num_requests_running gauge\n"
+        f"vllm:num_requests_running{{{V1}}} 1\n"
+        f"vllm:num_requests_running_created{{{V1}}} 1.7e9\n"
+        "# TYPE vllm:prompt_tokens_created gauge\n"
+        f"vllm:prompt_tokens_created{{{V1}}} 1.7e9\n"
+        "# TYPE vllm:generation_tokens_created gauge\n"
+        f"vllm:generation_tokens_created{{{V1}}} 1.7e9\n",
+        True,
+    ),
+    "family_split_by_another": (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0"} 1\n'
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_waiting{engine="0"} 5\n'
+        'vllm:num_requests_running{engine="1"} 2\n'
+        'vllm:num_requests_running{engine="2"} 3\n'
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="3"} 4\n',
+        True,
+    ),
+    "histogram_split_by_another": (
+        hist("vllm:time_to_first_token_seconds", V1, BUCKETS, 1.0)
+        + "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 5\n"
+        + hist("vllm:time_to_first_token_seconds", 'engine="1"', BUCKETS, 2.0),
+        True,
+    ),
+    "counter_spellings": (
+        "# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens 3\n"
+        "# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total 4\n"
+        "# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total 5\n",
+        True,
+    ),
+    "deprecated_beside_new": (
+        VLLM + "# HELP vllm:gpu_cache_usage_perc Old.\n"
+        "# TYPE vllm:gpu_cache_usage_perc gauge\n"
+        f"vllm:gpu_cache_usage_perc{{{V1}}} 0.99\n"
+        "# HELP vllm:gpu_prefix_cache_queries_total Blocks.\n"
+        "# TYPE vllm:gpu_prefix_cache_queries_total counter\n"
+        f"vllm:gpu_prefix_cache_queries_total{{{V1}}} 99\n"
+        + hist("vllm:time_per_output_token_seconds", V1, BUCKETS, 123.0),
+        True,
+    ),
+    "vllm_08_blocks": (
+        "# HELP vllm:gpu_prefix_cache_queries_total Queries, in blocks.\n"
+        "# TYPE vllm:gpu_prefix_cache_queries_total counter\n"
+        'vllm:gpu_prefix_cache_queries_total{model_name="m"} 60\n'
+        "# TYPE vllm:gpu_cache_usage_perc gauge\n"
+        'vllm:gpu_cache_usage_perc{model_name="m"} 0.5\n'
+        + hist("vllm:time_per_output_token_seconds", 'model_name="m"', BUCKETS, 1.0),
+        True,
+    ),
+    "vllm_v0": (
+        "# TYPE vllm:num_requests_swapped gauge\nvllm:num_requests_swapped 0\n"
+        "# TYPE vllm:gpu_prefix_cache_hit_rate gauge\n"
+        'vllm:gpu_prefix_cache_hit_rate{model_name="m"} 0.42\n'
+        "# TYPE vllm:request_success_total counter\n"
+        'vllm:request_success_total{model_name="m"} 9\n'
+        'vllm:request_success_total{finished_reason="",model_name="m"} 2\n',
+        True,
+    ),
+    "wrong_types": (
+        "# TYPE vllm:num_requests_running counter\n"
+        "vllm:num_requests_running 1\n"
+        "# TYPE vllm:time_to_first_token_seconds gauge\n"
+        "vllm:time_to_first_token_seconds 2\n"
+        "# TYPE vllm:prompt_tokens_total summary\nvllm:prompt_tokens_total 3\n"
+        "# TYPE vllm:e2e_request_latency_seconds unknown\n"
+        "vllm:e2e_request_latency_seconds_sum 3\n",
+        True,
+    ),
+    "histogram_edges": (
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1"} 1\n'
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf"} 2\n'
+        "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+        'vllm:e2e_request_latency_seconds_bucket{engine="0",le="-1"} 1\n'
+        'vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf"} 2\n'
+        'vllm:e2e_request_latency_seconds_sum{engine="0"} 2\n'
+        "# TYPE vllm:request_queue_time_seconds histogram\n"
+        'vllm:request_queue_time_seconds_bucket{engine="0",le="NaN"} 1\n'
+        'vllm:request_queue_time_seconds_sum{engine="0"} 1\n'
+        'vllm:request_queue_time_seconds_sum{engine="0"} 7\n'
+        "# TYPE vllm:inter_token_latency_seconds histogram\n"
+        'vllm:inter_token_latency_seconds_count{engine="0"} 2\n',
+        True,
+    ),
+    "histogram_copies_with_other_labels": (
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        'vllm:time_to_first_token_seconds_bucket{engine="0",x="a",le="1"} 1\n'
+        'vllm:time_to_first_token_seconds_bucket{engine="0",x="b",le="1"} 5\n'
+        'vllm:time_to_first_token_seconds_bucket{engine="0",x="a",le="+Inf"} 2\n'
+        'vllm:time_to_first_token_seconds_sum{engine="0",x="b"} 9\n'
+        'vllm:time_to_first_token_seconds_bucket{engine="0",x="b",le="+Inf"} 6\n'
+        'vllm:time_to_first_token_seconds_sum{engine="0",x="a"} 3\n',
+        True,
+    ),
+    "bucket_without_le": (
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        'vllm:time_to_first_token_seconds_bucket{engine="0"} 1\n',
+        False,
+    ),
+    "le_not_a_number": (
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="x"} 1\n',
+        False,
+    ),
+    "engine_by_majority": (
+        "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 1\n"
+        "sglang:num_queue_reqs 2\n"
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3\n",
+        True,
+    ),
+    "engine_tie": (
+        "# TYPE tgi_queue_size gauge\ntgi_queue_size 1\n"
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3\n",
+        True,
+    ),
+    "no_engine": ("# TYPE foo gauge\nfoo 1\n", True),
+    "empty": ("", True),
+    "blank_lines_and_comments": (
+        "\n# a free comment\n#\n#nospace\n#HELP x\n# HELP x\n# TYPE y\n\n"
+        + VLLM
+        + "\n\n",
+        None,
+    ),
+    "help_without_doc": (
+        "# HELP vllm:num_requests_running\n# TYPE vllm:num_requests_running gauge\n"
+        f"vllm:num_requests_running{{{V1}}} 1\n"
+        "# HELP vllm:num_requests_waiting\n# TYPE vllm:num_requests_waiting gauge\n"
+        f"vllm:num_requests_waiting{{{V1}}} 2\n",
+        True,
+    ),
+    "help_with_trailing_space_and_quotes": (
+        '# HELP vllm:num_requests_running Running "now", 100 %. \n'
+        "# TYPE vllm:num_requests_running gauge\n"
+        f"vllm:num_requests_running{{{V1}}} 1\n",
+        True,
+    ),
+    "help_with_escape": (
+        "# HELP vllm:num_requests_running A \\\\ and \\n.\n"
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n",
+        False,
+    ),
+    "whitespace_in_sample_lines": (
+        "# TYPE vllm:num_requests_running gauge\n"
+        '  vllm:num_requests_running{engine="0"} 1\n'
+        'vllm:num_requests_running { engine = "1" } 2\n'
+        'vllm:num_requests_running{engine="2"}\t3\n'
+        'vllm:num_requests_running{engine="3"}  4  \n',
+        False,
+    ),
+    "crlf": (VLLM.replace("\n", "\r\n"), False),
+    "timestamps": (
+        "# TYPE vllm:num_requests_running gauge\n"
+        f"vllm:num_requests_running{{{V1}}} 1 1700000000000\n",
+        False,
+    ),
+    "underscore_in_value": (
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1_000\n",
+        False,
+    ),
+    "exemplar": (
+        "# TYPE vllm:prompt_tokens_total counter\n"
+        'vllm:prompt_tokens_total{engine="0"} 1 # {trace_id="x"} 2\n',
+        False,
+    ),
+    "stray_brace": (VLLM + 'vllm:num_requests_running{engine="0"} 1 }\n', False),
+    "invalid_metric_name": ("vllm-bad 1\n" + VLLM, False),
+    "type_alone": ("# TYPE\n" + VLLM, False),
+    "help_alone": ("# HELP\n" + VLLM, False),
+    "hex_value_in_a_dropped_family": ("foo 0x10\n" + VLLM, False),
+    "garbage": ("<html>502 Bad Gateway</html>\n", False),
+    "json": ('{"detail": "Not Found"}\n', False),
+    "unknown_type": ("# TYPE vllm:num_requests_running weird\n", False),
+    "unknown_type_dropped": ("# TYPE foo weird\nfoo 1\n" + VLLM, True),
+    "name_label": ('vllm:num_requests_running{__name__="x"} 1\n', False),
+}
+
+
+@pytest.mark.parametrize(("text", "answers"), ODD.values(), ids=ODD.keys())
+@pytest.mark.parametrize("model", [None, "configured"])
+def test_odd_expositions(text: str, answers: bool | None, model: str | None) -> None:
+    check(text, model=model, expect_fast=answers)
+
+
+@pytest.mark.parametrize("engine", [None, "vllm", "sglang", "tgi", "llamacpp", ""])
+def test_configured_engine(engine: str | None) -> None:
+    for text in (VLLM, sglang(), TGI, LLAMACPP):
+        check(text, engine=engine)
+
+
+# -- plans: made once per shape, remade when the shape or the context changes ---------
+
+
+def test_a_plan_is_reused_while_only_values_change() -> None:
+    fast = FastNormalizer()
+    for scale in (1.0, 2.0, 3.5, math.nan):
+        check(vllm_v1(scale=scale), fast=fast)
+    assert fast.compiles == 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda t: t.replace('engine="0"', 'engine="1"'),  # labels
+        lambda t: t.replace("vllm:num_requests_waiting", "vllm:num_requests_waited"),
+        lambda t: t.replace("# TYPE vllm:num_requests_running gauge\n", ""),
+        lambda t: t.replace("Finished.", "Finished requests."),  # HELP text
+        lambda t: t + "\n",
+        lambda t: t.replace("3.0\n", "3.0 1700000000000\n", 1),  # a timestamp
+        lambda t: t.replace("3.0\n", "3.0x\n", 1),  # a value that is no number
+        lambda t: t.replace("3.0\n", "3.0 }\n", 1),  # a brace after the labels
+        lambda t: "\n".join(reversed(t.split("\n"))),
+        lambda t: t.replace("# TYPE vllm:num_requests_running gauge\n", "#\n"),
+        lambda t: t.replace("# TYPE vllm:num_requests_running gauge\n", "\n"),
+    ],
+)
+def test_a_changed_shape_is_noticed(change: Callable[[str], str]) -> None:
+    fast = FastNormalizer()
+    before = "#\n" + VLLM + "\n"
+    after = change(before)
+    assert after != before
+    for text in (before, after, before, after):
+        check(text, fast=fast, expect_fast=None)
+    assert fast.compiles + fast.fallbacks >= 3
+
+
+def test_a_new_model_or_target_makes_a_new_plan() -> None:
+    fast = FastNormalizer(patience=10**9)
+    text = vllm_v1(labels='engine="0"')
+    for model, target in ((None, "t"), ("m1", "t"), ("m1", "u"), (None, "t")):
+        result = check(text, model=model, target=target, fast=fast)
+        assert result is not None
+        assert result.models == {model or "unknown"}
+    assert fast.compiles == 4
+
+
+def test_a_plan_the_reference_disagrees_with_is_not_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each new plan is checked against the reference once; a plan that disagrees
+    (here: a rule of the copy changed) hands its shape to the reference."""
+    fast = FastNormalizer()
+    monkeypatch.setattr("monitor.fastpath._dialect", lambda engine, families: "x")
+    for scale in (1.0, 2.0, 3.0):
+        assert fast.normalize(vllm_v1(scale=scale), target="t") is None
+    assert fast.compiles == 1  # the shape's plan is remembered as the reference's
+    assert fast.disagreements == 1
+    monkeypatch.undo()
+    check(vllm_v1(labels='engine="1"'), fast=fast)  # a new shape, a new plan
+
+
+def test_a_shape_that_keeps_changing_goes_to_the_reference_for_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fast = FastNormalizer(patience=3, rest=5)
+    shapes = [vllm_v1(labels=f'engine="{i}"') for i in range(20)]
+    answered = [
+        check(shape, fast=fast, expect_fast=None) is not None for shape in shapes
+    ]
+    # Three new plans in a row, five scrapes for the reference, and again.
+    assert answered == ([True] * 3 + [False] * 5) * 2 + [True] * 3 + [False]
+    fast = FastNormalizer(patience=3, rest=5)
+    for _ in range(10):  # a shape that stays: always the fast path
+        check(shapes[0], fast=fast)
+    # An exposition the fast path cannot take (a timestamp) is not tried each time.
+    tries: list[int] = []
+    compile_plan = fastpath._compile
+
+    def counted(*args: Any) -> Any:
+        tries.append(1)
+        return compile_plan(*args)
+
+    monkeypatch.setattr(fastpath, "_compile", counted)
+    stamped = VLLM.replace("3.0\n", "3.0 1700000000000\n", 1)
+    fast = FastNormalizer(patience=3, rest=5)
+    for _ in range(9):
+        check(stamped, fast=fast, expect_fast=False)
+    assert len(tries) == 4  # 3, then 5 rests, then 1
+
+
+def test_caches_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("monitor.fastpath._CACHE_LIMIT", 50)
+    monkeypatch.setattr("monitor.fastpath._TEXTS_LIMIT", 30)
+    fast = FastNormalizer(patience=10**9)
+    for scale in range(1, 30):
+        text = vllm_v1(labels=f'engine="{scale}",model_name="m"', scale=scale)
+        check(text, fast=fast)
+        values = {line.rpartition(" ")[2] for line in text.split("\n")}
+        assert len(fast._lines) <= 50
+        assert len(fast._texts) <= 30 + len(values)
+        assert len(fast._retired) <= 30 + len(values)
+        for known in fast._known.values():
+            assert len(known) <= 50
+
+
+# -- the rest of an answer: families written from remembered line starts ---------------
+
+
+def _other_families() -> list[Metric]:
+    """Families like the exporter's own and odd ones prometheus_client writes in
+    ways that depend on more than each sample's name and labels."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    counter = Counter(
+        "probe_requests", "Requests.", ["target", "outcome"], registry=registry
+    )
+    counter.labels("a", "ok").inc(3)
+    counter.labels('q"uo\\te\nd', "modèle ✓").inc()
+    histogram = Histogram("probe_ttft_seconds", "TTFT.", ["target"], registry=registry)
+    for value in (0.01, 0.2, 3.0):
+        histogram.labels("a").observe(value)
+    Gauge("temp_celsius", "T.", unit="celsius", registry=registry).set(40)
+    Summary("rpc_seconds", "RPC.", registry=registry).observe(0.5)
+    Info("build", "Build.", registry=registry).info({"version": "1"})
+    Enum("state", "State.", states=["a", "b"], registry=registry).state("b")
+    families = list(registry.collect())
+    up = GaugeMetricFamily("servemon_target_up", "Up.", labels=["target"])
+    for target, value in (("a", 1.0), ("b", 0.0), ("c", math.nan), ("d", -0.0)):
+        up.add_metric([target], value)
+    errors = CounterMetricFamily("errs", "Errors.", labels=["target", "reason"])
+    errors.add_metric(["a", "timeout"], 3)  # an int
+    errors.add_metric(["a", "http"], math.inf, created=1.7e9)
+    stamped = GaugeMetricFamily("stamped", "With a timestamp.", labels=["x"])
+    stamped.add_metric(["y"], 1.0, timestamp=1.7e9)
+    exemplars = HistogramMetricFamily("ex_seconds", "Exemplars.", labels=["x"])
+    exemplars.add_metric(
+        ["y"], [("1.0", 1.0, Exemplar({"trace": "t"}, 0.5)), ("+Inf", 2.0)], 3.0
+    )
+    gauge_histogram = GaugeHistogramMetricFamily("gh", "GH.", labels=["x"])
+    gauge_histogram.add_metric(["y"], [("1.0", 1.0), ("+Inf", 2.0)], 3.0)
+    info = InfoMetricFamily("meta", "Meta.", labels=["x"])
+    info.add_metric(["y"], {"k": "v"})
+    states = StateSetMetricFamily("ss", "States.", labels=["x"])
+    states.add_metric(["y"], {"on": True, "off": False})
+    return [
+        *families,
+        up,
+        errors,
+        stamped,
+        exemplars,
+        gauge_histogram,
+        info,
+        states,
+        GaugeMetricFamily("empty", "No samples."),
+    ]
+
+
+@pytest.mark.parametrize(("name", "encoder", "content_type"), FORMATS)
+def test_other_families_are_written_as_prometheus_client_writes_them(
+    name: str, encoder: Encoder, content_type: str
+) -> None:
+    renderer = Renderer()
+    families = _other_families()
+    want = encoder(_Families(families)).decode()
+    for _ in range(2):  # the second time from remembered line starts
+        got = renderer.encode(encoder, content_type, families)
+        assert got + renderer.trailer(encoder, content_type) == want
+    for family in families:  # one by one, too
+        got = renderer.encode(encoder, content_type, [family])
+        assert (
+            got + renderer.trailer(encoder, content_type)
+            == encoder(_Families([family])).decode()
+        )
+
+
+def test_many_formats_are_written_right_and_not_all_remembered() -> None:
+    """Scrapers may ask for any OpenMetrics version >= 1.0.0; each is its own
+    format, and only a few formats are kept."""
+    fast = FastNormalizer()
+    renderer = Renderer()
+    families = _other_families()
+    for minor in range(20):
+        encoder, content_type = choose_encoder(
+            f"application/openmetrics-text;version=1.{minor}.0"
+        )
+        result = fast.normalize(VLLM, target="t")
+        assert result is not None
+        theirs = normalize(VLLM, target="t")
+        got = renderer.render([result], encoder, content_type)
+        got += renderer.encode(encoder, content_type, families)
+        got += renderer.trailer(encoder, content_type)
+        assert got == encoder(_Families(theirs.families + families)).decode()
+        assert len(result._plan.templates) <= 8
+        assert len(fast._known) <= 8
+        assert len(renderer._trailers) <= 8
+
+
+# -- random expositions: mutations of real ones ---------------------------------------
+
+SPECIALS = ("NaN", "+Inf", "-Inf", "-0.0", "0", "1e-9", "123456789.0", "x", "1_0")
+
+
+def _mutants(base: str, rng: random.Random, count: int) -> Iterator[str]:
+    lines = base.split("\n")
+    for _ in range(count):
+        out = list(lines)
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randrange(len(out))
+            kind = rng.randrange(9)
+            if kind == 0:
+                del out[i]
+            elif kind == 1:
+                out.insert(i, out[rng.randrange(len(out))])
+            elif kind == 2 and i + 1 < len(out):
+                out[i], out[i + 1] = out[i + 1], out[i]
+            elif kind == 3 and out[i] and out[i][0] != "#":
+                out[i] = out[i].rpartition(" ")[0] + " " + rng.choice(SPECIALS)
+            elif kind == 4:
+                out.insert(i, rng.choice(("", "#", "# comment", "# HELP x y")))
+            elif kind == 5:
+                out[i] = out[i].replace('"0"', '"1"')
+            elif kind == 6:
+                out[i] = out[i].replace("model_name", "other")
+            elif kind == 7:
+                out[i] = (
+                    out[i].replace(" gauge", " counter").replace(" histogram", " gauge")
+                )
+            else:
+                out[i] = out[i].replace("_total", "")
+        yield "\n".join(out)
+
+
+@pytest.mark.parametrize("base", ["vllm", "sglang", "tgi"])
+def test_random_mutations(base: str) -> None:
+    text = {"vllm": VLLM, "sglang": sglang(), "tgi": TGI + LLAMACPP}[base]
+    rng = random.Random(f"fastpath-{base}")
+    # One normalizer for all, never resting: plans come and go.
+    fast = FastNormalizer(patience=10**9)
+    answered = 0
+    for mutant in _mutants(text, rng, 80):
+        for candidate in (mutant, text):
+            if check(candidate, fast=fast, expect_fast=None) is not None:
+                answered += 1
+    assert answered > 80  # most mutants are taken by the fast path
+
+
+# -- the exporter: a whole scrape, fast path against the reference ---------------------
+
+
+#: A line the fast path hands to the reference (a brace in a label value).
+HANDED_BACK = 'unknown_family{a="}"} 1\n'
+
+
+async def _static_target(text: str, delay_s: float = 0.0) -> web.AppRunner:
+    async def metrics(request: web.Request) -> web.Response:
+        await asyncio.sleep(delay_s)
+        return web.Response(text=text)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner
+
+
+def _url(runner: web.AppRunner) -> str:
+    host, port = runner.addresses[0][:2]
+    return f"http://{host}:{port}"
+
+
+def _engine_part(text: str, content_type: str) -> Any:
+    families = parsed(text, content_type)
+    assert not isinstance(families, tuple), families
+    return [
+        f
+        for f in families
+        if f[0].startswith("servemon_engine_") and f[0] != "servemon_engine_info"
+    ]
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_the_exporters_answer_equals_the_reference(
+    http: aiohttp.ClientSession,
+) -> None:
+    module = _vllm_exposition()
+    exposition = module.VllmExposition(2, seed=1)
+    exposition.advance()
+    bodies = {
+        "fast": exposition.body.decode(),
+        "sg": sglang(),
+        "odd": HANDED_BACK + VLLM,  # the reference path
+    }
+    runners = [await _static_target(body) for body in bodies.values()]
+    try:
+        config = ExporterConfig(
+            targets=tuple(
+                TargetConfig(url=_url(r), name=name)
+                for name, r in zip(bodies, runners, strict=True)
+            ),
+            listen="127.0.0.1:0",
+            gpu=False,
+        )
+        reference = [normalize(body, target=name) for name, body in bodies.items()]
+        async with Exporter(config, env={}) as exp:
+            for _, accept in ACCEPTS.items():
+                for _ in range(2):  # the second from the plans
+                    async with http.get(
+                        f"{exp.url}/metrics", headers={"Accept": accept}
+                    ) as resp:
+                        assert resp.status == 200
+                        content_type = resp.headers["Content-Type"]
+                        text = await resp.text()
+                    encoder, expected_type = choose_encoder(accept)
+                    assert content_type == expected_type
+                    want = encoder(_Families(merged(reference))).decode()
+                    assert _engine_part(text, content_type) == _engine_part(
+                        want, content_type
+                    )
+                    assert text.count("# EOF") == (
+                        1 if "openmetrics" in content_type else 0
+                    )
+            assert exp.engine is not None
+            states = exp.engine._state
+            assert states["fast"].fast.fallbacks == 0
+            assert states["odd"].fast.fallbacks > 0
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_scrape_duration_is_the_targets_own(
+    http: aiohttp.ClientSession,
+) -> None:
+    """A target that answers at once with an exposition that takes long to process
+    (the reference path, 30,000 lines) beside one that answers 50 ms later with a
+    small one: the second's duration does not include the first's processing."""
+    lines = "".join(
+        f'vllm:num_requests_running{{engine="{i}",model_name="m"}} {i}\n'
+        for i in range(30_000)
+    )
+    slow = HANDED_BACK + "# TYPE vllm:num_requests_running gauge\n" + lines
+    runners = [
+        await _static_target(slow),
+        await _static_target(VLLM, delay_s=0.05),
+    ]
+    try:
+        config = ExporterConfig(
+            targets=(
+                TargetConfig(url=_url(runners[0]), name="slow"),
+                TargetConfig(url=_url(runners[1]), name="small"),
+            ),
+            listen="127.0.0.1:0",
+            gpu=False,
+        )
+        async with Exporter(config, env={}) as exp:
+            start = time.monotonic()
+            async with http.get(f"{exp.url}/metrics") as resp:
+                text = await resp.text()
+            took = time.monotonic() - start
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+    durations = {
+        s.labels["target"]: s.value
+        for f in text_string_to_metric_families(text)
+        if f.name == "servemon_target_scrape_duration_seconds"
+        for s in f.samples
+    }
+    assert durations["slow"] > 0.1  # processing 30,000 lines on the reference path
+    assert 0.05 <= durations["small"] < durations["slow"] / 2
+    assert took >= durations["slow"]
