@@ -1,7 +1,8 @@
 """Service-level objectives on client figures: the terms (:mod:`monitor.slo`,
 re-exported here) and how one request is judged against them.
 
-``error_rate`` is the share of finished requests whose outcome is not ``ok``.
+``error_rate`` is the share of finished requests (cancelled ones aside) whose outcome
+is not ``ok``.
 
 Goodput counts the ok requests that meet every latency term on their own: a request's
 TTFT, TPOT, E2E and dispatch lag are single values; its ITL term compares the

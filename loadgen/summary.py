@@ -159,7 +159,7 @@ def summarize(
         ttft_from_scheduled=dist([t.ttft_from_scheduled for t in ok]),
         e2e_from_scheduled=dist([t.e2e_from_scheduled for t in ok]),
         prompt_throughput=sum(prompts) * per_s,
-        error_rate=(len(timings) - len(ok)) / len(timings) if timings else 0.0,
+        error_rate=_error_rate(timings),
         token_sources=dict(Counter(str(t.token_source) for t in ok)),
     )
     if not slo:
@@ -170,6 +170,15 @@ def summarize(
         value = summary.value(term.key)
         met[str(term)] = value is not None and value <= term.threshold
     return _replace(summary, goodput=good * per_s, slo_met=met)
+
+
+def _error_rate(timings: Sequence[RequestTiming]) -> float:
+    """Failed over finished requests; cancelled ones count neither way (the client
+    walked away on purpose, or the run was stopped)."""
+    judged = [t for t in timings if t.outcome is not Outcome.CANCELLED]
+    if not judged:
+        return 0.0
+    return sum(1 for t in judged if t.outcome is not Outcome.OK) / len(judged)
 
 
 def _replace(summary: Summary, **changes: Any) -> Summary:
