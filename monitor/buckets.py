@@ -9,7 +9,13 @@
 
 from __future__ import annotations
 
-__all__ = ["E2E_BUCKETS", "ITL_BUCKETS", "LATENCY_BUCKETS", "TTFT_BUCKETS"]
+__all__ = [
+    "E2E_BUCKETS",
+    "ITL_BUCKETS",
+    "LATENCY_BUCKETS",
+    "PROBE_BUCKETS",
+    "TTFT_BUCKETS",
+]
 
 TTFT_BUCKETS = (
     0.001,
@@ -170,3 +176,26 @@ LATENCY_BUCKETS: dict[str, tuple[float, ...]] = {
 }
 LATENCY_BUCKETS["ttfc"] = LATENCY_BUCKETS["ttft"]
 LATENCY_BUCKETS["tpot"] = LATENCY_BUCKETS["itl"]
+
+#: The canary probe's TTFT and E2E histograms.
+PROBE_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+)

@@ -20,33 +20,13 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from monitor import names
+from monitor.buckets import PROBE_BUCKETS
 from monitor.engine import Target
 from monitor.sse import EventTooLarge, choice_text, iter_events
 
-__all__ = ["PROBE_BUCKETS", "PROBE_HEADER", "Prober"]
+__all__ = ["PROBE_HEADER", "Prober"]
 
 PROBE_HEADER = "X-Servemon-Probe"
-PROBE_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.5,
-    0.75,
-    1.0,
-    1.5,
-    2.0,
-    3.0,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-)
 
 
 class Prober:

@@ -177,9 +177,16 @@ def _sim_options(func: F) -> F:
             "once) instead of with the first token, as vLLM does.",
         ),
     ]
+    return _with_options(options, func)
+
+
+def _with_options(options: Sequence[Callable[[Any], Any]], func: F) -> F:
+    """``func`` decorated with ``options``, the first one outermost (shown first)."""
+    decorated: Any = func
     for option in reversed(options):
-        func = option(func)
-    return func
+        decorated = option(decorated)
+    result: F = decorated
+    return result
 
 
 def sim_config(config_file: Path | None, flags: dict[str, Any]) -> SimConfig:
@@ -418,9 +425,7 @@ def _load_options(func: F) -> F:
             "there is no --target. [default: qwen3-0.6b-eager]",
         ),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    return _with_options(options, func)
 
 
 def load_config(config_file: Path | None, flags: dict[str, Any]) -> LoadConfig:
