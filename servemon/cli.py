@@ -23,6 +23,13 @@ from simulator.config import DIALECTS, SimConfig, merge
 __all__ = ["cli", "main"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: The run directories a command reads (compare, merge).
+RUN_DIRS = click.argument(
+    "run_dirs",
+    nargs=-1,
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False),
+)
 T = TypeVar("T")
 
 SIM_FLAGS = (
@@ -679,12 +686,7 @@ def report(run_dir: Path) -> None:
 
 
 @cli.command()
-@click.argument(
-    "run_dirs",
-    nargs=-1,
-    required=True,
-    type=click.Path(path_type=Path, file_okay=False),
-)
+@RUN_DIRS
 @click.option(
     "--out",
     type=click.Path(path_type=Path),
@@ -763,12 +765,7 @@ def capacity(config_file: Path | None, **flags: Any) -> None:
 
 
 @cli.command("merge")
-@click.argument(
-    "run_dirs",
-    nargs=-1,
-    required=True,
-    type=click.Path(path_type=Path, file_okay=False),
-)
+@RUN_DIRS
 @click.option(
     "--out",
     "out_parent",
