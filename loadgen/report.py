@@ -27,12 +27,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from monitor import names
 from servemon.errors import ConfigError
 
 __all__ = ["RunData", "load_run", "render_report", "svg", "write_report"]
 
 plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "figure.dpi": 96})
-MONITOR = "servemon_engine_"
 
 
 @dataclass(slots=True)
@@ -190,8 +190,8 @@ def _series(data: RunData, name: str) -> tuple[list[float], list[float]]:
 
 
 def _hit_ratio(data: RunData) -> tuple[list[float], list[float]]:
-    hx, hits = _series(data, MONITOR + "prefix_cache_hits_total")
-    _qx, queries = _series(data, MONITOR + "prefix_cache_queries_total")
+    hx, hits = _series(data, names.ENGINE_PREFIX_HITS.name)
+    _qx, queries = _series(data, names.ENGINE_PREFIX_QUERIES.name)
     xs, ys = [], []
     for i in range(1, min(len(hits), len(queries))):
         dq = queries[i] - queries[i - 1]
@@ -226,15 +226,15 @@ def plot_timeline(data: RunData) -> str:
             )
     rate_ax.set_ylabel("req/s")
     rate_ax.set_title("Target (red) vs achieved request rate")
-    for name, label in (
-        ("requests_running", "running"),
-        ("requests_waiting", "waiting"),
+    for series, label in (
+        (names.ENGINE_REQUESTS_RUNNING, "running"),
+        (names.ENGINE_REQUESTS_WAITING, "waiting"),
     ):
-        xs, ys = _series(data, MONITOR + name)
+        xs, ys = _series(data, series.name)
         queue_ax.plot(xs, ys, label=label)
     queue_ax.set_ylabel("requests")
     queue_ax.legend(fontsize=7)
-    xs, ys = _series(data, MONITOR + "kv_cache_usage_ratio")
+    xs, ys = _series(data, names.ENGINE_KV_CACHE_USAGE.name)
     kv_ax.plot(xs, [y * 100 for y in ys], color="tab:purple")
     kv_ax.set_ylabel("KV usage %")
     xs, ys = _hit_ratio(data)
