@@ -16,9 +16,10 @@ from typing import Any
 import aiohttp
 
 from loadgen.timing import Outcome, RequestTiming, TokenSource
-from monitor.sse import EventTooLarge, choice_text, iter_events
+from monitor.http import NotAnswered, PoolConnector, post
+from monitor.sse import EventTooLarge, choice_text, ends_answer, is_done, iter_events
 
-__all__ = ["ClientSettings", "make_session", "send_request"]
+__all__ = ["ClientSettings", "make_session", "send_request", "server_facts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +33,7 @@ class ClientSettings:
 
 def make_session(settings: ClientSettings) -> aiohttp.ClientSession:
     """A session for load: explicit connection limit, no environment lookups."""
-    connector = aiohttp.TCPConnector(
+    connector = PoolConnector(
         limit=settings.max_connections, limit_per_host=settings.max_connections
     )
     timeout = aiohttp.ClientTimeout(
@@ -67,25 +68,26 @@ async def send_request(
     probe.stage = stage
     probe.cancel_after_tokens = cancel_after_tokens
     sent_headers = {"X-Request-Id": request_id, **(headers or {})}
+    resends = [0]
     probe.sent_s = time.monotonic()
     walk_away = asyncio.timeout(cancel_after_s)
     deadline = asyncio.timeout(timeout_s)
     try:
-        async with (
-            deadline,
-            walk_away,
-            session.post(url, json=body, headers=sent_headers) as resp,
-        ):
-            probe.headers_s = time.monotonic()
-            probe.status = resp.status
-            if resp.status != 200:
-                probe.fail(Outcome.HTTP_ERROR, _error_message(await resp.read()))
-            elif body.get("stream"):
-                await probe.read_stream(resp)
-            else:
-                probe.read_whole(await resp.read())
-            if probe.outcome is Outcome.CANCELLED:
-                resp.close()
+        async with deadline, walk_away:
+            resp = await post(
+                session, url, json=body, headers=sent_headers, resends=resends
+            )
+            async with resp:
+                probe.headers_s = time.monotonic()
+                probe.status = resp.status
+                if resp.status != 200:
+                    probe.fail(Outcome.HTTP_ERROR, _error_message(await resp.read()))
+                elif body.get("stream"):
+                    await probe.read_stream(resp)
+                else:
+                    probe.read_whole(await resp.read())
+                if probe.outcome is Outcome.CANCELLED:
+                    resp.close()
     except aiohttp.ConnectionTimeoutError as exc:
         probe.fail(Outcome.CONNECT_ERROR, f"connect timeout: {exc}")
     except TimeoutError as exc:
@@ -101,10 +103,18 @@ async def send_request(
         probe.fail(Outcome.CANCELLED, "interrupted: the run stopped first")
     except aiohttp.ClientConnectorError as exc:
         probe.fail(Outcome.CONNECT_ERROR, str(exc))
+    except NotAnswered as exc:
+        probe.fail(
+            Outcome.CONNECT_ERROR,
+            f"the server closed a fresh connection before answering: {exc}",
+        )
+    except aiohttp.ClientPayloadError as exc:
+        probe.fail(Outcome.STREAM_ERROR, f"connection cut {probe.where()}: {exc}")
     except (aiohttp.ClientError, ConnectionError, EventTooLarge, RuntimeError) as exc:
         # aiohttp raises a bare RuntimeError("Connection closed.") in some of its
         # paths where the connection went away under a read.
-        probe.fail(Outcome.STREAM_ERROR, f"{type(exc).__name__}: {exc}")
+        probe.fail(Outcome.STREAM_ERROR, f"{type(exc).__name__} {probe.where()}: {exc}")
+    probe.reconnects = resends[0]
     return probe.result()
 
 
@@ -126,24 +136,36 @@ class _Probe:
         self.finish_reason: str | None = None
         self.outcome = Outcome.OK
         self.error: str | None = None
+        self.finished = False  # a chunk carried a finish_reason (or usage)
+        self.done_sentinel = False
+        self.reconnects = 0
+        self.metrics: dict[str, Any] | None = None  # vLLM's per-request metrics
+        self.timings: dict[str, Any] | None = None  # llama.cpp's timings
 
     def fail(self, outcome: Outcome, error: str) -> None:
         if self.outcome is Outcome.OK:
             self.outcome, self.error = outcome, error
 
+    def where(self) -> str:
+        """Where in the answer the stream stands, for an error message."""
+        if self.finished:
+            return "after the finish chunk"
+        if self.first_chunk_s is None:
+            return "before any chunk"
+        return f"mid-answer, after {len(self.content_s)} content chunks"
+
     async def read_stream(self, resp: aiohttp.ClientResponse) -> None:
-        done = False
         async for data in iter_events(resp.content):
             now = time.monotonic()
             if self.first_chunk_s is None:
                 self.first_chunk_s = now
-            if data.strip() == "[DONE]":
-                done = True
+            if is_done(data):
+                self.done_sentinel = True
                 self.done_s = now
                 # Read to the end of the body, so that the connection is reused
                 # rather than closed (a new connect would land in a later TTFT).
                 await resp.content.read()
-                break
+                return
             try:
                 event = json.loads(data)
             except json.JSONDecodeError:
@@ -154,8 +176,13 @@ class _Probe:
             if limit is not None and len(self.content_s) >= limit:
                 self.fail(Outcome.CANCELLED, f"client closed after {limit} chunks")
                 return
-        if not done:
-            self.fail(Outcome.STREAM_ERROR, "stream ended before data: [DONE]")
+        # The body ended cleanly without [DONE]: complete if a finish came.
+        self.done_s = time.monotonic()
+        if not self.finished:
+            self.fail(
+                Outcome.STREAM_ERROR,
+                f"stream ended {self.where()} without a finish_reason",
+            )
 
     def take_event(self, event: object, now: float) -> None:
         if not isinstance(event, dict):
@@ -165,6 +192,12 @@ class _Probe:
             self.fail(Outcome.STREAM_ERROR, _error_message(json.dumps(event).encode()))
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
+        if isinstance(event.get("metrics"), dict):
+            self.metrics = event["metrics"]
+        if isinstance(event.get("timings"), dict):
+            self.timings = event["timings"]
+        if ends_answer(event):
+            self.finished = True
         choices = event.get("choices")
         if choices is not None and not isinstance(choices, list):
             self.fail(Outcome.STREAM_ERROR, "choices is not a list")
@@ -201,6 +234,7 @@ class _Probe:
             tokens, source = completion, TokenSource.USAGE
         else:
             tokens, source = len(self.content_s), TokenSource.CHUNKS
+        facts = server_facts(usage, self.metrics, self.timings)
         return RequestTiming(
             request_id=self.request_id,
             stage=self.stage,
@@ -217,7 +251,62 @@ class _Probe:
             token_source=source,
             finish_reason=self.finish_reason,
             error=self.error,
+            done_sentinel=self.done_sentinel,
+            reconnects=self.reconnects,
+            **facts,
         )
+
+
+def server_facts(
+    usage: dict[str, Any],
+    metrics: dict[str, Any] | None,
+    timings: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """What the server reported about the request, as RequestTiming fields.
+
+    ``usage.prompt_tokens_details.cached_tokens`` (vLLM with
+    ``--enable-prompt-tokens-details``, llama.cpp, OpenAI); vLLM's ``metrics``
+    (``--enable-per-request-metrics``: ``queue_time_ms`` = scheduled - queued,
+    ``time_to_first_token_ms`` = first token - scheduled, ``generation_time_ms`` =
+    last token - first token); llama.cpp's ``timings`` (``cache_n`` cached prompt
+    tokens, ``prompt_ms`` prompt processing, ``predicted_ms`` generation; no queue
+    time). Absent or ill-typed values are left out, never guessed.
+    """
+    facts: dict[str, Any] = {}
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if timings is not None and not _is_count(cached):
+        cached = timings.get("cache_n")
+    if _is_count(cached):
+        facts["cached_tokens"] = cached
+    if metrics is not None:
+        queue = _ms(metrics.get("queue_time_ms"))
+        prefill = _ms(metrics.get("time_to_first_token_ms"))
+        if queue is not None or prefill is not None:
+            facts["server_source"] = "vllm"
+            facts["server_queue_s"] = queue
+            facts["server_prefill_s"] = prefill
+            facts["server_decode_s"] = _ms(metrics.get("generation_time_ms"))
+    elif timings is not None:
+        prefill = _ms(timings.get("prompt_ms"))
+        if prefill is not None:
+            facts["server_source"] = "llamacpp"
+            facts["server_prefill_s"] = prefill
+            facts["server_decode_s"] = _ms(timings.get("predicted_ms"))
+    return facts
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _ms(value: object) -> float | None:
+    """Milliseconds as seconds; None for anything but a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not 0 <= value < float("inf"):
+        return None
+    return value / 1000.0
 
 
 def _error_message(raw: bytes) -> str:
@@ -230,4 +319,8 @@ def _error_message(raw: bytes) -> str:
         err = body.get("error", body)
         if isinstance(err, dict) and "message" in err:
             return str(err["message"])[:500]
+        if isinstance(body.get("detail"), str):  # FastAPI's (Transformers Serve)
+            return str(body["detail"])[:500]
+        if isinstance(err, str):
+            return err[:500]
     return str(body)[:200]

@@ -60,6 +60,16 @@ def request_line(t: RequestTiming) -> dict[str, Any]:
         "token_source": str(t.token_source),
         "finish_reason": t.finish_reason,
         "error": t.error,
+        "done_sentinel": t.done_sentinel,
+        "reconnects": t.reconnects,
+        "cached_tokens": t.cached_tokens,
+        "cached_fraction": t.cached_fraction,
+        "server_source": t.server_source,
+        "server_queue_s": t.server_queue_s,
+        "server_prefill_s": t.server_prefill_s,
+        "server_decode_s": t.server_decode_s,
+        "server_ttft_s": t.server_ttft,
+        "ttft_gap_s": t.ttft_gap,
     }
 
 
@@ -95,6 +105,13 @@ def timing_from_line(line: dict[str, Any], shift_s: float = 0.0) -> RequestTimin
         token_source=TokenSource(line.get("token_source", "chunks")),
         finish_reason=line.get("finish_reason"),
         error=line.get("error"),
+        done_sentinel=bool(line.get("done_sentinel", False)),
+        reconnects=int(line.get("reconnects") or 0),
+        cached_tokens=line.get("cached_tokens"),
+        server_source=line.get("server_source"),
+        server_queue_s=line.get("server_queue_s"),
+        server_prefill_s=line.get("server_prefill_s"),
+        server_decode_s=line.get("server_decode_s"),
     )
 
 

@@ -10,6 +10,14 @@ All times are ``time.monotonic()`` seconds. Definitions (see ``docs/metrics.md``
 - dispatch lag: actual send minus scheduled send.
 - TTFT and E2E from the scheduled send: the same ends, measured from when the request
   was due, so a client that fell behind its schedule cannot hide the wait.
+
+What the server said about the request itself, where it said anything, sits beside
+(``cached_tokens``, ``server_queue_s``, ``server_prefill_s``, ``server_decode_s``,
+``server_source``): from ``usage.prompt_tokens_details``, vLLM's per-request
+``metrics`` or llama.cpp's ``timings``. With them TTFT splits into the server's part
+(queue + prefill) and the rest, the client-side gap (network, HTTP, the server's
+front end, detokenization; for llama.cpp, which reports no queue time, the wait for a
+slot too).
 """
 
 from __future__ import annotations
@@ -59,6 +67,23 @@ class RequestTiming:
     token_source: TokenSource = TokenSource.CHUNKS
     finish_reason: str | None = None
     error: str | None = None
+    #: Whether the stream ended with ``data: [DONE]`` (optional in the protocol).
+    done_sentinel: bool = False
+    #: Times the request was sent again at once because the pooled connection it
+    #: went out on had been closed by the server while idle (nothing reached it).
+    reconnects: int = 0
+    #: Prompt tokens the server served from its prefix cache, as it reported them.
+    cached_tokens: int | None = None
+    #: Server-reported seconds in the queue (vLLM: scheduled minus queued).
+    server_queue_s: float | None = None
+    #: Server-reported seconds from scheduling to the first token (vLLM's
+    #: ``time_to_first_token_ms``; llama.cpp's ``prompt_ms``).
+    server_prefill_s: float | None = None
+    #: Server-reported seconds from the first to the last token.
+    server_decode_s: float | None = None
+    #: Which report those came from: ``vllm`` (per-request metrics), ``llamacpp``
+    #: (timings), or None.
+    server_source: str | None = None
 
     @property
     def first_content_s(self) -> float | None:
@@ -103,6 +128,27 @@ class RequestTiming:
         """Gaps between consecutive content chunks."""
         times = self.content_s
         return [b - a for a, b in itertools.pairwise(times)]
+
+    @property
+    def server_ttft(self) -> float | None:
+        """The server's share of TTFT: its queue time (0 if it reports none) plus
+        its time from scheduling to the first token."""
+        if self.server_prefill_s is None:
+            return None
+        return (self.server_queue_s or 0.0) + self.server_prefill_s
+
+    @property
+    def ttft_gap(self) -> float | None:
+        """Client-side TTFT minus the server's share: network, HTTP and front end."""
+        ttft, server = self.ttft, self.server_ttft
+        return None if ttft is None or server is None else ttft - server
+
+    @property
+    def cached_fraction(self) -> float | None:
+        """Cached prompt tokens over prompt tokens, where both are known."""
+        if self.cached_tokens is None or not self.prompt_tokens:
+            return None
+        return min(self.cached_tokens / self.prompt_tokens, 1.0)
 
     @property
     def tpot(self) -> float | None:

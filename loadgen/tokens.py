@@ -136,7 +136,8 @@ class LocalTokenizer:
 class ServerTokenizer:
     """Source ``"server"``: the target's ``POST /tokenize``, as vLLM serves it.
 
-    Sends ``{"model", "prompt", "add_special_tokens": false}`` through the given
+    Sends ``{"model", "prompt", "add_special_tokens": false}`` (and the text again as
+    ``content``, llama.cpp's name for it, which vLLM ignores) through the given
     session; the answer's ``count`` (or the length of ``tokens``) is the count. A
     failed call raises :class:`TargetError`.
     """
@@ -163,7 +164,12 @@ class ServerTokenizer:
 
     async def count(self, text: str) -> int:
         """Tokens in ``text`` according to the target."""
-        body = {"model": self.model, "prompt": text, "add_special_tokens": False}
+        body = {
+            "model": self.model,
+            "prompt": text,
+            "content": text,
+            "add_special_tokens": False,
+        }
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         try:
             async with self.session.post(self.url, json=body, timeout=timeout) as resp:

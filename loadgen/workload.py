@@ -8,9 +8,12 @@ the same spec, seed, counter and index, in every run.
 Specs (every key optional; defaults as shown, output defaults to ``default_output``):
 
 ``random:prompt=128,output=128``
-    A pool of ``pool_size`` distinct prompts of random words, built up front, each
-    exactly ``prompt`` tokens under the run's token counter (see below). Request
-    ``i`` sends pool entry ``i % pool_size``.
+    Every prompt distinct from every other from its first tokens on, so that a
+    prefix cache serves none of it (as ``vllm bench serve`` and GuideLLM make
+    theirs): request ``i`` sends a head of a few words that encodes ``i`` (distinct
+    for the first 10^9 requests), then body ``i % pool_size`` of a pool of random
+    texts built up front; head and body together are exactly ``prompt`` tokens
+    under the run's token counter (see below).
 ``shared-prefix:prefix=1024,prompts=8,suffix=64,output=128``
     ``prompts`` distinct prefixes (groups) of ``prefix`` tokens each. Request ``i``
     sends prefix ``i % prompts`` followed by a random suffix of ``suffix`` tokens
@@ -49,6 +52,7 @@ import asyncio
 import json
 import random
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -320,19 +324,52 @@ class _Output:
 
 
 @dataclass(frozen=True, slots=True)
-class _PoolWorkload:
-    """``random``: a fixed pool of texts, cycled."""
+class _RandomWorkload:
+    """``random``: a head of its own per request, then a body from a pool.
+
+    The head is request ``index`` written as ``head_length`` digits in base
+    ``len(head_words)`` (each digit a word), with every position's digits shuffled
+    by the seed: distinct indices get distinct heads, so two prompts differ from
+    their first few tokens on and a prefix cache finds nothing to share. Heads
+    repeat only past ``len(head_words) ** head_length`` requests.
+    """
 
     spec: str
     token_source: str
     seed: int
-    pool: tuple[tuple[str, int], ...]
+    pool: tuple[tuple[str, int], ...]  # bodies and their counts
+    head_words: tuple[str, ...]
+    head_length: int
+    head_tokens: int
+    shuffles: tuple[tuple[int, ...], ...]  # per head position, digit -> word index
+    exact: bool  # head words count one token each and add up with the body
     output: _Output
 
+    def head(self, index: int) -> str:
+        base = len(self.head_words)
+        words = []
+        for position in range(self.head_length):
+            index, digit = divmod(index, base)
+            words.append(self.head_words[self.shuffles[position][digit]])
+        return " ".join(words)
+
     def prompt(self, index: int) -> Prompt:
-        """Pool entry ``index % len(pool)`` with this index's output budget."""
-        text, tokens = self.pool[index % len(self.pool)]
+        """Head ``index``, then pool entry ``index % len(pool)``."""
+        body, body_tokens = self.pool[index % len(self.pool)]
+        text = f"{self.head(index)} {body}" if body else self.head(index)
+        if self.exact:
+            tokens: int | None = self.head_tokens + body_tokens
+        elif self.token_source == "estimate":
+            tokens = estimate_tokens(text)
+        else:
+            tokens = None
         return Prompt(text, None, tokens, self.output.draw(self.seed, index))
+
+
+#: Head length: distinct heads for at least this many requests.
+_DISTINCT_HEADS = 10**9
+_MIN_HEAD = 4
+_HEAD_CANDIDATES = 64  # words counted for a head when no word counts one token
 
 
 async def _build_random(
@@ -349,8 +386,56 @@ async def _build_random(
             f"--workload: random: pool size must be >= 1, got {pool_size}"
         )
     fitter = await TextFitter.calibrate(counter)
-    pool = await fitter.fit_distinct(random.Random(seed), pool_size, tokens)
-    return _PoolWorkload(spec, counter.source, seed, tuple(pool), output)
+    estimated = counter.source == "estimate"
+    # Head words of one known count each: the one-token words where the counter
+    # has them, else the commonest count among a few of the word list's words.
+    head_words: tuple[str, ...] = tuple(dict.fromkeys(fitter.fillers))
+    per_word = 1
+    if not head_words:
+        candidates = WORDS[:_HEAD_CANDIDATES]
+        counts = await count_each(counter, list(candidates))
+        per_word = max(1, Counter(counts).most_common(1)[0][0])
+        head_words = tuple(w for w, n in zip(candidates, counts, strict=True) if n)
+        head_words = (
+            tuple(w for w, n in zip(candidates, counts, strict=True) if n == per_word)
+            or head_words
+        )
+    length = _MIN_HEAD
+    while len(head_words) ** length < _DISTINCT_HEADS and length < 16:
+        length += 1
+    length = max(1, min(length, tokens // per_word))
+    rng = random.Random(f"{seed}:heads")
+    shuffles = tuple(
+        tuple(rng.sample(range(len(head_words)), len(head_words)))
+        for _ in range(length)
+    )
+    head_tokens = (
+        estimate_tokens(" ".join(WORDS[:length])) if estimated else (length * per_word)
+    )
+    body_tokens = tokens - head_tokens
+    if body_tokens > 0:
+        pool = await fitter.fit_distinct(random.Random(seed), pool_size, body_tokens)
+    else:
+        pool = [("", 0)]
+    workload = _RandomWorkload(
+        spec=spec,
+        token_source=counter.source,
+        seed=seed,
+        pool=tuple(pool),
+        head_words=head_words,
+        head_length=length,
+        head_tokens=head_tokens,
+        shuffles=shuffles,
+        exact=not estimated,
+        output=output,
+    )
+    if workload.exact:
+        # Heads and bodies add up under this counter? Check a few whole prompts.
+        samples = [workload.prompt(i) for i in range(min(_VERIFY, 2 * len(pool)))]
+        counted = await count_each(counter, [p.text or "" for p in samples])
+        if any(n != p.prompt_tokens for n, p in zip(counted, samples, strict=True)):
+            workload = replace(workload, exact=False)
+    return workload
 
 
 @dataclass(frozen=True, slots=True)

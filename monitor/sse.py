@@ -6,6 +6,12 @@ lines starting with ``:``, other fields ignored, an event with no data not dispa
 Lines are split here rather than by aiohttp's line reader, which refuses lines over
 512 KiB; one event may be up to ``max_event_bytes`` long, past which
 :class:`EventTooLarge` is raised. A stream that ends mid-event yields what it had.
+
+When an answer is complete (:func:`ends_answer`): a streamed OpenAI answer is
+complete once a chunk has carried a ``finish_reason`` (or, for servers that put the
+end there, a ``usage`` object) and the body then ends cleanly. ``data: [DONE]`` is
+optional: vLLM and llama.cpp send it, Transformers Serve does not. A body that ends
+before any finish is cut short, whatever else it carried.
 """
 
 from __future__ import annotations
@@ -14,7 +20,14 @@ from collections.abc import AsyncIterator
 
 from aiohttp import StreamReader
 
-__all__ = ["CONTENT_KEYS", "EventTooLarge", "choice_text", "iter_events"]
+__all__ = [
+    "CONTENT_KEYS",
+    "EventTooLarge",
+    "choice_text",
+    "ends_answer",
+    "is_done",
+    "iter_events",
+]
 
 #: Fields of a streamed choice (or its ``delta``) that carry generated text.
 CONTENT_KEYS = ("content", "reasoning_content", "reasoning", "text")
@@ -78,3 +91,21 @@ def choice_text(choice: dict[str, object]) -> str | None:
         if isinstance(value, str) and value:
             return value
     return None
+
+
+def is_done(data: str) -> bool:
+    """Whether an event's data is the ``[DONE]`` sentinel."""
+    return data.strip() == "[DONE]"
+
+
+def ends_answer(event: dict[str, object]) -> bool:
+    """Whether a chunk says the answer is finished: a choice with a
+    ``finish_reason``, or a ``usage`` object."""
+    if isinstance(event.get("usage"), dict):
+        return True
+    choices = event.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            if isinstance(choice, dict) and choice.get("finish_reason"):
+                return True
+    return False

@@ -19,6 +19,7 @@ from loadgen.tokens import (
     WORDS,
     EstimateCounter,
     LocalTokenizer,
+    TokenCounter,
     count_each,
     estimate_tokens,
 )
@@ -144,9 +145,25 @@ async def test_random_prompts_have_exactly_the_asked_length(tokens: int) -> None
 @pytest.mark.asyncio
 async def test_random_prompts_use_varied_words_and_cycle_the_pool() -> None:
     workload = await build("random:prompt=300", pool_size=8)
-    assert workload.prompt(3) == workload.prompt(11) == workload.prompt(8003)
+    three, eleven = workload.prompt(3).text or "", workload.prompt(11).text or ""
+    # The same body from the pool, behind a head of the prompt's own.
+    assert three.split()[8:] == eleven.split()[8:]
+    assert three.split()[:4] != eleven.split()[:4]
     used = {word for i in range(8) for word in (workload.prompt(i).text or "").split()}
     assert len(used & set(WORDS)) > 200
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("counter", [LongWordsCounter(), EstimateCounter()])
+async def test_random_prompts_differ_from_their_first_tokens_on(
+    counter: TokenCounter,
+) -> None:
+    # Many times the pool: no two prompts share even their first few words, so a
+    # prefix cache (whose blocks are 16 tokens or more) finds nothing to reuse.
+    workload = await build("random:prompt=64", counter, pool_size=16)
+    heads = [tuple((workload.prompt(i).text or "").split()[:4]) for i in range(5000)]
+    assert len(set(heads)) == 5000
+    assert len({h[0] for h in heads}) > 10  # not one fixed first word
 
 
 @pytest.mark.asyncio

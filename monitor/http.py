@@ -1,0 +1,98 @@
+"""Sending a POST once, as HTTP clients do over pooled keep-alive connections.
+
+A server may close an idle keep-alive connection at any moment, and some close it
+after every streamed answer while still advertising ``Keep-Alive`` (llama.cpp's
+``llama-server`` does). A request that goes out on such a connection fails before
+the server has read it: the write fails, or the connection is found closed before
+any response byte. Clients resend such a request at once on a new connection
+(RFC 9112 §9.3.1; httpcore and browsers do); aiohttp does it only for idempotent
+methods, and a completion request is a POST. :func:`post` does it for any method,
+only when the failed connection came from the pool, and counts each resend. A
+failure on a fresh connection is raised as it is: that server really did not answer.
+
+Whether a connection came from the pool is told by :class:`PoolConnector`, a
+``TCPConnector`` that marks each connection it hands out as used. Sessions made
+with another connector get no resends.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp.client_proto import ResponseHandler
+
+__all__ = ["NotAnswered", "PoolConnector", "post"]
+
+#: The connections a request in flight was given, True for each one from the pool.
+_GIVEN: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
+    "servemon_connections_given", default=None
+)
+
+#: Resends of one request at most (a pool can hold several dead connections).
+MAX_RESENDS = 4
+
+
+class PoolConnector(aiohttp.TCPConnector):
+    """A ``TCPConnector`` that tells :func:`post` whether a connection was reused."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._used: weakref.WeakSet[ResponseHandler] = weakref.WeakSet()
+
+    async def connect(
+        self,
+        req: aiohttp.ClientRequest,
+        traces: list[Any],
+        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 (aiohttp's signature)
+    ) -> aiohttp.connector.Connection:
+        conn = await super().connect(req, traces, timeout)
+        given = _GIVEN.get()
+        proto = conn.protocol
+        if given is not None and proto is not None:
+            given.append(proto in self._used)
+            self._used.add(proto)
+        return conn
+
+
+class NotAnswered(Exception):
+    """The server closed a fresh connection (or every resend's) before answering."""
+
+    def __init__(self, cause: BaseException, resends: int) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+        self.resends = resends
+
+
+async def post(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    json: Any,
+    headers: Mapping[str, str],
+    resends: list[int] | None = None,
+) -> aiohttp.ClientResponse:
+    """POST and return the response once its headers are in.
+
+    A failure on a connection taken from the pool, before any response, is resent
+    at once (at most :data:`MAX_RESENDS` times); each resend is counted in
+    ``resends[0]``. A failure on a fresh connection raises :class:`NotAnswered`;
+    connect errors and timeouts propagate as aiohttp raises them.
+    """
+    count = resends if resends is not None else [0]
+    while True:
+        given: list[bool] = []
+        token = _GIVEN.set(given)
+        try:
+            return await session.post(url, json=json, headers=headers)
+        except aiohttp.ClientConnectorError:
+            raise
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if not (given and given[-1]) or count[0] >= MAX_RESENDS:
+                raise NotAnswered(exc, count[0]) from exc
+            count[0] += 1
+        finally:
+            _GIVEN.reset(token)
