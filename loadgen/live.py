@@ -68,6 +68,9 @@ class LiveMetrics:
         self.prompt_tokens = counter(names.CLIENT_PROMPT_TOKENS)
         self.held_back = counter(names.CLIENT_HELD_BACK)
         self.skipped = counter(names.CLIENT_SKIPPED)
+        self.reconnects = counter(names.CLIENT_RECONNECTS)
+        self.server_queue = histogram(names.CLIENT_SERVER_QUEUE, "server_queue")
+        self.ttft_gap = histogram(names.CLIENT_TTFT_GAP, "ttft_gap")
         self.target_rate = gauge(names.CLIENT_TARGET_RATE).labels(*self._base)
         self.in_flight = gauge(names.CLIENT_IN_FLIGHT).labels(*self._base)
         self.current_stage = gauge(names.CLIENT_CURRENT_STAGE).labels(*self._base)
@@ -84,14 +87,22 @@ class LiveMetrics:
             labels = (*self._base, str(index))
             self.held_back.labels(*labels)
             self.skipped.labels(*labels, "late")
+            self.reconnects.labels(*labels)
 
     def observe(self, timing: RequestTiming) -> None:
         """Count one finished request."""
         labels = (*self._base, str(timing.stage))
         self.requests.labels(*labels, str(timing.outcome)).inc()
         self.lag.labels(*labels).observe(max(0.0, timing.dispatch_lag))
+        if timing.reconnects:
+            self.reconnects.labels(*labels).inc(timing.reconnects)
         if timing.outcome != "ok":
             return
+        if timing.server_queue_s is not None:
+            self.server_queue.labels(*labels).observe(timing.server_queue_s)
+        gap = timing.ttft_gap
+        if gap is not None:
+            self.ttft_gap.labels(*labels).observe(max(0.0, gap))
         self._observe_many(self.itl.labels(*labels), timing.itl)
         for hist, value in (
             (self.ttft, timing.ttft),

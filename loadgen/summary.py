@@ -36,6 +36,9 @@ FIGURE_NAMES = (
     "dispatch_lag",
     "ttft_from_scheduled",
     "e2e_from_scheduled",
+    "server_queue",
+    "server_prefill",
+    "ttft_gap",
 )
 
 
@@ -100,6 +103,18 @@ class Summary:
     token_sources: dict[str, int] = field(default_factory=dict)
     goodput: float | None = None
     slo_met: dict[str, bool] | None = None
+    #: Server-reported seconds in the queue, from scheduling to the first token,
+    #: and the client-side rest of TTFT (ok requests whose server reported them).
+    server_queue: Distribution | None = None
+    server_prefill: Distribution | None = None
+    ttft_gap: Distribution | None = None
+    #: Prompt tokens served from the server's prefix cache over prompt tokens, over
+    #: the ok requests whose server reported cached tokens.
+    cached_fraction: float | None = None
+    #: Resends after the server closed an idle pooled connection (all requests).
+    reconnects: int = 0
+    #: Ok answers that ended without ``data: [DONE]`` (every non-streamed one).
+    without_done: int = 0
 
     def figure(self, name: str) -> Distribution | None:
         """A latency figure by name (one of :data:`FIGURE_NAMES`)."""
@@ -161,6 +176,14 @@ def summarize(
         prompt_throughput=sum(prompts) * per_s,
         error_rate=_error_rate(timings),
         token_sources=dict(Counter(str(t.token_source) for t in ok)),
+        server_queue=dist([t.server_queue_s for t in ok]),
+        server_prefill=dist([t.server_prefill_s for t in ok]),
+        ttft_gap=dist([t.ttft_gap for t in ok]),
+        cached_fraction=_cached_fraction(ok),
+        reconnects=sum(t.reconnects for t in timings),
+        without_done=sum(
+            1 for t in ok if t.first_chunk_s is not None and not t.done_sentinel
+        ),
     )
     if not slo:
         return summary
@@ -170,6 +193,14 @@ def summarize(
         value = summary.value(term.key)
         met[str(term)] = value is not None and value <= term.threshold
     return _replace(summary, goodput=good * per_s, slo_met=met)
+
+
+def _cached_fraction(ok: Sequence[RequestTiming]) -> float | None:
+    known = [t for t in ok if t.cached_tokens is not None and t.prompt_tokens]
+    if not known:
+        return None
+    prompt = sum(t.prompt_tokens or 0 for t in known)
+    return sum(t.cached_tokens or 0 for t in known) / prompt
 
 
 def _error_rate(timings: Sequence[RequestTiming]) -> float:
@@ -201,6 +232,9 @@ def flat_row(summary: Summary) -> dict[str, Any]:
         "goodput": None if summary.goodput is None else round(summary.goodput, 6),
         "mean_prompt_tokens": summary.mean_prompt_tokens,
         "mean_output_tokens": summary.mean_output_tokens,
+        "cached_fraction": summary.cached_fraction,
+        "reconnects": summary.reconnects,
+        "without_done": summary.without_done,
     }
     for name in FIGURE_NAMES:
         dist = summary.figure(name)

@@ -175,6 +175,9 @@ LATENCY_BUCKETS: dict[str, tuple[float, ...]] = {
     ),
 }
 LATENCY_BUCKETS["ttfc"] = LATENCY_BUCKETS["ttft"]
+LATENCY_BUCKETS["server_queue"] = LATENCY_BUCKETS["ttft"]
+# The client-side rest of TTFT is small where all is well: fine edges below 10 ms.
+LATENCY_BUCKETS["ttft_gap"] = LATENCY_BUCKETS["dispatch_lag"]
 LATENCY_BUCKETS["tpot"] = LATENCY_BUCKETS["itl"]
 
 #: The canary probe's TTFT and E2E histograms.

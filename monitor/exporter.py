@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 from monitor.config import Auth, ExporterConfig, load_auth, parse_listen
 from monitor.engine import EngineCollector, Target
 from monitor.gpu import GpuCollector, GpuReader, NvmlReader
+from monitor.http import PoolConnector
 from monitor.probe import Prober
 
 __all__ = ["Exporter"]
@@ -79,7 +80,7 @@ class Exporter:
 
     async def start(self) -> str:
         """Start collectors and bind; returns ``http://host:port``."""
-        connector = aiohttp.TCPConnector(limit=256)
+        connector = PoolConnector(limit=256)
         self._session = aiohttp.ClientSession(
             connector=connector,
             trust_env=False,

@@ -214,6 +214,30 @@ CLIENT_SKIPPED = Series(
     "Requests never sent, by reason (late: past --late-tolerance with --late skip).",
     (*_CLIENT, "reason"),
 )
+CLIENT_RECONNECTS = Series(
+    "servemon_client_reconnects_total",
+    "counter",
+    "requests",
+    "Requests sent again at once on a new connection because the server had closed "
+    "the idle pooled connection they went out on (nothing reached the server).",
+    _CLIENT,
+)
+CLIENT_SERVER_QUEUE = Series(
+    "servemon_client_server_queue_seconds",
+    "histogram",
+    "seconds",
+    "Queue time the server reported for each ok request (vLLM's per-request "
+    "metrics: scheduled minus queued).",
+    _CLIENT,
+)
+CLIENT_TTFT_GAP = Series(
+    "servemon_client_ttft_gap_seconds",
+    "histogram",
+    "seconds",
+    "Client TTFT minus the server-reported queue and prefill time: network, HTTP "
+    "and the server's front end (llama.cpp: the wait for a slot too).",
+    _CLIENT,
+)
 
 
 # -- engine (normalized from the target's /metrics) ---------------------------------
@@ -691,6 +715,9 @@ CLIENT_SERIES: tuple[Series, ...] = (
     CLIENT_CURRENT_STAGE,
     CLIENT_HELD_BACK,
     CLIENT_SKIPPED,
+    CLIENT_RECONNECTS,
+    CLIENT_SERVER_QUEUE,
+    CLIENT_TTFT_GAP,
 )
 
 SCHEMA: tuple[Series, ...] = (

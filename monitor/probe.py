@@ -3,7 +3,10 @@
 It answers "how long would a user wait right now?" even when traffic is quiet:
 ``servemon_probe_ttft_seconds`` (to the first chunk with content, never the role
 chunk), ``servemon_probe_e2e_seconds`` and ``servemon_probe_requests_total{outcome}``.
-Probe requests carry ``X-Servemon-Probe: 1`` (and an ``X-Request-Id`` starting with
+An answer is complete by the same rule as the load generator's (a finish, with
+``[DONE]`` optional), and a request that met a pooled connection the server had
+closed is resent on a new one (:mod:`monitor.http`). Probe requests carry
+``X-Servemon-Probe: 1`` (and an ``X-Request-Id`` starting with
 ``servemon-probe-``) so that they can be told apart in the server's logs. Nothing
 from the network raises out of a probe.
 """
@@ -22,7 +25,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from monitor import names
 from monitor.buckets import PROBE_BUCKETS
 from monitor.engine import Target
-from monitor.sse import EventTooLarge, choice_text, iter_events
+from monitor.http import NotAnswered, post
+from monitor.sse import EventTooLarge, choice_text, ends_answer, is_done, iter_events
 
 __all__ = ["PROBE_HEADER", "Prober"]
 
@@ -108,25 +112,26 @@ class Prober:
         first: float | None = None
         outcome = "ok"
         try:
-            async with (
-                asyncio.timeout(self.timeout_s),
-                self._session.post(url, json=body, headers=headers) as resp,
-            ):
-                if resp.status != 200:
-                    outcome = "http_error"
-                else:
-                    done = False
-                    async for data in iter_events(resp.content):
-                        if data.strip() == "[DONE]":
-                            done = True
-                            break
-                        if first is None and _has_content(data):
-                            first = time.monotonic()
-                    if not done:
-                        outcome = "stream_error"
+            async with asyncio.timeout(self.timeout_s):
+                resp = await post(self._session, url, json=body, headers=headers)
+                async with resp:
+                    if resp.status != 200:
+                        outcome = "http_error"
+                    else:
+                        finished = False
+                        async for data in iter_events(resp.content):
+                            if is_done(data):
+                                finished = True  # [DONE] is optional, not required
+                                break
+                            event = _event(data)
+                            if first is None and _has_content(event):
+                                first = time.monotonic()
+                            finished = finished or ends_answer(event)
+                        if not finished:
+                            outcome = "stream_error"
         except TimeoutError:
             outcome = "timeout"
-        except aiohttp.ClientConnectorError:
+        except (aiohttp.ClientConnectorError, NotAnswered):
             outcome = "connect_error"
         except (aiohttp.ClientError, ConnectionError, EventTooLarge, RuntimeError):
             outcome = "stream_error"
@@ -159,12 +164,16 @@ class Prober:
         return None
 
 
-def _has_content(data: str) -> bool:
+def _event(data: str) -> dict[str, object]:
     try:
         event = json.loads(data)
     except json.JSONDecodeError:
-        return False
-    choices = event.get("choices") if isinstance(event, dict) else None
+        return {}
+    return event if isinstance(event, dict) else {}
+
+
+def _has_content(event: dict[str, object]) -> bool:
+    choices = event.get("choices")
     if not isinstance(choices, list):
         return False
     return any(isinstance(c, dict) and choice_text(c) for c in choices)

@@ -18,7 +18,7 @@ from monitor.config import ExporterConfig, merge_exporter, parse_target
 from servemon import __version__
 from servemon.errors import ConfigError, ServemonError
 from servemon.fields import read_yaml
-from simulator.config import DIALECTS, SimConfig, merge
+from simulator.config import DIALECTS, WIRE_DIALECTS, SimConfig, merge
 
 __all__ = ["cli", "main"]
 
@@ -46,6 +46,9 @@ SIM_FLAGS = (
     "eos_probability",
     "speed",
     "metrics_dialect",
+    "dialect",
+    "enable_prompt_tokens_details",
+    "enable_per_request_metrics",
     "seed",
     "trace",
 )
@@ -131,6 +134,24 @@ def _sim_options(func: F) -> F:
             "--metrics-dialect",
             type=click.Choice(DIALECTS),
             help="Metric names of which engine and version. [default: vllm]",
+        ),
+        click.option(
+            "--dialect",
+            type=click.Choice(WIRE_DIALECTS),
+            help="Whose wire format: stream grammar, errors, endpoints "
+            "(llamacpp also sets its metric names). [default: vllm]",
+        ),
+        click.option(
+            "--enable-prompt-tokens-details",
+            is_flag=True,
+            default=None,
+            help="usage.prompt_tokens_details.cached_tokens, as vLLM's flag.",
+        ),
+        click.option(
+            "--enable-per-request-metrics",
+            is_flag=True,
+            default=None,
+            help="A per-request metrics object, as vLLM's flag.",
         ),
         click.option(
             "--seed",

@@ -17,13 +17,23 @@ from annotated_types import Ge, Gt, Le
 from servemon.errors import ConfigError
 from servemon.fields import FORBID_EXTRA, load
 
-__all__ = ["DIALECTS", "Faults", "SimConfig", "merge"]
+__all__ = ["DIALECTS", "WIRE_DIALECTS", "Faults", "SimConfig", "merge"]
 
 Fraction = Annotated[float, Ge(0), Le(1)]
 Seconds = Annotated[float, Ge(0)]
 
-Dialect = Literal["vllm", "vllm-0.10", "vllm-0.8", "vllm-v0", "sglang"]
-DIALECTS: tuple[str, ...] = ("vllm", "vllm-0.10", "vllm-0.8", "vllm-v0", "sglang")
+Dialect = Literal["vllm", "vllm-0.10", "vllm-0.8", "vllm-v0", "sglang", "llamacpp"]
+DIALECTS: tuple[str, ...] = (
+    "vllm",
+    "vllm-0.10",
+    "vllm-0.8",
+    "vllm-v0",
+    "sglang",
+    "llamacpp",
+)
+#: The servers whose wire format (stream grammar, errors, endpoints) it can speak.
+WireDialect = Literal["vllm", "transformers", "llamacpp"]
+WIRE_DIALECTS: tuple[str, ...] = ("vllm", "transformers", "llamacpp")
 MetricsFault = Literal["ok", "garbage", "hang", "503"]
 
 
@@ -65,6 +75,13 @@ class SimConfig:
     eos_probability: Fraction | None = None
     speed: Annotated[float, Gt(0)] = 1.0
     metrics_dialect: Dialect = "vllm"
+    #: Whose wire format: stream grammar, error bodies and endpoints (see
+    #: docs/simulator.md). ``llamacpp`` implies the ``llamacpp`` metric names.
+    dialect: WireDialect = "vllm"
+    #: vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.
+    enable_prompt_tokens_details: bool = False
+    #: vLLM's --enable-per-request-metrics: a ``metrics`` object per answer.
+    enable_per_request_metrics: bool = False
     seed: int = 0
     trace: str | None = None
     faults: Faults = field(default_factory=Faults)

@@ -13,6 +13,8 @@ Dialects (``--metrics-dialect``):
 ``vllm-v0``    the V0 engine: hit-rate gauges instead of counters, swapped
                requests.
 ``sglang``     SGLang's ``sglang:`` names, a cache hit-rate gauge, per-rank labels.
+``llamacpp``   llama-server's ``--metrics``: ``llamacpp:`` counters and gauges, no
+               labels, no histograms (the names its server code registers).
 
 Every dialect's histograms use vLLM's V1 bucket edges. The collector reads engine
 state in memory only; it never blocks.
@@ -52,6 +54,8 @@ class EngineMetrics(Collector):
     def collect(self) -> Iterable[Metric]:
         if self.dialect == "sglang":
             yield from self._sglang()
+        elif self.dialect == "llamacpp":
+            yield from self._llamacpp()
         else:
             yield from self._vllm()
 
@@ -285,6 +289,41 @@ class EngineMetrics(Collector):
         return fam
 
     # -- SGLang -----------------------------------------------------------------
+
+    def _llamacpp(self) -> Iterator[Metric]:
+        eng, st = self.engine, self.engine.stats
+        counters = (
+            (
+                "prompt_tokens_total",
+                "Number of prompt tokens processed.",
+                st.prompt_tokens,
+            ),
+            (
+                "prompt_tokens_cached_total",
+                "Number of prompt tokens from the cache.",
+                st.prefix_hits,
+            ),
+            ("prompt_seconds_total", "Prompt process time", st.prefill.total),
+            (
+                "tokens_predicted_total",
+                "Number of generation tokens processed.",
+                st.generation_tokens,
+            ),
+            ("tokens_predicted_seconds_total", "Predict process time", st.decode.total),
+        )
+        for name, doc, value in counters:
+            fam = CounterMetricFamily(f"llamacpp:{name}", doc)
+            fam.add_metric([], value)
+            yield fam
+        gauges = (
+            ("requests_processing", "Number of requests processing.", len(eng.running)),
+            ("requests_deferred", "Number of requests deferred.", len(eng.waiting)),
+            ("n_tokens_max", "Largest observed n_tokens.", eng.args.max_model_len),
+        )
+        for name, doc, value in gauges:
+            gauge = GaugeMetricFamily(f"llamacpp:{name}", doc)
+            gauge.add_metric([], value)
+            yield gauge
 
     def _sglang(self) -> Iterator[Metric]:
         eng, st = self.engine, self.engine.stats

@@ -14,7 +14,16 @@ from typing import Any, Literal
 
 from simulator.tokenizer import VOCAB_SIZE, WordTokenizer
 
-__all__ = ["ApiError", "ChunkWriter", "ParsedRequest", "error_body", "parse_request"]
+__all__ = [
+    "ApiError",
+    "ChunkWriter",
+    "ParsedRequest",
+    "ServerFacts",
+    "error_body",
+    "llamacpp_timings",
+    "parse_request",
+    "vllm_metrics",
+]
 
 IM_START, IM_END, ASSISTANT = VOCAB_SIZE, VOCAB_SIZE + 1, VOCAB_SIZE + 2
 _ROLE_IDS = {"system": VOCAB_SIZE + 3, "user": VOCAB_SIZE + 4, "assistant": ASSISTANT}
@@ -37,15 +46,24 @@ class ApiError(Exception):
         self.kind = kind
         self.param = param
 
-    def body(self) -> dict[str, Any]:
+    def body(self, dialect: str = "vllm") -> dict[str, Any]:
         """The JSON body."""
-        return error_body(self.status, self.message, self.kind, self.param)
+        return error_body(
+            self.status, self.message, self.kind, self.param, dialect=dialect
+        )
 
 
 def error_body(
-    status: int, message: str, kind: str, param: str | None = None
+    status: int,
+    message: str,
+    kind: str,
+    param: str | None = None,
+    *,
+    dialect: str = "vllm",
 ) -> dict[str, Any]:
-    """OpenAI's error object."""
+    """OpenAI's error object (FastAPI's ``{"detail": ...}`` for Transformers Serve)."""
+    if dialect == "transformers":
+        return {"detail": message}
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
@@ -198,17 +216,63 @@ def _text_prompt(body: dict[str, Any], tokenizer: WordTokenizer) -> list[int]:
     )
 
 
-class ChunkWriter:
-    """Builds one request's SSE events and final JSON, as vLLM formats them."""
+@dataclass(frozen=True, slots=True)
+class ServerFacts:
+    """What a server may say about one finished request (engine monotonic times)."""
 
-    __slots__ = ("_head", "_tail", "api", "created", "model", "response_id")
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    queued_s: float
+    scheduled_s: float | None
+    first_token_s: float | None
+    last_token_s: float | None
+
+
+class ChunkWriter:
+    """Builds one request's SSE events and final JSON, as a dialect formats them.
+
+    ``vllm``: a role chunk ``{"role":"assistant","content":""}``, content chunks, the
+    finish reason on the last content chunk, a usage chunk with empty ``choices``
+    when asked (``stream_options.include_usage``), ``data: [DONE]``.
+    ``transformers`` (Transformers Serve 5.x): a role chunk without content, content
+    chunks, then a finish chunk with an empty delta that carries ``usage`` always,
+    and no ``[DONE]``. ``llamacpp`` (llama-server): a role chunk with
+    ``"content": null``, content chunks, a finish chunk with an empty delta, a usage
+    chunk when asked (``prompt_tokens_details.cached_tokens`` in it), ``timings`` on
+    the last chunk, ``[DONE]``.
+    """
+
+    __slots__ = (
+        "_head",
+        "_tail",
+        "api",
+        "created",
+        "details",
+        "dialect",
+        "metrics",
+        "model",
+        "response_id",
+    )
 
     def __init__(
-        self, api: Literal["chat", "completions"], response_id: str, model: str
+        self,
+        api: Literal["chat", "completions"],
+        response_id: str,
+        model: str,
+        *,
+        dialect: str = "vllm",
+        details: bool = False,
+        metrics: bool = False,
     ) -> None:
         self.api = api
         self.response_id = response_id
         self.model = model
+        self.dialect = dialect
+        #: usage.prompt_tokens_details (vLLM's flag; llama.cpp always).
+        self.details = details or dialect == "llamacpp"
+        #: vLLM's per-request ``metrics`` object.
+        self.metrics = metrics and dialect == "vllm"
         self.created = int(time.time())
         obj = "chat.completion.chunk" if api == "chat" else "text_completion"
         self._head = (
@@ -217,15 +281,32 @@ class ChunkWriter:
         )
         self._tail = "}]}\n\n"
 
+    @property
+    def finish_in_content(self) -> bool:
+        """Whether the last content chunk carries the finish reason (vLLM)."""
+        return self.dialect == "vllm"
+
+    @property
+    def sends_done(self) -> bool:
+        """Whether the stream ends with ``data: [DONE]``."""
+        return self.dialect != "transformers"
+
     def role(self) -> bytes:
-        """The first chat chunk: the role and empty content, before any token."""
+        """The first chat chunk: the role, before any token."""
+        if self.dialect == "transformers":
+            delta = '"delta":{"role":"assistant"}'
+        elif self.dialect == "llamacpp":
+            delta = '"delta":{"role":"assistant","content":null}'
+        else:
+            delta = '"delta":{"role":"assistant","content":""}'
         return (
-            self._head + '"delta":{"role":"assistant","content":""},'
-            '"logprobs":null,"finish_reason":null' + self._tail
+            self._head + delta + ',"logprobs":null,"finish_reason":null' + self._tail
         ).encode()
 
     def content(self, text: str, finish_reason: str | None) -> bytes:
-        """A chunk carrying generated text (and the finish reason on the last)."""
+        """A chunk carrying generated text (and, for vLLM, the finish on the last)."""
+        if not self.finish_in_content:
+            finish_reason = None
         reason = "null" if finish_reason is None else f'"{finish_reason}"'
         if self.api == "chat":
             body = f'"delta":{{"content":{json.dumps(text)}}},"logprobs":null,'
@@ -233,26 +314,34 @@ class ChunkWriter:
             body = f'"text":{json.dumps(text)},"logprobs":null,'
         return (self._head + body + f'"finish_reason":{reason}' + self._tail).encode()
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        """The usage chunk (``stream_options.include_usage``): no choices."""
-        obj = "chat.completion.chunk" if self.api == "chat" else "text_completion"
-        event = {
-            "id": self.response_id,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "choices": [],
-            "usage": _usage(prompt_tokens, completion_tokens),
-        }
-        return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+    def finish(
+        self, finish_reason: str | None, facts: ServerFacts, *, usage_follows: bool
+    ) -> bytes | None:
+        """The separate finish chunk of Transformers Serve and llama.cpp."""
+        if self.finish_in_content:
+            return None
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason}
+        if self.api == "chat":
+            choice["delta"] = {}
+        else:
+            choice["text"] = ""
+        event = self._event([choice])
+        if self.dialect == "transformers":
+            event["usage"] = _usage(facts.prompt_tokens, facts.completion_tokens)
+        elif not usage_follows:
+            event["timings"] = llamacpp_timings(facts)
+        return _sse(event)
 
-    def full(
-        self,
-        text: str,
-        finish_reason: str | None,
-        prompt_tokens: int,
-        completion_tokens: int,
-    ) -> dict[str, Any]:
+    def usage(self, facts: ServerFacts) -> bytes | None:
+        """The usage chunk (``stream_options.include_usage``): no choices."""
+        if self.dialect == "transformers":
+            return None  # usage rides on its finish chunk
+        event = self._event([])
+        event["usage"] = self._usage(facts)
+        self._add_facts(event, facts)
+        return _sse(event)
+
+    def full(self, text: str, finish_reason: str | None, facts: ServerFacts) -> Any:
         """The non-streaming response body."""
         choice: dict[str, Any] = {
             "index": 0,
@@ -263,14 +352,74 @@ class ChunkWriter:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
+        body = self._event([choice])
+        body["object"] = "chat.completion" if self.api == "chat" else "text_completion"
+        body["usage"] = self._usage(facts)
+        self._add_facts(body, facts)
+        return body
+
+    def _event(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.api == "chat" else "text_completion"
         return {
             "id": self.response_id,
-            "object": "chat.completion" if self.api == "chat" else "text_completion",
+            "object": obj,
             "created": self.created,
             "model": self.model,
-            "choices": [choice],
-            "usage": _usage(prompt_tokens, completion_tokens),
+            "choices": choices,
         }
+
+    def _usage(self, facts: ServerFacts) -> dict[str, Any]:
+        usage: dict[str, Any] = _usage(facts.prompt_tokens, facts.completion_tokens)
+        if self.details:
+            usage["prompt_tokens_details"] = {"cached_tokens": facts.cached_tokens}
+        return usage
+
+    def _add_facts(self, event: dict[str, Any], facts: ServerFacts) -> None:
+        if self.metrics:
+            event["metrics"] = vllm_metrics(facts)
+        if self.dialect == "llamacpp":
+            event["timings"] = llamacpp_timings(facts)
+
+
+def vllm_metrics(facts: ServerFacts) -> dict[str, float]:
+    """vLLM's per-request ``metrics`` (``--enable-per-request-metrics``): queue =
+    scheduled - queued, TTFT = first token - scheduled, generation = last - first
+    token, mean ITL over the gaps, tokens per second from scheduling; in ms."""
+    out: dict[str, float] = {}
+    sched, first, last = facts.scheduled_s, facts.first_token_s, facts.last_token_s
+    if sched is not None:
+        out["queue_time_ms"] = (sched - facts.queued_s) * 1000.0
+    if sched is not None and first is not None:
+        out["time_to_first_token_ms"] = (first - sched) * 1000.0
+    if first is not None and last is not None:
+        out["generation_time_ms"] = (last - first) * 1000.0
+        if facts.completion_tokens > 1:
+            gaps = facts.completion_tokens - 1
+            out["mean_itl_ms"] = (last - first) * 1000.0 / gaps
+    if sched is not None and last is not None and last > sched:
+        out["tokens_per_second"] = facts.completion_tokens / (last - sched)
+    return out
+
+
+def llamacpp_timings(facts: ServerFacts) -> dict[str, float]:
+    """llama.cpp's ``timings``: cached and evaluated prompt tokens, prompt and
+    generation time in ms (no queue time: llama.cpp does not report one)."""
+    sched, first, last = facts.scheduled_s, facts.first_token_s, facts.last_token_s
+    prompt_ms = (first - sched) * 1000.0 if sched is not None and first else 0.0
+    predicted_ms = (last - first) * 1000.0 if first is not None and last else 0.0
+    evaluated = facts.prompt_tokens - facts.cached_tokens
+    return {
+        "cache_n": facts.cached_tokens,
+        "prompt_n": evaluated,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / evaluated if evaluated else 0.0,
+        "predicted_n": facts.completion_tokens,
+        "predicted_ms": predicted_ms,
+    }
+
+
+def _sse(event: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -37,6 +37,7 @@ from simulator.openai import (
     ApiError,
     ChunkWriter,
     ParsedRequest,
+    ServerFacts,
     error_body,
     parse_request,
 )
@@ -51,6 +52,7 @@ VERSIONS = {
     "vllm-0.8": "0.8.5",
     "vllm-v0": "0.6.3",
     "sglang": "0.5.0",
+    "llamacpp": "b11434",
 }
 RUNTIME_FIELDS = ("faults", "speed", "eos_probability")
 
@@ -85,9 +87,11 @@ class SimServer:
         self.model = config.served_model_name or p.model
         self.faults = config.faults
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(
-            EngineMetrics(self.engine, self.model, config.metrics_dialect)
+        self.dialect = config.dialect
+        metrics_dialect = (
+            "llamacpp" if config.dialect == "llamacpp" else config.metrics_dialect
         )
+        self.registry.register(EngineMetrics(self.engine, self.model, metrics_dialect))
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
@@ -173,9 +177,19 @@ class SimServer:
         return web.Response(status=200)
 
     async def _version(self, request: web.Request) -> web.Response:
+        if self.dialect != "vllm":
+            return self._not_found()
         return web.json_response({"version": VERSIONS[self.config.metrics_dialect]})
 
+    def _not_found(self) -> web.Response:
+        """What a server without the endpoint answers (FastAPI's, or a plain 404)."""
+        if self.dialect == "transformers":
+            return web.json_response({"detail": "Not Found"}, status=404)
+        return web.Response(status=404, text="File Not Found")
+
     async def _metrics(self, request: web.Request) -> web.Response:
+        if self.dialect == "transformers":
+            return self._not_found()
         mode = self.faults.metrics
         if mode == "503":
             return web.Response(status=503, text="Service Unavailable")
@@ -190,14 +204,21 @@ class SimServer:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _tokenize(self, request: web.Request) -> web.Response:
+        if self.dialect == "transformers":
+            return self._not_found()
         body = await self._json(request)
+        if self.dialect == "llamacpp":
+            content = body.get("content") if isinstance(body, dict) else None
+            if not isinstance(content, str):
+                return self._error(400, '"content" must be provided')
+            return web.json_response({"tokens": self.engine.tokenizer.encode(content)})
         api: Literal["chat", "completions"] = (
             "chat" if isinstance(body, dict) and "messages" in body else "completions"
         )
         try:
             parsed = parse_request(api, body, self.engine.tokenizer)
         except ApiError as exc:
-            return web.json_response(exc.body(), status=exc.status)
+            return web.json_response(exc.body(self.dialect), status=exc.status)
         return web.json_response(
             {
                 "count": len(parsed.prompt),
@@ -265,7 +286,7 @@ class SimServer:
             parsed = parse_request(api, body, self.engine.tokenizer)
             max_tokens = self._check(parsed)
         except ApiError as exc:
-            return web.json_response(exc.body(), status=exc.status)
+            return web.json_response(exc.body(self.dialect), status=exc.status)
         faults = self.faults
         draw = self._rng.random()
         if draw < faults.http_500_fraction:
@@ -278,17 +299,23 @@ class SimServer:
         malformed = self._rng.random() < faults.malformed_sse_fraction
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         prefix = "chatcmpl-" if api == "chat" else "cmpl-"
-        writer = ChunkWriter(api, prefix + request_id, self.model)
+        writer = ChunkWriter(
+            api,
+            prefix + request_id,
+            self.model,
+            dialect=self.dialect,
+            details=self.config.enable_prompt_tokens_details,
+            metrics=self.config.enable_per_request_metrics,
+        )
         if faults.slow_headers_s > 0:
             await asyncio.sleep(faults.slow_headers_s)
         response: web.StreamResponse | None = None
         if parsed.stream:
-            response = web.StreamResponse(
-                headers={
-                    "Content-Type": "text/event-stream",
-                    "X-Request-Id": request_id,
-                }
-            )
+            headers = {"Content-Type": "text/event-stream", "X-Request-Id": request_id}
+            if self.dialect == "llamacpp":
+                # Advertised, though the connection is closed after the stream.
+                headers["Keep-Alive"] = "timeout=5, max=100"
+            response = web.StreamResponse(headers=headers)
             await response.prepare(request)
         role = _RoleChunk(
             response if api == "chat" and faults.role_chunk else None,
@@ -359,9 +386,7 @@ class SimServer:
         while not req.finished:
             await req.wakeup.wait()
             req.wakeup.clear()
-        body = writer.full(
-            "".join(req.pieces), req.finish_reason, len(req.prompt), req.num_output
-        )
+        body = writer.full("".join(req.pieces), req.finish_reason, _facts(req))
         written.extend([time.monotonic()] * req.num_output)  # one time per token
         return web.json_response(body, headers={"X-Request-Id": req.request_id})
 
@@ -404,10 +429,21 @@ class SimServer:
                     return
             if req.finished:
                 break
-        if parsed.include_usage:
-            await response.write(writer.usage(len(req.prompt), req.num_output))
-        await response.write(DONE)
+        facts = _facts(req)
+        usage = writer.usage(facts) if parsed.include_usage else None
+        finish = writer.finish(
+            req.finish_reason, facts, usage_follows=usage is not None
+        )
+        for event in (finish, usage, DONE if writer.sends_done else None):
+            if event is not None:
+                await response.write(event)
         await response.write_eof()
+        if self.dialect == "llamacpp" and transport is not None:
+            # llama-server closes the connection after a streamed answer while
+            # advertising keep-alive: read nothing more, close a moment later, so
+            # a request sent on it meanwhile is reset unread.
+            transport.pause_reading()
+            asyncio.get_running_loop().call_later(0.005, transport.close)
 
     def _record(self, req: Request, written: list[float], status: int) -> None:
         if self._trace is None:
@@ -427,6 +463,9 @@ class SimServer:
                 cached_tokens=req.cached_tokens,
                 output_tokens=req.num_output,
                 status=status,
+                queued_s=req.queued_s,
+                engine_first_token_s=req.first_token_s,
+                engine_last_token_s=req.last_token_s,
             )
         )
 
@@ -441,7 +480,20 @@ class SimServer:
     def _error(
         self, status: int, message: str, kind: str = "BadRequestError"
     ) -> web.Response:
-        return web.json_response(error_body(status, message, kind), status=status)
+        body = error_body(status, message, kind, dialect=self.dialect)
+        return web.json_response(body, status=status)
+
+
+def _facts(req: Request) -> ServerFacts:
+    return ServerFacts(
+        prompt_tokens=len(req.prompt),
+        completion_tokens=req.num_output,
+        cached_tokens=req.cached_tokens,
+        queued_s=req.queued_s,
+        scheduled_s=req.scheduled_s,
+        first_token_s=req.first_token_s,
+        last_token_s=req.last_token_s,
+    )
 
 
 class _RoleChunk:

@@ -32,6 +32,11 @@ class TraceRecord:
     cached_tokens: int
     output_tokens: int
     status: int
+    #: When the request entered the engine's queue (after the front end).
+    queued_s: float | None = None
+    #: When the engine produced the first and the last token (before the write).
+    engine_first_token_s: float | None = None
+    engine_last_token_s: float | None = None
 
 
 class TraceWriter:

@@ -48,7 +48,10 @@ def vocabulary() -> list[str]:
     ]
 
     words: list[str] = []
-    for word in (*[w for words_ in lists for w in words_], *"abcdefghijklmnopqrstuvwxyz"):
+    for word in (
+        *[w for words_ in lists for w in words_],
+        *"abcdefghijklmnopqrstuvwxyz",
+    ):
         if word not in words:
             words.append(word)
     return [*SPECIALS, *words]

@@ -26,6 +26,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadgen.client import ClientSettings, make_session, send_request
 from monitor.config import ExporterConfig, TargetConfig
 from monitor.exporter import Exporter
 from monitor.gpu import FakeGpuReader
@@ -180,6 +181,7 @@ async def traffic(http: aiohttp.ClientSession, url: str) -> None:
 IDLE_GAUGES = {
     "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
     "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+    "llamacpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
 }
 
 
@@ -296,7 +298,7 @@ def engine_families(samples: Samples, target: str) -> set[str]:
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("dialect", [d for d in DIALECTS if d != "llamacpp"])
 async def test_core_series_equal_the_simulators_own(
     dialect: str, start_sim: Any, http: aiohttp.ClientSession, poll_until: Any
 ) -> None:
@@ -894,3 +896,45 @@ async def test_passthrough_exposition_has_each_family_once(
     duplicates = sorted({n for n in declared if declared.count(n) > 1})
     assert duplicates == []
     list(openmetrics_families(om))  # raises "Clashing name" on a duplicate family
+
+
+@pytest.mark.asyncio
+async def test_llamacpp_series_land_on_servemons_schema(
+    start_sim: Any, http: aiohttp.ClientSession, poll_until: Any
+) -> None:
+    # llama-server's names, unlabelled, no /version: mapped all the same.
+    async with (
+        start_sim(dialect="llamacpp", eos_probability=0.1) as sim,
+        make_session(ClientSettings()) as client,  # resends on closed connections
+    ):
+        await asyncio.gather(
+            *(
+                send_request(
+                    client,
+                    sim.url + "/v1/chat/completions",
+                    {
+                        "messages": [{"role": "user", "content": words(50, i)}],
+                        "max_tokens": 20,
+                        "stream": True,
+                    },
+                    request_id=f"l{i}",
+                )
+                for i in range(8)
+            )
+        )
+        truth = await wait_idle(http, sim.url, poll_until, "llamacpp")
+        async with running_exporter({"sim": sim.url}) as exp:
+            got = await scrape(http, exp)
+    assert value(got, "servemon_target_up", target="sim") == 1
+    for ours, theirs in (
+        ("servemon_engine_prompt_tokens_total", "llamacpp:prompt_tokens_total"),
+        ("servemon_engine_generation_tokens_total", "llamacpp:tokens_predicted_total"),
+        ("servemon_engine_requests_running", "llamacpp:requests_processing"),
+        ("servemon_engine_requests_waiting", "llamacpp:requests_deferred"),
+    ):
+        expected = value(truth, theirs)
+        assert expected is not None, theirs
+        assert value(got, ours, target="sim", engine="llamacpp") == expected, ours
+    generated = value(got, "servemon_engine_generation_tokens_total", target="sim")
+    assert generated is not None
+    assert generated > 0

@@ -358,7 +358,7 @@ async def test_sweep_never_exceeds_parallel_and_does_not_count_warmup(
 
 
 #: How a stream cut before ``[DONE]`` shows in a record's error.
-CUT = ("ClientPayloadError", "before data: [DONE]", "ServerDisconnected", "closed")
+CUT = ("connection cut", "without a finish_reason", "ServerDisconnected", "closed")
 
 
 def kind_of(record: dict[str, Any]) -> str:

@@ -107,6 +107,21 @@ EXPECTED: dict[str, tuple[dict[str, str], set[str], set[str]]] = {
         set(VLLM_COMMON),
         {"model_name", "engine_type", "tp_rank", "pp_rank"},
     ),
+    # llama-server's --metrics, as its server code registers them: no labels.
+    "llamacpp": (
+        {
+            "llamacpp:prompt_tokens": "counter",
+            "llamacpp:prompt_tokens_cached": "counter",
+            "llamacpp:prompt_seconds": "counter",
+            "llamacpp:tokens_predicted": "counter",
+            "llamacpp:tokens_predicted_seconds": "counter",
+            "llamacpp:requests_processing": "gauge",
+            "llamacpp:requests_deferred": "gauge",
+            "llamacpp:n_tokens_max": "gauge",
+        },
+        set(VLLM_COMMON),
+        set(),
+    ),
 }
 
 PROMPT = " ".join(f"w{i}" for i in range(100))  # 6 full blocks hit on a repeat
@@ -148,6 +163,11 @@ async def test_every_dialect_parses_with_its_names_types_and_labels(
         assert name in families, f"{dialect}: {name} missing"
         assert families[name].type == kind, f"{dialect}: {name}"
     assert not absent & set(families), dialect
+    if dialect == "llamacpp":
+        for name in present:
+            for sample in families[name].samples:
+                assert sample.labels == {}, sample
+        return
     prefix, other = (
         ("sglang:", "vllm:") if dialect == "sglang" else ("vllm:", "sglang:")
     )

@@ -107,9 +107,10 @@ async def test_agrees_on_every_simulator_dialect(
     assert_agrees(text, parser)  # again, from the label cache
     # The fast path did the work (else this compared the library with itself).
     assert parser.fallbacks == 0
-    assert any(
-        "_bucket" in row[0] for _, _, rows in library(text).values() for row in rows
-    )
+    if dialect != "llamacpp":  # llama-server has no histograms
+        assert any(
+            "_bucket" in row[0] for _, _, rows in library(text).values() for row in rows
+        )
 
 
 # -- odd but valid expositions ---------------------------------------------------------
