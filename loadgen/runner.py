@@ -11,6 +11,7 @@ sending, gives requests in flight ``grace`` seconds, cancels the rest (recorded 
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import ipaddress
 import logging
@@ -441,6 +442,12 @@ class RunState:
             extra_body=c.extra_body,
         )
 
+    def _body_from(self, offset: int, index: int) -> dict[str, Any]:
+        return self.body(offset + index)
+
+    def _cancel_from(self, offset: int, index: int) -> dict[str, Any]:
+        return self.cancel_options(offset + index)
+
     def cancel_options(self, index: int) -> dict[str, Any]:
         c = self.config
         if c.cancel_fraction <= 0:
@@ -661,9 +668,12 @@ class RunState:
     async def _sweep(self, stop: Stopper) -> bool:
         c = self.config
         numbers = list(c.number) * (len(c.parallel) if len(c.number) == 1 else 1)
+        first = 0  # each level's prompts follow the last level's: none sent twice
         for record, number in zip(self.stages, numbers, strict=True):
             if stop.requested.is_set():
                 return True
+            offset = first
+            first += c.warmup + number
             assert record.parallel is not None
             record.start_s = time.monotonic()
             self.live.stage(record.index, 0.0)
@@ -672,7 +682,7 @@ class RunState:
                 run_closed_loop(
                     self.session,
                     self.url,
-                    self.body,
+                    functools.partial(self._body_from, offset),
                     concurrency=record.parallel,
                     number=number,
                     warmup=c.warmup,
@@ -683,7 +693,7 @@ class RunState:
                     on_done=self.finished,
                     on_send=self.started,
                     stop=stop.requested,
-                    options=self.cancel_options,
+                    options=functools.partial(self._cancel_from, offset),
                 )
             )
             try:

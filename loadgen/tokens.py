@@ -29,6 +29,7 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
+from monitor.http import NotAnswered, post
 from servemon.errors import ConfigError, TargetError
 
 __all__ = [
@@ -170,13 +171,16 @@ class ServerTokenizer:
             "content": text,
             "add_special_tokens": False,
         }
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         try:
-            async with self.session.post(self.url, json=body, timeout=timeout) as resp:
-                if resp.status != 200:
-                    raise TargetError(f"POST {self.url}: HTTP {resp.status}")
-                answer = await resp.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            async with asyncio.timeout(self.timeout_s):
+                # Resent on a new connection if the server closed the pooled one
+                # (llama-server closes after every answer).
+                resp = await post(self.session, self.url, json=body, headers={})
+                async with resp:
+                    if resp.status != 200:
+                        raise TargetError(f"POST {self.url}: HTTP {resp.status}")
+                    answer = await resp.json(content_type=None)
+        except (aiohttp.ClientError, NotAnswered, TimeoutError, ValueError) as exc:
             raise TargetError(f"POST {self.url}: {type(exc).__name__}: {exc}") from exc
         count = _count_of(answer)
         if count is None:

@@ -27,6 +27,9 @@ FIELDS = {
     "cached_tokens",
     "output_tokens",
     "status",
+    "queued_s",
+    "engine_first_token_s",
+    "engine_last_token_s",
 }
 
 

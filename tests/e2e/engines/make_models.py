@@ -2,7 +2,7 @@
 
 Run with the engines' interpreter (it needs torch, transformers, tokenizers, gguf)::
 
-    .venv-engines/bin/python tests/engines/make_models.py OUT_DIR
+    .venv-engines/bin/python tests/e2e/engines/make_models.py OUT_DIR
 
 It writes ``OUT_DIR/hf/`` (a Llama-architecture model in safetensors with a
 word-level ``tokenizer.json`` and a chat template, for Transformers Serve) and
@@ -40,7 +40,7 @@ CHAT_TEMPLATE = (
 def vocabulary() -> list[str]:
     """Special tokens, then servemon's word list (the load generator's words)."""
     # Read by path: this interpreter has none of servemon's dependencies.
-    source = Path(__file__).resolve().parents[2] / "loadgen" / "tokens.py"
+    source = Path(__file__).resolve().parents[3] / "loadgen" / "tokens.py"
     text = source.read_text(encoding="utf-8")
     lists = [
         match.group(1).split()
