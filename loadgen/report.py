@@ -329,6 +329,98 @@ def _summary_table(data: RunData) -> str:
     return _table(head, rows)
 
 
+def _has_server_facts(data: RunData) -> bool:
+    return any(
+        st["summary"].get(key)
+        for st in _stages(data)
+        for key in ("server_prefill", "cached_fraction", "reconnects")
+    )
+
+
+def _server_table(data: RunData) -> str:
+    """Per stage: what the server reported, and connection churn."""
+    head = (
+        "stage",
+        "load",
+        "cached prompt",
+        "queue p50",
+        "queue p95",
+        "prefill p50",
+        "prefill p95",
+        "TTFT gap p50",
+        "TTFT gap p95",
+        "reconnects",
+        "no [DONE]",
+    )
+    rows = []
+    for stage in _stages(data):
+        s = stage["summary"]
+        cached = s.get("cached_fraction")
+        rows.append(
+            (
+                str(stage["stage"] + 1),
+                _load_label(stage),
+                "-" if cached is None else f"{cached:.1%}",
+                _ms(s.get("server_queue"), "p50"),
+                _ms(s.get("server_queue"), "p95"),
+                _ms(s.get("server_prefill"), "p50"),
+                _ms(s.get("server_prefill"), "p95"),
+                _ms(s.get("ttft_gap"), "p50"),
+                _ms(s.get("ttft_gap"), "p95"),
+                str(s.get("reconnects", 0)),
+                str(s.get("without_done", 0)),
+            )
+        )
+    return _table(head, rows)
+
+
+def _load_label(stage: Mapping[str, Any]) -> str:
+    if stage.get("target_rate"):
+        return f"{stage['target_rate']:g} rps"
+    return f"parallel {stage.get('parallel')}"
+
+
+def plot_ttft_parts(data: RunData) -> str:
+    """Mean TTFT per stage split into server queue, prefill and the client-side
+    rest, from the requests whose server reported its part (means add up)."""
+    parts: dict[int, list[tuple[float, float, float]]] = defaultdict(list)
+    for line in _read_jsonl(data.path / "requests.jsonl"):
+        if line.get("outcome") != "ok" or line.get("ttft_gap_s") is None:
+            continue
+        parts[int(line.get("stage", 0))].append(
+            (
+                float(line.get("server_queue_s") or 0.0),
+                float(line.get("server_prefill_s") or 0.0),
+                float(line["ttft_gap_s"]),
+            )
+        )
+    stages = [st for st in _stages(data) if parts.get(st["stage"])]
+    if not stages:
+        return "<p>The server reported no queue or prefill time per request.</p>"
+    labels = [_load_label(st) for st in stages]
+    means = [
+        [
+            1000 * sum(p[i] for p in parts[st["stage"]]) / len(parts[st["stage"]])
+            for st in stages
+        ]
+        for i in range(3)
+    ]
+    fig, axis = plt.subplots(figsize=(8, 3.2))
+    bottom = [0.0] * len(stages)
+    for values, name in zip(
+        means,
+        ("server queue", "server prefill", "client, network, front end"),
+        strict=True,
+    ):
+        axis.bar(labels, values, bottom=bottom, label=name)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    axis.set_ylabel("mean TTFT (ms)")
+    axis.set_title("Where TTFT went (server-reported parts)")
+    axis.legend(fontsize=7)
+    axis.grid(alpha=0.3, axis="y")
+    return svg(fig)
+
+
 def _table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     body = "".join(
@@ -407,6 +499,15 @@ def render_report(data: RunData) -> str:
     ]
     if _stages(data):
         parts += ["<h2>Against offered load</h2>", plot_vs_load(data)]
+    if _has_server_facts(data):
+        parts += [
+            "<h2>What the server said about each request</h2>",
+            "<p>Cached prompt tokens, queue and prefill time as the server reported "
+            "them (vLLM's per-request metrics, llama.cpp's timings); the TTFT gap "
+            "is the client's TTFT minus the server's queue and prefill.</p>",
+            _server_table(data),
+            plot_ttft_parts(data),
+        ]
     parts += ["<h2>Time line</h2>", plot_timeline(data), "</body></html>"]
     return "\n".join(parts)
 
