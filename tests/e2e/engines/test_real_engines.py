@@ -244,10 +244,14 @@ def test_llama_server_cancellations_free_its_slots(
     )
 
 
-@pytest.mark.asyncio
-async def test_exporter_and_probe_on_a_real_llama_server(llama_server: Engine) -> None:
+async def probe_until_ok(url: str, name: str) -> dict[tuple[str, Any], float]:
+    """Run an exporter with its probe on ``url`` until 3 probes were ok; its samples.
+
+    Every probe must be ok: a probe that met a closed connection or a stream
+    without [DONE] is the bug this catches.
+    """
     config = ExporterConfig(
-        targets=(TargetConfig(url=llama_server.url, name="llama"),),
+        targets=(TargetConfig(url=url, name=name),),
         listen="127.0.0.1:0",
         gpu=False,
         probe_interval=0.5,
@@ -265,24 +269,32 @@ async def test_exporter_and_probe_on_a_real_llama_server(llama_server: Engine) -
                 for f in text_string_to_metric_families(text)
                 for s in f.samples
             }
-            ok = sum(
-                v
-                for (name, labels), v in samples.items()
-                if name == "servemon_probe_requests_total"
-                and ("outcome", "ok") in labels
-            )
-            if ok >= 3 or time.monotonic() > deadline:
+            probes = {
+                dict(labels)["outcome"]: v
+                for (metric_name, labels), v in samples.items()
+                if metric_name == "servemon_probe_requests_total"
+            }
+            if probes.get("ok", 0) >= 3 or time.monotonic() > deadline:
                 break
             await _sleep_a_little()
-    assert ok >= 3, text
-    bad = [
-        (name, labels)
-        for (name, labels), v in samples.items()
-        if name == "servemon_probe_requests_total"
-        and ("outcome", "ok") not in labels
-        and v
-    ]
-    assert not bad
+    assert probes.get("ok", 0) >= 3, text
+    assert not {k: v for k, v in probes.items() if k != "ok" and v}, probes
+    return samples
+
+
+@pytest.mark.asyncio
+async def test_the_probe_on_transformers_serve_which_has_no_metrics(
+    transformers_serve: Engine,
+) -> None:
+    samples = await probe_until_ok(transformers_serve.url, "hf")
+    # No /metrics there: the target is down for the scrape, the probe still answers.
+    up = [v for (name, _), v in samples.items() if name == "servemon_target_up"]
+    assert up == [0.0]
+
+
+@pytest.mark.asyncio
+async def test_exporter_and_probe_on_a_real_llama_server(llama_server: Engine) -> None:
+    samples = await probe_until_ok(llama_server.url, "llama")
     up = [v for (name, _), v in samples.items() if name == "servemon_target_up"]
     assert up == [1.0]
     engine = {
