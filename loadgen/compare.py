@@ -112,6 +112,27 @@ def _warnings(
         for p in per_run:
             ttft, ttfc = p[level].get("ttft"), p[level].get("ttfc")
             gaps.append(None if not (ttft and ttfc) else ttft["mean"] - ttfc["mean"])
+        cached = [p[level].get("cached_fraction") for p in per_run]
+        if any(c is not None for c in cached) and (
+            max(c or 0.0 for c in cached) - min(c or 0.0 for c in cached) > 0.1
+        ):
+            shown = ", ".join(
+                f"{n}: {'not reported' if c is None else f'{c:.0%}'}"
+                for n, c in zip(names, cached, strict=True)
+            )
+            notes.append(
+                f"{level}: the prefix cache served different shares of the prompt "
+                f"tokens ({shown}): prefill work differs"
+            )
+        reconnects = [int(p[level].get("reconnects") or 0) for p in per_run]
+        if max(reconnects) > 0 and min(reconnects) == 0:
+            shown = ", ".join(
+                f"{n}: {r}" for n, r in zip(names, reconnects, strict=True)
+            )
+            notes.append(
+                f"{level}: one server closed its connections after answers "
+                f"(reconnects {shown}): those requests paid for a new connection"
+            )
         known = [g for g in gaps if g is not None]
         if known and (max(known) > 0.005) != (min(known) > 0.005):
             notes.append(

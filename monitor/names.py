@@ -316,6 +316,12 @@ ENGINE_PREFIX_HITS = Series(
         _vllm("vllm:prefix_cache_hits_total", V1, "tokens"),
         _vllm("vllm:gpu_prefix_cache_hits_total", OLD, "blocks in 0.8, tokens after"),
         Source("sglang", "sglang:cached_tokens_total", "all", "hits only"),
+        Source(
+            "llamacpp",
+            "llamacpp:prompt_tokens_cached_total",
+            "recent builds (seen in b11434)",
+            "hits only",
+        ),
     ),
 )
 ENGINE_PREFIX_HIT_RATIO = Series(

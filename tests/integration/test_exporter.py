@@ -931,6 +931,10 @@ async def test_llamacpp_series_land_on_servemons_schema(
         ("servemon_engine_generation_tokens_total", "llamacpp:tokens_predicted_total"),
         ("servemon_engine_requests_running", "llamacpp:requests_processing"),
         ("servemon_engine_requests_waiting", "llamacpp:requests_deferred"),
+        (
+            "servemon_engine_prefix_cache_hits_total",
+            "llamacpp:prompt_tokens_cached_total",
+        ),
     ):
         expected = value(truth, theirs)
         assert expected is not None, theirs
