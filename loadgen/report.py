@@ -302,11 +302,7 @@ def _summary_table(data: RunData) -> str:
     for stage in _stages(data):
         s = stage["summary"]
         ok = s["outcomes"].get("ok", 0)
-        load = (
-            f"{stage['target_rate']:g} rps"
-            if stage.get("target_rate")
-            else f"parallel {stage.get('parallel')}"
-        )
+        load = _load_label(stage)
         rows.append(
             (
                 str(stage["stage"] + 1),

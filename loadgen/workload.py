@@ -429,13 +429,18 @@ async def _build_random(
         exact=not estimated,
         output=output,
     )
-    if workload.exact:
-        # Heads and bodies add up under this counter? Check a few whole prompts.
-        samples = [workload.prompt(i) for i in range(min(_VERIFY, 2 * len(pool)))]
-        counted = await count_each(counter, [p.text or "" for p in samples])
-        if any(n != p.prompt_tokens for n, p in zip(counted, samples, strict=True)):
-            workload = replace(workload, exact=False)
+    # Heads and bodies add up under this counter? Check a few whole prompts.
+    if workload.exact and not await _lengths_add_up(workload, counter, 2 * len(pool)):
+        workload = replace(workload, exact=False)
     return workload
+
+
+async def _lengths_add_up(workload: Workload, counter: TokenCounter, most: int) -> bool:
+    """Whether the first few prompts count as long as the workload says they are
+    (its parts' counts add up under this counter)."""
+    samples = [workload.prompt(i) for i in range(min(_VERIFY, most))]
+    counted = await count_each(counter, [p.text or "" for p in samples])
+    return all(n == p.prompt_tokens for n, p in zip(counted, samples, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,9 +496,7 @@ async def _build_shared_prefix(
             estimated=False,
             output=output,
         )
-        samples = [workload.prompt(i) for i in range(min(_VERIFY, 2 * groups))]
-        counted = await count_each(counter, [p.text or "" for p in samples])
-        if all(n == p.prompt_tokens for n, p in zip(counted, samples, strict=True)):
+        if await _lengths_add_up(workload, counter, 2 * groups):
             return workload
     # No one-token words (or they do not add up): words at the counter's mean rate.
     length = max(round(suffix / fitter.tokens_per_word), 1) if suffix else 0
