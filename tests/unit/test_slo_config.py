@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import pytest
 from prometheus_client import generate_latest
@@ -112,6 +113,28 @@ def test_live_histograms_have_a_bucket_at_every_slo_threshold() -> None:
     }
     assert ("servemon_client_ttft_seconds_bucket", "0.123") in edges
     assert ("servemon_client_e2e_seconds_bucket", "7.77") in edges
+
+
+def test_live_metrics_carry_reconnects_and_the_servers_share_of_ttft() -> None:
+    live = LiveMetrics("t", "m")
+    timing = replace(
+        _timing(0.1, [0.01]),
+        reconnects=2,
+        server_queue_s=0.03,
+        server_prefill_s=0.05,
+    )
+    live.observe(timing)
+    live.observe(_timing(0.1, [0.01]))  # a server that reported nothing
+    r = live.registry
+    labels = {"target": "t", "model": "m", "stage": str(timing.stage)}
+    assert r.get_sample_value("servemon_client_reconnects_total", labels) == 2
+    assert r.get_sample_value("servemon_client_server_queue_seconds_count", labels) == 1
+    assert (
+        r.get_sample_value("servemon_client_server_queue_seconds_sum", labels) == 0.03
+    )
+    gap = r.get_sample_value("servemon_client_ttft_gap_seconds_sum", labels)
+    assert gap == pytest.approx(0.1 - 0.08)
+    assert r.get_sample_value("servemon_client_ttft_gap_seconds_count", labels) == 1
 
 
 def test_sampler_keeps_normalized_series_without_buckets() -> None:
