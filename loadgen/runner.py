@@ -52,7 +52,7 @@ from loadgen.slo import SloTerm, parse_slo
 from loadgen.summary import Summary, flat_row, summarize
 from loadgen.timing import RequestTiming
 from loadgen.tokens import pick_counter
-from loadgen.workload import Workload, build_workload, request_body
+from loadgen.workload import Workload, build_workload, check_workload, request_body
 from monitor import names
 from servemon.errors import ConfigError, TargetError
 
@@ -177,6 +177,31 @@ async def discover_model(
     return model, listing
 
 
+def check_load_config(kind: Kind, config: LoadConfig) -> None:
+    """Every check of a load command's settings that needs no target: stages, SLO,
+    arrival, shard, start time, cancellations, the workload spec (and file). Run
+    before anything is started, so a bad flag costs nothing."""
+    if config.slo:
+        parse_slo(config.slo)
+    plan_stages(kind, config)
+    if kind == "capacity":
+        from loadgen.capacity import check_config
+
+        check_config(config)
+    if config.shard is not None:
+        Shard.parse(config.shard)
+    if config.start_at is not None:
+        parse_start_at(config.start_at)
+    parse_arrival(config.arrival)
+    if config.cancel_fraction > 0 and (
+        config.cancel_after is None and config.cancel_after_tokens is None
+    ):
+        raise ConfigError(
+            "--cancel-fraction: give --cancel-after or --cancel-after-tokens"
+        )
+    check_workload(config.workload)
+
+
 def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
     """The stages of a ramp or the levels of a sweep (a capacity search makes its
     steps as it goes)."""
@@ -297,24 +322,11 @@ async def run_load(
     embedded: Mapping[str, Any] | None = None,
 ) -> RunResult:
     """Run a ramp or a sweep against ``target`` (a base URL); see module docstring."""
+    check_load_config(kind, config)
     slo = parse_slo(config.slo) if config.slo else []
     stages = plan_stages(kind, config)
     check_rate_bound(kind, config, target, stages)
-    if kind == "capacity":
-        from loadgen.capacity import check_config
-
-        check_config(config)
-    if config.shard is not None:
-        Shard.parse(config.shard)
-    if config.start_at is not None:
-        parse_start_at(config.start_at)
     arrival = parse_arrival(config.arrival)
-    if config.cancel_fraction > 0 and (
-        config.cancel_after is None and config.cancel_after_tokens is None
-    ):
-        raise ConfigError(
-            "--cancel-fraction: give --cancel-after or --cancel-after-tokens"
-        )
     headers = {k: v.reveal() for k, v in auth_headers(config, env).items()}
     settings = ClientSettings(
         max_connections=config.max_connections, timeout_s=config.timeout

@@ -66,6 +66,7 @@ __all__ = [
     "Workload",
     "build_workload",
     "chat_body",
+    "check_workload",
     "random_prompt",
     "request_body",
 ]
@@ -192,6 +193,15 @@ def _merged(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
+def check_workload(spec: str) -> None:
+    """Check ``spec`` (and a ``file:``'s every line) without counting anything: a
+    bad one is the one-line :class:`ConfigError` :func:`build_workload` would raise,
+    before a target or a simulator is started."""
+    kind, options = _parse(spec, default_output=1)
+    if kind == "file":
+        _read_entries(options["path"])
+
+
 async def build_workload(
     spec: str,
     *,
@@ -205,36 +215,39 @@ async def build_workload(
     A bad spec or file is a one-line :class:`ConfigError`; a counter that fails
     mid-way raises what it raised.
     """
+    kind, options = _parse(spec, default_output=default_output)
+    if kind == "random":
+        return await _build_random(spec, counter, seed, pool_size, **options)
+    if kind == "shared-prefix":
+        return await _build_shared_prefix(spec, counter, seed, **options)
+    return await _build_file(
+        spec, counter, seed, options["path"], options["output"], default_output
+    )
+
+
+def _parse(spec: str, *, default_output: int) -> tuple[str, dict[str, Any]]:
+    """The kind and the builder's keyword arguments of a ``--workload`` spec."""
     kind, _, rest = spec.strip().partition(":")
     kind = kind.strip()
     if kind == "random":
         options = _options(kind, rest, ("prompt", "output"))
-        return await _build_random(
-            spec,
-            counter,
-            seed,
-            pool_size,
-            tokens=_int(kind, "prompt", options.get("prompt", "128")),
-            output=_output(kind, options.get("output", str(default_output))),
-        )
+        return kind, {
+            "tokens": _int(kind, "prompt", options.get("prompt", "128")),
+            "output": _output(kind, options.get("output", str(default_output))),
+        }
     if kind == "shared-prefix":
         known = ("prefix", "prompts", "suffix", "output")
         options = _options(kind, rest, known)
-        return await _build_shared_prefix(
-            spec,
-            counter,
-            seed,
-            prefix=_int(kind, "prefix", options.get("prefix", "1024")),
-            groups=_int(kind, "prompts", options.get("prompts", "8")),
-            suffix=_int(kind, "suffix", options.get("suffix", "64"), minimum=0),
-            output=_output(kind, options.get("output", str(default_output))),
-        )
+        return kind, {
+            "prefix": _int(kind, "prefix", options.get("prefix", "1024")),
+            "groups": _int(kind, "prompts", options.get("prompts", "8")),
+            "suffix": _int(kind, "suffix", options.get("suffix", "64"), minimum=0),
+            "output": _output(kind, options.get("output", str(default_output))),
+        }
     if kind == "file":
         path, options = _file_options(rest)
         override = _output(kind, options["output"]) if "output" in options else None
-        return await _build_file(
-            spec, counter, seed, Path(path), override, default_output
-        )
+        return kind, {"path": Path(path), "output": override}
     raise ConfigError(
         f"--workload: unknown kind {kind!r} in {spec!r} "
         "(known: random, shared-prefix, file)"

@@ -16,7 +16,7 @@ from loadgen.capacity import CapacityResult
 from loadgen.config import LoadConfig
 from loadgen.progress import Progress
 from loadgen.report import write_report
-from loadgen.runner import RunResult, Stopper, run_load
+from loadgen.runner import RunResult, Stopper, check_load_config, run_load
 from loadgen.summary import Summary
 from servemon.embedded import embedded_simulator
 
@@ -38,7 +38,12 @@ async def run_command(
     *,
     console: Console | None = None,
 ) -> RunResult:
-    """Run a load command to the end (or to Ctrl-C/SIGTERM) and print the summary."""
+    """Run a load command to the end (or to Ctrl-C/SIGTERM) and print the summary.
+
+    The settings are checked first: a bad one fails before the built-in simulator
+    or any worker is started.
+    """
+    check_load_config(kind, config)
     console = console or console_for()
     stop = Stopper()
     loop = asyncio.get_running_loop()

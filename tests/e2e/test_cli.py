@@ -122,6 +122,37 @@ def test_bad_flag_value_names_the_field() -> None:
     assert "faults.http_503_fraction" in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("command", "flag", "named"),
+    [
+        ("ramp", ("--stages", "2:x"), "--stages"),
+        ("ramp", ("--workload", "random:prompt=abc"), "--workload"),
+        ("sweep", ("--workload", "file:/no/such.jsonl"), "/no/such.jsonl"),
+        ("ramp", ("--arrival", "gamma:zz"), "--arrival"),
+        ("capacity", ("--slo", "ttft_p95<<3"), "--slo"),
+        ("ramp", ("--cancel-fraction", "0.5"), "--cancel-fraction"),
+    ],
+)
+def test_a_bad_load_setting_fails_before_anything_starts(
+    tmp_path: Path, command: str, flag: tuple[str, ...], named: str
+) -> None:
+    # No --target: a valid command would start the built-in simulator first.
+    done = subprocess.run(
+        [*SERVEMON, command, *flag, "--out", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert named in lines[0]
+    assert "simulator" not in done.stdout
+    assert not (tmp_path / "runs").exists()
+
+
 def test_demo_runs_the_main_job_end_to_end(tmp_path: Path) -> None:
     done = subprocess.run(
         [
