@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from loadgen.record import RunDirectory, timing_from_line
 from loadgen.report import RunData, load_run, write_report
 from loadgen.slo import parse_slo
-from loadgen.summary import flat_row, summarize, summary_from_json
+from loadgen.summary import summarize_stages, summary_from_json
 from loadgen.timing import RequestTiming
 from servemon.errors import ConfigError
 
@@ -81,17 +81,13 @@ def merge_runs(dirs: Sequence[Path], out_parent: Path) -> Path:
     slo = (
         parse_slo(",".join(first.run.get("slo") or [])) if first.run.get("slo") else []
     )
-    stage_json, rows, everything = [], [], []
-    for stage, own in zip(stages, timings, strict=True):
-        summary = summarize(own, duration_s=stage.get("planned_s"), slo=slo)
-        duration = summary.duration_s
-        stage["achieved_rate"] = stage["sent"] / duration if duration else 0.0
-        stage_json.append({**stage, "summary": summary.to_json()})
-        rows.append(
-            {**{k: v for k, v in stage.items() if k != "label"}, **flat_row(summary)}
-        )
-        everything += own
-    overall = summarize(everything, slo=slo)
+    metas = [
+        {k: v for k, v in stage.items() if k != "achieved_rate"} for stage in stages
+    ]
+    built = summarize_stages(
+        metas, timings, [stage.get("planned_s") for stage in stages], slo
+    )
+    stage_json, overall = built.entries, built.overall
     rundir.write_summary(
         {
             "kind": first.run.get("kind", "ramp"),
@@ -101,7 +97,7 @@ def merge_runs(dirs: Sequence[Path], out_parent: Path) -> Path:
             "slo": [str(t) for t in slo],
             "merged_from": [str(d) for d in dirs],
         },
-        [*rows, {"stage": "all", **flat_row(overall)}],
+        built.rows,
     )
     run = json.loads(json.dumps(first.run))
     run.update(

@@ -27,9 +27,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from loadgen.slo import parse_slo
+from loadgen.summary import summarize_stages
 from loadgen.timing import Outcome, RequestTiming, TokenSource
 
-__all__ = ["RECORD_VERSION", "RunDirectory", "request_line", "timing_from_line"]
+__all__ = [
+    "RECORD_VERSION",
+    "UNFINISHED",
+    "RunDirectory",
+    "rebuild_summary",
+    "request_line",
+    "timing_from_line",
+    "write_summary",
+]
 
 RECORD_VERSION = 1
 
@@ -167,17 +177,7 @@ class RunDirectory:
         self, summary: Mapping[str, Any], rows: Iterable[Mapping[str, Any]]
     ) -> None:
         """Write ``summary.json`` and ``summary.csv``."""
-        self._write_json("summary.json", summary)
-        rows = list(rows)
-        columns: list[str] = []
-        for row in rows:
-            columns += [key for key in row if key not in columns]
-        tmp = self.path / "summary.csv.tmp"
-        with tmp.open("w", encoding="utf-8", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, self.path / "summary.csv")
+        write_summary(self.path, summary, rows)
 
     def close(self) -> None:
         """Close the open files."""
@@ -186,6 +186,79 @@ class RunDirectory:
             self._server.close()
 
     def _write_json(self, name: str, data: Mapping[str, Any]) -> None:
-        tmp = self.path / f"{name}.tmp"
-        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path / name)
+        _write_json(self.path / name, data)
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_summary(
+    run_dir: Path, summary: Mapping[str, Any], rows: Iterable[Mapping[str, Any]]
+) -> None:
+    """Write ``summary.json`` and ``summary.csv`` (each atomically) into ``run_dir``."""
+    _write_json(run_dir / "summary.json", summary)
+    rows = list(rows)
+    columns: list[str] = []
+    for row in rows:
+        columns += [key for key in row if key not in columns]
+    tmp = run_dir / "summary.csv.tmp"
+    with tmp.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, run_dir / "summary.csv")
+
+
+#: What a rebuilt summary says of the run.
+UNFINISHED = (
+    "the run did not finish (killed or crashed): its summary was rebuilt from "
+    "requests.jsonl"
+)
+
+
+def rebuild_summary(
+    run_dir: Path, run: Mapping[str, Any], lines: Iterable[Mapping[str, Any]]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``summary.json`` and its CSV rows for a run that never wrote them.
+
+    ``lines`` are its ``requests.jsonl`` lines (a torn last line already left out),
+    read once. Stages are the ones ``run.json`` planned plus any a request names;
+    throughput divides by the span of each stage's requests, since how far a stage
+    got is not known. The status is ``unfinished``.
+    """
+    by_stage: dict[int, list[RequestTiming]] = {}
+    for line in lines:
+        try:
+            timing = timing_from_line(dict(line))
+        except (KeyError, TypeError, ValueError):
+            continue  # not a request line servemon wrote: skipped, not fatal
+        by_stage.setdefault(timing.stage, []).append(timing)
+    planned = {
+        int(stage["stage"]): stage
+        for stage in run.get("stages") or ()
+        if isinstance(stage, Mapping) and isinstance(stage.get("stage"), int)
+    }
+    indices = sorted(set(planned) | set(by_stage))
+    metas = []
+    for index in indices:
+        meta = dict(planned.get(index, {"stage": index, "label": f"stage {index + 1}"}))
+        meta.pop("summary", None)
+        meta["sent"] = len(by_stage.get(index, ()))
+        metas.append(meta)
+    slo = parse_slo(",".join(run.get("slo") or [])) if run.get("slo") else []
+    built = summarize_stages(
+        metas, [by_stage.get(i, []) for i in indices], [None] * len(indices), slo
+    )
+    summary = {
+        "kind": run.get("kind"),
+        "status": "unfinished",
+        "stages": built.entries,
+        "overall": built.overall.to_json(),
+        "slo": [str(t) for t in slo],
+        "stop_reason": UNFINISHED,
+        "rebuilt_from": "requests.jsonl",
+    }
+    return summary, built.rows

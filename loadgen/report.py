@@ -27,6 +27,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from loadgen.record import UNFINISHED, rebuild_summary, write_summary
 from monitor import names
 from servemon.errors import ConfigError
 
@@ -79,12 +80,26 @@ def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
 
 
 def load_run(path: Path) -> RunData:
-    """Load a run directory (one-line ConfigError if it is not one)."""
+    """Load a run directory (one-line ConfigError if it is not one).
+
+    A run that never wrote ``summary.json`` (killed with ``kill -9``, crashed) gets
+    one rebuilt from ``requests.jsonl`` and written beside it; its status then says
+    the run did not finish.
+    """
+    run = _read_json(path / "run.json")
+    requests = list(_read_jsonl(path / "requests.jsonl"))
+    if (path / "summary.json").exists():
+        summary = _read_json(path / "summary.json")
+    else:
+        summary, rows = rebuild_summary(path, run, requests)
+        write_summary(path, summary, rows)
+    if summary.get("status") == "unfinished":
+        run = {**run, "status": f"unfinished: {UNFINISHED}"}
     return RunData(
         path=path,
-        run=_read_json(path / "run.json"),
-        summary=_read_json(path / "summary.json"),
-        requests=list(_read_jsonl(path / "requests.jsonl")),
+        run=run,
+        summary=summary,
+        requests=requests,
         samples=list(_read_jsonl(path / "server_metrics.jsonl")),
     )
 

@@ -49,7 +49,7 @@ from loadgen.progress import Progress
 from loadgen.record import RunDirectory
 from loadgen.sampler import ServerSampler
 from loadgen.slo import SloTerm, parse_slo
-from loadgen.summary import Summary, flat_row, summarize
+from loadgen.summary import Summary, summarize_stages
 from loadgen.timing import RequestTiming
 from loadgen.tokens import pick_counter
 from loadgen.workload import Workload, build_workload, check_workload, request_body
@@ -398,7 +398,18 @@ async def run_load(
                     "gpus": gpus,
                 },
                 "engine_version": version or "none",
-                "stages": [],
+                # The plan, so that a run killed before its end still knows its
+                # stages (the end rewrites them with what happened).
+                "stages": [
+                    {
+                        "stage": r.index,
+                        "label": r.label,
+                        "target_rate": r.target_rate,
+                        "parallel": r.parallel,
+                        "planned_s": r.planned_s,
+                    }
+                    for r in stages
+                ],
             }
             rundir.write_run(info)
             return await run.execute(info, stop, arrival)
@@ -725,36 +736,35 @@ class RunState:
         self, info: dict[str, Any], status: str, sampler: ServerSampler
     ) -> RunResult:
         origin = self.rundir.origin_s
-        summaries: list[Summary] = []
-        rows: list[dict[str, Any]] = []
-        stage_json: list[dict[str, Any]] = []
+        metas: list[dict[str, Any]] = []
+        durations: list[float | None] = []
         for record in self.stages:
             duration = None
             if record.planned_s is not None and record.start_s is not None:
                 duration = record.planned_s
                 if record.end_s is not None:
                     duration = min(record.planned_s, record.end_s - record.start_s)
-            s = summarize(record.timings, duration_s=duration, slo=self.slo)
-            summaries.append(s)
-            meta = {
-                "stage": record.index,
-                "label": record.label,
-                "target_rate": record.target_rate,
-                "parallel": record.parallel,
-                "planned_s": record.planned_s,
-                "start_s": None if record.start_s is None else record.start_s - origin,
-                "end_s": None if record.end_s is None else record.end_s - origin,
-                "sent": record.sent,
-                "held_back": record.held_back,
-                "skipped": record.skipped,
-                "achieved_rate": record.sent / s.duration_s if s.duration_s else 0.0,
-            }
-            stage_json.append({**meta, "summary": s.to_json()})
-            rows.append(
-                {**{k: v for k, v in meta.items() if k != "label"}, **flat_row(s)}
+            durations.append(duration)
+            metas.append(
+                {
+                    "stage": record.index,
+                    "label": record.label,
+                    "target_rate": record.target_rate,
+                    "parallel": record.parallel,
+                    "planned_s": record.planned_s,
+                    "start_s": None
+                    if record.start_s is None
+                    else record.start_s - origin,
+                    "end_s": None if record.end_s is None else record.end_s - origin,
+                    "sent": record.sent,
+                    "held_back": record.held_back,
+                    "skipped": record.skipped,
+                }
             )
-        everything = [t for record in self.stages for t in record.timings]
-        overall = summarize(everything, slo=self.slo)
+        built = summarize_stages(
+            metas, [record.timings for record in self.stages], durations, self.slo
+        )
+        stage_json, summaries, overall = built.entries, built.summaries, built.overall
         self.rundir.write_summary(
             {
                 "kind": self.kind,
@@ -765,7 +775,7 @@ class RunState:
                 "stop_reason": self.stop_reason,
                 "capacity": None if self.capacity is None else self.capacity.to_json(),
             },
-            [*rows, {"stage": "all", **flat_row(overall)}],
+            built.rows,
         )
         info.update(
             status=status,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -20,9 +20,11 @@ from loadgen.timing import Outcome, RequestTiming
 __all__ = [
     "FIGURE_NAMES",
     "Distribution",
+    "StageSummaries",
     "Summary",
     "flat_row",
     "summarize",
+    "summarize_stages",
     "summary_from_json",
 ]
 
@@ -243,6 +245,51 @@ def flat_row(summary: Summary) -> dict[str, Any]:
                 None if dist is None else round(dist.stat(stat), 6)
             )
     return row
+
+
+def summarize_stages(
+    metas: Sequence[Mapping[str, Any]],
+    timings: Sequence[Sequence[RequestTiming]],
+    durations: Sequence[float | None],
+    slo: Sequence[SloTerm] = (),
+) -> StageSummaries:
+    """The ``summary.json`` stage entries (each stage's meta, its achieved rate and
+    summary), the ``summary.csv`` rows (``all`` last), the summaries, and the
+    overall summary.
+
+    ``metas[i]`` describes stage ``i`` (``stage``, ``label``, ``target_rate``,
+    ``sent``, ...); ``durations[i]`` is what its throughput divides by (None: the
+    span of its requests). The one place a run's summary is assembled: the runner,
+    ``merge`` and a run rebuilt from ``requests.jsonl`` all come here.
+    """
+    entries: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    summaries: list[Summary] = []
+    for meta, own, duration in zip(metas, timings, durations, strict=True):
+        summary = summarize(own, duration_s=duration, slo=slo)
+        summaries.append(summary)
+        sent = int(meta.get("sent") or 0)
+        stage = {
+            **meta,
+            "achieved_rate": sent / summary.duration_s if summary.duration_s else 0.0,
+        }
+        entries.append({**stage, "summary": summary.to_json()})
+        rows.append(
+            {**{k: v for k, v in stage.items() if k != "label"}, **flat_row(summary)}
+        )
+    overall = summarize([t for own in timings for t in own], slo=slo)
+    rows.append({"stage": "all", **flat_row(overall)})
+    return StageSummaries(entries, rows, summaries, overall)
+
+
+@dataclass(frozen=True, slots=True)
+class StageSummaries:
+    """What :func:`summarize_stages` returns."""
+
+    entries: list[dict[str, Any]]
+    rows: list[dict[str, Any]]
+    summaries: list[Summary]
+    overall: Summary
 
 
 def summary_from_json(data: dict[str, Any]) -> Summary:

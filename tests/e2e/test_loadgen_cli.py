@@ -217,6 +217,18 @@ def test_kill_9_leaves_valid_records_and_no_simulator_behind(
         10,
         "the built-in simulator exits after its parent is killed",
     )
+    # The report rebuilds the summary from what was recorded, and says so.
+    assert not (run_dir / "summary.json").exists()
+    report = servemon("report", str(run_dir))
+    assert report.wait(60) == 0, report.stderr
+    summary = read_json(run_dir / "summary.json")
+    assert summary["status"] == "unfinished"
+    assert summary["overall"]["requests"] == len(records)
+    ok = sum(1 for r in records if r["outcome"] == "ok")
+    assert summary["stages"][0]["summary"]["outcomes"].get("ok", 0) == ok
+    assert summary["stages"][0]["target_rate"] == 40  # the plan, from run.json
+    page = (run_dir / "report.html").read_text(encoding="utf-8")
+    assert "did not finish" in page
 
 
 def test_no_secret_reaches_the_run_directory_or_the_output(
