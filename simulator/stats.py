@@ -2,7 +2,10 @@
 
 The engine updates one :class:`EngineStats`; :mod:`simulator.metrics` turns it into
 metric families named as the chosen engine and version would name them. Bucket edges
-are vLLM's (V1) so that the exposition matches a real server.
+are vLLM's (V1, ``vllm/v1/metrics/loggers.py``) so that the exposition matches a real
+server. They are the simulator's own copy, not imported from ``monitor``: the
+simulator stands in for vLLM, and the exporter's and the SLO rules' edges are checked
+against it, not against themselves.
 """
 
 from __future__ import annotations
@@ -11,7 +14,20 @@ import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 
-from monitor.buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+# fmt: off
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0,
+)
+E2E_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)
+# fmt: on
 
 __all__ = [
     "E2E_BUCKETS",

@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from monitor import buckets
 from simulator.config import DIALECTS
 from simulator.stats import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 
@@ -135,6 +136,14 @@ def test_the_simulators_buckets_are_vllms() -> None:
     assert list(TTFT_BUCKETS) == VLLM_TTFT
     assert list(ITL_BUCKETS) == VLLM_ITL
     assert list(E2E_BUCKETS) == VLLM_E2E
+
+
+def test_the_edges_slo_rules_assume_are_the_engines() -> None:
+    # monitor's copy (SLO rules on the engine's histograms) and the simulator's own
+    # (standing in for vLLM) are kept apart on purpose, and must agree.
+    assert buckets.TTFT_BUCKETS == TTFT_BUCKETS
+    assert buckets.ITL_BUCKETS == ITL_BUCKETS
+    assert buckets.E2E_BUCKETS == E2E_BUCKETS
 
 
 async def traffic(http: aiohttp.ClientSession, url: str) -> None:
