@@ -108,7 +108,8 @@ LEVEL = "target_model"
 BY = "by (target, model)"
 ON = "on (target, model)"
 
-#: Template pieces of annotations (``dashboards.rule_tests`` renders them too).
+#: Template pieces of annotations (the promtool tests in ``tests/support`` render them
+#: too).
 VALUE_1F = '{{ printf "%.1f" $value }}'
 VALUE_2F = '{{ printf "%.2f" $value }}'
 VALUE_0F = '{{ printf "%.0f" $value }}'

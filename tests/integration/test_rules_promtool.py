@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards.rule_tests import promtool_tests
+from tests.support.rule_tests import promtool_tests
 from dashboards.rules import RULES_FILE, load_slo_config, write_rules
 
 PROMTOOL = shutil.which("promtool")

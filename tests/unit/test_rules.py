@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dashboards.rule_tests import promtool_tests, render_template
+from tests.support.rule_tests import promtool_tests, render_template
 from dashboards.rules import (
     ALERT_BURN,
     RULES_FILE,
