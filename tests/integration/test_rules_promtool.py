@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.rule_tests import promtool_tests
 from dashboards.rules import RULES_FILE, load_slo_config, write_rules
+from tests.support.rule_tests import promtool_tests
 
 PROMTOOL = shutil.which("promtool")
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from tests.support.rule_tests import promtool_tests, render_template
 from dashboards.rules import (
     ALERT_BURN,
     RULES_FILE,
@@ -23,6 +22,7 @@ from dashboards.rules import (
 from dashboards.slos import HISTOGRAMS, SloConfig
 from monitor import names
 from servemon.errors import ConfigError
+from tests.support.rule_tests import promtool_tests, render_template
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = Path("deploy/slos.example.yaml")
