@@ -1,0 +1,40 @@
+"""Every module's public surface is its ``__all__``: present, sorted, all defined.
+
+As httpx checks its exported members: a name added to a module without a thought for
+whether it is public, or an ``__all__`` naming something that moved, fails here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from types import ModuleType
+
+import pytest
+
+PACKAGES = ("servemon", "simulator", "monitor", "loadgen", "dashboards")
+#: Modules that are programs rather than libraries: nothing to export.
+NO_EXPORTS = {"monitor.reference"}
+
+
+def modules() -> list[str]:
+    found = []
+    for name in PACKAGES:
+        package = importlib.import_module(name)
+        found.append(name)
+        for info in pkgutil.iter_modules(package.__path__, prefix=f"{name}."):
+            if not info.name.endswith(".__main__"):  # importing it runs the CLI
+                found.append(info.name)
+    return sorted(found)
+
+
+@pytest.mark.parametrize("name", modules())
+def test_all_is_defined_and_names_only_what_exists(name: str) -> None:
+    module: ModuleType = importlib.import_module(name)
+    exported = getattr(module, "__all__", None)
+    if exported is None:
+        assert name in NO_EXPORTS or name in PACKAGES, f"{name} has no __all__"
+        return
+    missing = [item for item in exported if not hasattr(module, item)]
+    assert not missing, f"{name}.__all__ names what it lacks: {missing}"
+    assert len(set(exported)) == len(exported), f"{name}.__all__ repeats a name"
