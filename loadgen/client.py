@@ -17,7 +17,7 @@ import aiohttp
 
 from loadgen.timing import Outcome, RequestTiming, TokenSource
 from monitor.http import NotAnswered, PoolConnector, post
-from monitor.sse import EventTooLarge, choice_text, ends_answer, is_done, iter_events
+from monitor.sse import EventTooLarge, choice_text, is_done, iter_events
 
 __all__ = ["ClientSettings", "make_session", "send_request", "server_facts"]
 
@@ -192,12 +192,12 @@ class _Probe:
             self.fail(Outcome.STREAM_ERROR, _error_message(json.dumps(event).encode()))
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
+            # monitor.sse.ends_answer's rule, folded into this one pass over the chunk
+            self.finished = True
         if isinstance(event.get("metrics"), dict):
             self.metrics = event["metrics"]
         if isinstance(event.get("timings"), dict):
             self.timings = event["timings"]
-        if ends_answer(event):
-            self.finished = True
         choices = event.get("choices")
         if choices is not None and not isinstance(choices, list):
             self.fail(Outcome.STREAM_ERROR, "choices is not a list")
@@ -209,6 +209,7 @@ class _Probe:
                 self.content_s.append(now)
             if choice.get("finish_reason"):
                 self.finish_reason = str(choice["finish_reason"])
+                self.finished = True
 
     def read_whole(self, raw: bytes) -> None:
         now = time.monotonic()

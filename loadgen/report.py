@@ -395,7 +395,7 @@ def plot_ttft_parts(data: RunData) -> str:
     """Mean TTFT per stage split into server queue, prefill and the client-side
     rest, from the requests whose server reported its part (means add up)."""
     parts: dict[int, list[tuple[float, float, float]]] = defaultdict(list)
-    for line in _read_jsonl(data.path / "requests.jsonl"):
+    for line in data.requests:
         if line.get("outcome") != "ok" or line.get("ttft_gap_s") is None:
             continue
         parts[int(line.get("stage", 0))].append(

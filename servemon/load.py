@@ -43,7 +43,8 @@ async def run_command(
     The settings are checked first: a bad one fails before the built-in simulator
     or any worker is started.
     """
-    check_load_config(kind, config)
+    # In a thread: a file: workload is read whole to check every line.
+    await asyncio.to_thread(check_load_config, kind, config)
     console = console or console_for()
     stop = Stopper()
     loop = asyncio.get_running_loop()
