@@ -104,10 +104,12 @@ async def send_request(
     except aiohttp.ClientConnectorError as exc:
         probe.fail(Outcome.CONNECT_ERROR, str(exc))
     except NotAnswered as exc:
-        probe.fail(
-            Outcome.CONNECT_ERROR,
-            f"the server closed a fresh connection before answering: {exc}",
+        what = (
+            "the server closed a fresh connection before answering"
+            if exc.fresh
+            else f"every pooled connection was closed ({exc.resends} resends)"
         )
+        probe.fail(Outcome.CONNECT_ERROR, f"{what}: {exc}")
     except aiohttp.ClientPayloadError as exc:
         probe.fail(Outcome.STREAM_ERROR, f"connection cut {probe.where()}: {exc}")
     except (aiohttp.ClientError, ConnectionError, EventTooLarge, RuntimeError) as exc:

@@ -32,8 +32,9 @@ _GIVEN: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
     "servemon_connections_given", default=None
 )
 
-#: Resends of one request at most (a pool can hold several dead connections).
-MAX_RESENDS = 4
+#: Resends of one request at most. Each failed pooled connection is dropped, so the
+#: resends end at the first fresh connection; this only bounds a pathological pool.
+MAX_RESENDS = 64
 
 
 class PoolConnector(aiohttp.TCPConnector):
@@ -59,12 +60,14 @@ class PoolConnector(aiohttp.TCPConnector):
 
 
 class NotAnswered(Exception):
-    """The server closed a fresh connection (or every resend's) before answering."""
+    """The server closed a fresh connection before answering (or the resends ran
+    out: ``fresh`` is False then)."""
 
-    def __init__(self, cause: BaseException, resends: int) -> None:
+    def __init__(self, cause: BaseException, resends: int, *, fresh: bool) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")
         self.cause = cause
         self.resends = resends
+        self.fresh = fresh
 
 
 async def post(
@@ -78,9 +81,11 @@ async def post(
     """POST and return the response once its headers are in.
 
     A failure on a connection taken from the pool, before any response, is resent
-    at once (at most :data:`MAX_RESENDS` times); each resend is counted in
-    ``resends[0]``. A failure on a fresh connection raises :class:`NotAnswered`;
-    connect errors and timeouts propagate as aiohttp raises them.
+    at once; each resend is counted in ``resends[0]``. aiohttp drops the failed
+    connection, so a pool of several dead ones is drained one resend each until the
+    request goes out on a fresh connection (bounded by :data:`MAX_RESENDS`). A
+    failure on a fresh connection raises :class:`NotAnswered`; connect errors and
+    timeouts propagate as aiohttp raises them.
     """
     count = resends if resends is not None else [0]
     while True:
@@ -91,8 +96,9 @@ async def post(
         except aiohttp.ClientConnectorError:
             raise
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            if not (given and given[-1]) or count[0] >= MAX_RESENDS:
-                raise NotAnswered(exc, count[0]) from exc
+            reused = bool(given and given[-1])
+            if not reused or count[0] >= MAX_RESENDS:
+                raise NotAnswered(exc, count[0], fresh=not reused) from exc
             count[0] += 1
         finally:
             _GIVEN.reset(token)

@@ -171,7 +171,8 @@ async def test_connections_llamacpp_closes_after_each_answer_are_resent_and_coun
     timings = [t for batch in done for t in batch]
     assert {t.outcome for t in timings} == {Outcome.OK}, {t.error for t in timings}
     assert sum(t.reconnects for t in timings) > 0
-    assert all(t.reconnects <= 4 for t in timings)
+    # Each resend drops one closed connection: never more than the pool can hold.
+    assert max(t.reconnects for t in timings) <= 8
 
 
 async def test_a_fresh_connection_closed_unanswered_is_a_connect_error() -> None:
