@@ -16,6 +16,7 @@ from typing import Any
 
 from loadgen.slo import SloTerm, request_meets
 from loadgen.timing import Outcome, RequestTiming
+from monitor.outcomes import failed, judged
 
 __all__ = [
     "FIGURE_NAMES",
@@ -208,10 +209,10 @@ def _cached_fraction(ok: Sequence[RequestTiming]) -> float | None:
 def _error_rate(timings: Sequence[RequestTiming]) -> float:
     """Failed over finished requests; cancelled ones count neither way (the client
     walked away on purpose, or the run was stopped)."""
-    judged = [t for t in timings if t.outcome is not Outcome.CANCELLED]
-    if not judged:
+    counted = [t for t in timings if judged(t.outcome)]
+    if not counted:
         return 0.0
-    return sum(1 for t in judged if t.outcome is not Outcome.OK) / len(judged)
+    return sum(1 for t in counted if failed(t.outcome)) / len(counted)
 
 
 def _replace(summary: Summary, **changes: Any) -> Summary:

@@ -26,18 +26,9 @@ import itertools
 from dataclasses import dataclass
 from enum import StrEnum
 
+from monitor.outcomes import Outcome
+
 __all__ = ["Outcome", "RequestTiming", "TokenSource"]
-
-
-class Outcome(StrEnum):
-    """How a request ended."""
-
-    OK = "ok"
-    HTTP_ERROR = "http_error"
-    TIMEOUT = "timeout"
-    CONNECT_ERROR = "connect_error"
-    STREAM_ERROR = "stream_error"
-    CANCELLED = "cancelled"
 
 
 class TokenSource(StrEnum):

@@ -1,0 +1,59 @@
+"""How a request ends, and which endings count as failed: the one definition that the
+run summaries, the SLO checks, the recording rules and the dashboards all use.
+
+A request is *judged* unless it was cancelled (the client walked away on purpose, or
+the run was stopped); a judged request *failed* unless it ended ``ok``. The PromQL
+matchers below are built from the same sets, so an outcome added here reaches every
+error rate at once.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = [
+    "FAILED",
+    "FAILED_MATCHER",
+    "JUDGED_MATCHER",
+    "NOT_JUDGED",
+    "Outcome",
+    "failed",
+    "judged",
+]
+
+
+class Outcome(StrEnum):
+    """How a request ended (the ``outcome`` label of the client series)."""
+
+    OK = "ok"
+    HTTP_ERROR = "http_error"
+    TIMEOUT = "timeout"
+    CONNECT_ERROR = "connect_error"
+    STREAM_ERROR = "stream_error"
+    CANCELLED = "cancelled"
+
+
+NOT_JUDGED: frozenset[Outcome] = frozenset({Outcome.CANCELLED})
+FAILED: frozenset[Outcome] = frozenset(Outcome) - NOT_JUDGED - {Outcome.OK}
+
+
+def judged(outcome: Outcome) -> bool:
+    """Whether a request with this outcome counts in an error rate at all."""
+    return outcome not in NOT_JUDGED
+
+
+def failed(outcome: Outcome) -> bool:
+    """Whether a request with this outcome counts as an error."""
+    return outcome in FAILED
+
+
+def _alternation(outcomes: frozenset[Outcome]) -> str:
+    return "|".join(sorted(o.value for o in outcomes))
+
+
+#: Label matcher selecting failed requests of ``servemon_client_requests_total``:
+#: written as "neither ok nor unjudged", so an outcome label that a newer client
+#: sends and this one does not know still counts as a failure.
+FAILED_MATCHER = f'outcome!~"{_alternation(NOT_JUDGED | {Outcome.OK})}"'
+#: Label matcher selecting judged requests (the error rate's denominator).
+JUDGED_MATCHER = f'outcome!~"{_alternation(NOT_JUDGED)}"'
