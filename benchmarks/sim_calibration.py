@@ -47,7 +47,8 @@ async def sweep(url: str, levels: list[int], number: int, warmup: int) -> list[s
                 id_prefix=f"c{level}",
             )
             s = summarize(timings)
-            if s.ttft is None or s.tpot is None:
+            ttft, tpot = s.figure("ttft"), s.figure("tpot")
+            if ttft is None or tpot is None:
                 raise SystemExit(f"concurrency {level}: no successful requests")
             course = COURSE.get(level)
             ref = (
@@ -58,7 +59,7 @@ async def sweep(url: str, levels: list[int], number: int, warmup: int) -> list[s
             rows.append(
                 f"| {level} | {s.outcomes.get('ok', 0)}/{s.requests} "
                 f"| {s.mean_prompt_tokens or 0:.0f} | {s.mean_output_tokens or 0:.1f} "
-                f"| {s.ttft.mean * 1000:.1f} | {s.tpot.mean * 1000:.2f} "
+                f"| {ttft.mean * 1000:.1f} | {tpot.mean * 1000:.2f} "
                 f"| {s.output_throughput:.1f} | {ref} |"
             )
             print(rows[-1], flush=True)

@@ -24,20 +24,22 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
 
-from loadgen.arrivals import Stage
+from loadgen.arrivals import Arrival, Stage
+from loadgen.context import Driven, RunContext
+from loadgen.plan import StageRecord, step_seconds
+from loadgen.ramp import open_loop
+from loadgen.runrecord import CapacityResult, StepVerdict
 from loadgen.slo import SloTerm
-from loadgen.summary import Summary, summarize
+from loadgen.stopping import Stopper
+from loadgen.summary import Summarizer, Summary
+from loadgen.timing import RequestTiming
 from monitor import names
-from servemon.errors import ConfigError
 
-if TYPE_CHECKING:
-    from loadgen.config import LoadConfig
-    from loadgen.runner import RunState, StageRecord, Stopper
-
-__all__ = ["CapacityResult", "StepVerdict", "check_config", "search"]
+__all__ = ["CapacityResult", "StepVerdict", "drive_capacity"]
 
 WAITING = names.ENGINE_REQUESTS_WAITING.name
 RUNNING = names.ENGINE_REQUESTS_RUNNING.name
@@ -46,41 +48,40 @@ PREEMPTIONS = names.ENGINE_PREEMPTIONS.name
 LAG_LIMIT_S = 0.05
 #: A step lasts long enough for about this many judged requests.
 MIN_REQUESTS = 10
+History = Iterable[tuple[float, list[list[Any]]]]
 
 
-@dataclass(slots=True)
-class StepVerdict:
-    """One step of the search, judged."""
+class _Step:
+    """A sink that sums up one step's own requests as they finish: those scheduled
+    after its settle time (what the step is judged on), all of them, and the
+    dispatch lag of the most recent ones."""
 
-    stage: int
-    rate: float
-    good: bool
-    breaches: list[str] = field(default_factory=list)
-    saturated: str | None = None
-    early_stop: str | None = None
-    judged_requests: int = 0
+    def __init__(self, record: StageRecord, slo: list[SloTerm], settle_s: float):
+        self.record, self.settle_s = record, settle_s
+        self.judged = Summarizer(slo)
+        self.every = Summarizer(slo)
+        self.lags: deque[float] = deque(maxlen=50)
 
+    def __call__(self, timing: RequestTiming) -> None:
+        if timing.stage != self.record.index:
+            return
+        self.lags.append(timing.dispatch_lag)
+        self.every.add(timing)
+        start = self.record.start_s
+        if start is not None and timing.scheduled_s >= start + self.settle_s:
+            self.judged.add(timing)
 
-@dataclass(slots=True)
-class CapacityResult:
-    """What the search found."""
-
-    capacity_rps: float | None
-    bracket: tuple[float | None, float | None]
-    first_breach: str | None
-    saturated_first: str | None
-    ended_because: str
-    steps: list[StepVerdict]
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return asdict(self)
+    def summary(self) -> Summary:
+        """What the step is judged on (all its requests if none came after the
+        settle time)."""
+        own = self.judged if self.judged.requests else self.every
+        return own.summary()
 
 
-def _window(run: RunState, start: float, end: float) -> list[dict[str, float]]:
+def _window(history: History, start: float, end: float) -> list[dict[str, float]]:
     """The target's samples between ``start`` and ``end``, summed over ranks."""
     out = []
-    for at, samples in run.history:
+    for at, samples in history:
         if start <= at <= end:
             sums: dict[str, float] = {}
             for name, _labels, value in samples:
@@ -111,9 +112,9 @@ def _server_signal(window: list[dict[str, float]]) -> tuple[str, str] | None:
     return None
 
 
-def _attribute(run: RunState, record: StageRecord, summary: Summary) -> str:
+def _attribute(history: History, record: StageRecord, summary: Summary) -> str:
     """What gave out first during a bad step."""
-    window = _window(run, record.start_s or 0.0, record.end_s or time.monotonic())
+    window = _window(history, record.start_s or 0.0, record.end_s or time.monotonic())
     if window:
         kv = max(s.get(KV, 0.0) for s in window)
         preempted = window[-1].get(PREEMPTIONS, 0.0) - window[0].get(PREEMPTIONS, 0.0)
@@ -122,28 +123,28 @@ def _attribute(run: RunState, record: StageRecord, summary: Summary) -> str:
         queued = sum(1 for s in window if s.get(WAITING, 0.0) > 0)
         if queued >= max(1, len(window) // 5):
             return "queue"  # requests waited for a batch slot in a fifth of samples
-    lag = summary.dispatch_lag
+    lag = summary.figure("dispatch_lag")
     if lag is not None and lag.p50 > LAG_LIMIT_S:
         return "client"
     return "none"
 
 
 async def _watch(
-    run: RunState,
-    record: StageRecord,
-    settle_s: float,
+    history: History,
+    step: _Step,
     halt: asyncio.Event,
     verdict: dict[str, str],
 ) -> None:
     """Cut a step short on a saturation signal (after its settle time)."""
+    record = step.record
     while True:
         await asyncio.sleep(1.0)
-        if record.start_s is None or time.monotonic() < record.start_s + settle_s:
+        if record.start_s is None or time.monotonic() < record.start_s + step.settle_s:
             continue
-        signal = _server_signal(_window(run, record.start_s, time.monotonic()))
+        signal = _server_signal(_window(history, record.start_s, time.monotonic()))
         # The client is behind when its recent lag stays high (the median of the
         # last requests), not when one stall of the process shows in a p99.
-        lags = sorted(t.dispatch_lag for t in record.timings[-50:])
+        lags = sorted(step.lags)
         if signal is None and len(lags) >= 20 and lags[len(lags) // 2] > LAG_LIMIT_S:
             signal = ("client", "the client fell behind its schedule")
         if signal is not None:
@@ -153,15 +154,9 @@ async def _watch(
 
 
 def _judge(
-    run: RunState,
-    record: StageRecord,
-    slo: list[SloTerm],
-    settle_s: float,
-    early: dict[str, str],
+    history: History, step: _Step, slo: list[SloTerm], early: dict[str, str]
 ) -> StepVerdict:
-    start = (record.start_s or 0.0) + settle_s
-    judged = [t for t in record.timings if t.scheduled_s >= start] or record.timings
-    summary = summarize(judged, slo=slo)
+    summary = step.summary()
     breaches = []
     for term in slo:
         value = summary.value(term.key)
@@ -170,35 +165,25 @@ def _judge(
             breaches.append(f"{term} (was {shown})")
     good = not breaches and not early
     saturated = (
-        None if good else (early.get("saturated") or _attribute(run, record, summary))
+        None
+        if good
+        else (early.get("saturated") or _attribute(history, step.record, summary))
     )
     return StepVerdict(
-        record.index,
-        record.target_rate or 0.0,
+        step.record.index,
+        step.record.target_rate or 0.0,
         good,
         breaches,
         saturated,
         early.get("reason"),
-        len(judged),
+        summary.requests,
     )
 
 
-def check_config(c: LoadConfig) -> None:
-    """What a search needs, checked before anything is sent."""
-    if not c.slo:
-        raise ConfigError("--slo: capacity needs an SLO, e.g. --slo 'ttft_p95<=0.5'")
-    step_s = c.step_seconds if c.step_seconds is not None else 20.0
-    if c.settle >= step_s:
-        raise ConfigError(f"--settle {c.settle:g}: must be shorter than the step")
-
-
-async def search(run: RunState, stop: Stopper, arrival: Any) -> bool:
-    """Run the search; True if the run was stopped from outside."""
-    from loadgen.runner import StageRecord
-
-    c = run.config
-    check_config(c)
-    step_s = c.step_seconds if c.step_seconds is not None else 20.0
+async def drive_capacity(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
+    """Run the search (see the module docstring)."""
+    c = ctx.config
+    step_s = step_seconds(c)
     cap = c.rps_max if c.rps_max is not None else 10_000.0
     deadline = time.monotonic() + c.max_duration
     rate = min(c.rps_min, cap)
@@ -217,13 +202,16 @@ async def search(run: RunState, stop: Stopper, arrival: Any) -> bool:
         if time.monotonic() + duration > deadline:
             ended = "--max-duration reached"
             break
-        record = StageRecord(len(run.stages), f"{rate:.4g} rps", rate, None, duration)
-        run.stages.append(record)
+        record = StageRecord(len(ctx.stages), f"{rate:.4g} rps", rate, None, duration)
+        ctx.stages.append(record)
+        step = _Step(record, ctx.slo, c.settle)
+        ctx.sinks.append(step)
         halt = asyncio.Event()
         early: dict[str, str] = {}
-        watcher = asyncio.create_task(_watch(run, record, c.settle, halt, early))
+        watcher = asyncio.create_task(_watch(ctx.history, step, halt, early))
         try:
-            interrupted = await run.open_loop(
+            interrupted = await open_loop(
+                ctx,
                 [Stage(record.index, rate, duration, 0.0)],
                 stop,
                 arrival,
@@ -234,10 +222,11 @@ async def search(run: RunState, stop: Stopper, arrival: Any) -> bool:
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
+            ctx.sinks.remove(step)
         first_index += record.sent + record.skipped
-        verdict = _judge(run, record, run.slo, c.settle, early)
+        verdict = _judge(ctx.history, step, ctx.slo, early)
         steps.append(verdict)
-        run.progress.console.print(
+        ctx.progress.console.print(
             f"capacity: {rate:.4g} req/s "
             + (
                 "meets the SLO"
@@ -268,7 +257,7 @@ async def search(run: RunState, stop: Stopper, arrival: Any) -> bool:
         else:
             rate = (good + bad) / 2
     first_bad = next((s for s in steps if not s.good), None)
-    run.capacity = CapacityResult(
+    found = CapacityResult(
         capacity_rps=good,
         bracket=(good, bad),
         first_breach=(
@@ -282,4 +271,4 @@ async def search(run: RunState, stop: Stopper, arrival: Any) -> bool:
         ended_because=ended,
         steps=steps,
     )
-    return interrupted
+    return Driven(interrupted, found)

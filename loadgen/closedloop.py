@@ -41,7 +41,9 @@ async def run_closed_loop(
 
     ``options(index)`` may add keyword arguments of :func:`send_request` (such as
     ``cancel_after_s``) per request; ``on_send`` and ``on_done`` see each measured
-    request go out and finish.
+    request go out and finish. The measured timings are returned when there is no
+    ``on_done`` (with one, the caller keeps what it needs: a long level stays
+    bounded in memory).
     """
     total = warmup + number
     counter = itertools.count()  # rebound per phase below; workers read the current
@@ -66,9 +68,10 @@ async def run_closed_loop(
                 **(options(index) if options is not None else {}),
             )
             if index >= warmup:
-                measured.append(timing)
                 if on_done is not None:
                     on_done(timing)
+                else:
+                    measured.append(timing)
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 return  # the run was cancelled: the interrupted request is recorded

@@ -15,33 +15,22 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import matplotlib.pyplot as plt
 
-from loadgen.report import CSS, RunData, load_run, svg
+from loadgen.columns import COMPARED
+from loadgen.plots import svg
+from loadgen.report import CSS, RunData, load_run
+from loadgen.runrecord import StageResult
+from loadgen.summary import Summary
 
 __all__ = [
-    "FIGURES",
     "Comparison",
     "compare",
     "render_compare",
     "run_names",
     "write_compare",
 ]
-
-#: (label, path in a stage summary, statistic, unit multiplier, higher is better)
-FIGURES: tuple[tuple[str, str, str | None, float, bool], ...] = (
-    ("output tok/s", "output_throughput", None, 1.0, True),
-    ("requests/s", "request_throughput", None, 1.0, True),
-    ("TTFT mean ms", "ttft", "mean", 1000.0, False),
-    ("TTFT p95 ms", "ttft", "p95", 1000.0, False),
-    ("TPOT mean ms", "tpot", "mean", 1000.0, False),
-    ("ITL p95 ms", "itl", "p95", 1000.0, False),
-    ("E2E mean s", "e2e", "mean", 1.0, False),
-    ("E2E p95 s", "e2e", "p95", 1.0, False),
-    ("error rate", "error_rate", None, 1.0, False),
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,40 +43,34 @@ class Comparison:
     warnings: list[str]
 
 
-def _level_key(data: RunData, stage: dict[str, Any]) -> str:
-    if data.run.get("kind") == "sweep":
-        return f"parallel {stage.get('parallel')}"
-    return f"{stage.get('target_rate'):g} rps"
-
-
-def _value(
-    summary: dict[str, Any], path: str, stat: str | None, scale: float
-) -> float | None:
-    item = summary.get(path)
-    if stat is not None:
-        item = item.get(stat) if isinstance(item, dict) else None
-    return None if item is None else float(item) * scale
+def _level_key(data: RunData, stage: StageResult) -> str:
+    if data.info.kind == "sweep":
+        return f"parallel {stage.parallel}"
+    return f"{stage.target_rate:g} rps"
 
 
 def compare(paths: Sequence[Path]) -> Comparison:
     """Load and line up the runs."""
     runs = [load_run(p) for p in paths]
     per_run = [
-        {_level_key(r, s): s["summary"] for s in r.summary.get("stages", [])}
+        {
+            _level_key(r, s): summary
+            for s, summary in zip(r.summary.stages, r.summary.summaries, strict=True)
+        }
         for r in runs
     ]
     levels = [k for k in per_run[0] if all(k in other for other in per_run[1:])]
     values: dict[str, dict[str, list[float | None]]] = {}
     for level in levels:
         values[level] = {
-            label: [_value(p[level], path, stat, scale) for p in per_run]
-            for label, path, stat, scale, _better in FIGURES
+            figure.label: [figure.value(p[level]) for p in per_run]
+            for figure in COMPARED
         }
     return Comparison(runs, levels, values, _warnings(runs, per_run, levels))
 
 
 def _warnings(
-    runs: list[RunData], per_run: list[dict[str, dict[str, Any]]], levels: list[str]
+    runs: list[RunData], per_run: list[dict[str, Summary]], levels: list[str]
 ) -> list[str]:
     notes: list[str] = []
     names = [r.path.name for r in runs]
@@ -98,21 +81,21 @@ def _warnings(
             ("mean_prompt_tokens", "prompt"),
             ("mean_output_tokens", "output"),
         ):
-            vals = [p[level].get(key) for p in per_run]
+            vals = [getattr(p[level], key) for p in per_run]
             nums = [v for v in vals if v]
             if len(nums) == len(vals) and max(nums) > 1.1 * min(nums):
                 shown = ", ".join(
                     f"{n}: {v:.1f}" for n, v in zip(names, nums, strict=True)
                 )
                 notes.append(f"{level}: mean {what} tokens differ ({shown})")
-        sources = [tuple(sorted(p[level].get("token_sources", {}))) for p in per_run]
+        sources = [tuple(sorted(p[level].token_sources)) for p in per_run]
         if len(set(sources)) > 1:
             notes.append(f"{level}: output tokens counted differently ({sources})")
         gaps = []
         for p in per_run:
-            ttft, ttfc = p[level].get("ttft"), p[level].get("ttfc")
-            gaps.append(None if not (ttft and ttfc) else ttft["mean"] - ttfc["mean"])
-        cached = [p[level].get("cached_fraction") for p in per_run]
+            ttft, ttfc = p[level].figure("ttft"), p[level].figure("ttfc")
+            gaps.append(None if not (ttft and ttfc) else ttft.mean - ttfc.mean)
+        cached = [p[level].cached_fraction for p in per_run]
         if any(c is not None for c in cached) and (
             max(c or 0.0 for c in cached) - min(c or 0.0 for c in cached) > 0.1
         ):
@@ -124,7 +107,7 @@ def _warnings(
                 f"{level}: the prefix cache served different shares of the prompt "
                 f"tokens ({shown}): prefill work differs"
             )
-        reconnects = [int(p[level].get("reconnects") or 0) for p in per_run]
+        reconnects = [p[level].reconnects for p in per_run]
         if max(reconnects) > 0 and min(reconnects) == 0:
             shown = ", ".join(
                 f"{n}: {r}" for n, r in zip(names, reconnects, strict=True)
@@ -140,14 +123,7 @@ def _warnings(
                 "the first token (time to first chunk << TTFT); tools that time the "
                 "first chunk would report very different TTFTs"
             )
-    engines = [
-        tuple(
-            sorted(
-                ((r.run.get("server_metrics") or {}).get("engine_info") or {}).items()
-            )
-        )
-        for r in runs
-    ]
+    engines = [tuple(sorted(r.info.engine_info.items())) for r in runs]
     if len(set(engines)) > 1:
         notes.append(
             "engine configuration differs: "
@@ -155,7 +131,7 @@ def _warnings(
                 ", ".join(f"{k}={v}" for k, v in e) or "unknown" for e in engines
             )
         )
-    workloads = [r.run.get("workload", {}).get("spec") for r in runs]
+    workloads = [r.info.workload.get("spec") for r in runs]
     if len(set(workloads)) > 1:
         notes.append(f"workloads differ: {workloads}")
     return notes
@@ -171,14 +147,14 @@ def rows(c: Comparison) -> list[list[str]]:
     """Table rows: level, figure, each run's value, each later run's ratio."""
     out = []
     for level in c.levels:
-        for label, *_ in FIGURES:
-            vals = c.values[level][label]
+        for figure in COMPARED:
+            vals = c.values[level][figure.label]
             base = vals[0]
             ratios = [
                 "-" if base in (None, 0) or v is None else f"{v / base:.2f}x"
                 for v in vals[1:]
             ]
-            out.append([level, label, *(_fmt(v) for v in vals), *ratios])
+            out.append([level, figure.label, *(_fmt(v) for v in vals), *ratios])
     return out
 
 

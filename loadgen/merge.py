@@ -6,36 +6,66 @@ process's monotonic clock; merging moves them onto the first shard's clock throu
 UTC time each run recorded at its origin (on one machine the clocks agree already).
 The merged directory holds every request, the first shard's server samples, and a
 summary and report computed as for a single run: per stage, over the planned stage
-length, with the SLO the shards were run with.
+length, with the SLO the shards were run with. Each shard's requests are read in
+one streaming pass and summed as they go by (:class:`loadgen.runrecord.Tally`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from loadgen.record import RunDirectory, timing_from_line
+from loadgen.record import RunDirectory, read_jsonl, timing_from_line
 from loadgen.report import RunData, load_run, write_report
+from loadgen.runner import RunResult
+from loadgen.runrecord import (
+    RunInfo,
+    RunSummary,
+    StageResult,
+    Tally,
+    read_record,
+    write_record,
+)
 from loadgen.slo import parse_slo
-from loadgen.summary import summarize_stages, summary_from_json
-from loadgen.timing import RequestTiming
 from servemon.errors import ConfigError
-
-if TYPE_CHECKING:
-    from loadgen.runner import RunResult
 
 __all__ = ["load_result", "merge_runs"]
 
 
-def _utc(run: dict[str, Any]) -> float:
-    return datetime.fromisoformat(run["clock_origin"]["utc"]).timestamp()
+def _utc(info: RunInfo) -> float:
+    return datetime.fromisoformat(str(info.clock_origin["utc"])).timestamp()
 
 
 def _plan(data: RunData) -> list[tuple[Any, Any]]:
-    return [(s.get("target_rate"), s.get("planned_s")) for s in data.summary["stages"]]
+    return [(s.target_rate, s.planned_s) for s in data.summary.stages]
+
+
+def _combined(first: RunData, shards: Sequence[RunData]) -> list[StageResult]:
+    """The stages of the whole load: counts summed, the earliest start, the latest
+    end (on the first shard's clock)."""
+    origin_utc = _utc(first.info)
+    stages = [
+        replace(s, summary=None, sent=0, held_back=0, skipped=0, achieved_rate=None)
+        for s in first.summary.stages
+    ]
+    for data in shards:
+        offset = _utc(data.info) - origin_utc
+        for stage, own in zip(stages, data.summary.stages, strict=True):
+            stage.sent += own.sent
+            stage.held_back += own.held_back
+            stage.skipped += own.skipped
+            if own.start_s is not None:
+                start = own.start_s + offset
+                stage.start_s = (
+                    start if stage.start_s is None else min(stage.start_s, start)
+                )
+            if own.end_s is not None:
+                end = own.end_s + offset
+                stage.end_s = end if stage.end_s is None else max(stage.end_s, end)
+    return stages
 
 
 def merge_runs(dirs: Sequence[Path], out_parent: Path) -> Path:
@@ -48,103 +78,58 @@ def merge_runs(dirs: Sequence[Path], out_parent: Path) -> Path:
                 f"{data.path}: its stages differ from {first.path}'s: not shards of "
                 "one schedule"
             )
-    origin_mono = first.origin
-    origin_utc = _utc(first.run)
+    origin_mono, origin_utc = first.info.origin_s, _utc(first.info)
     rundir = RunDirectory.create(out_parent, "merged")
     # The merged run's clock is the first shard's: its origin, not the new dir's.
-    rundir.clock_origin = dict(first.run["clock_origin"])
-    stages = [dict(s) for s in first.summary["stages"]]
-    for stage in stages:
-        stage.pop("summary", None)
-        stage.update(sent=0, held_back=0, skipped=0)
-    timings: list[list[RequestTiming]] = [[] for _ in stages]
+    rundir.clock_origin = dict(first.info.clock_origin)
+    slo = parse_slo(",".join(first.info.slo)) if first.info.slo else []
+    tally = Tally(slo)
+    stages = _combined(first, shards)
     for data in shards:
         # shard time -> first shard's monotonic frame
-        shift = (origin_mono - data.origin) + (_utc(data.run) - origin_utc)
-        offset = _utc(data.run) - origin_utc
-        for line in data.requests:
+        shift = (origin_mono - data.info.origin_s) + (_utc(data.info) - origin_utc)
+        for line in read_jsonl(data.path / "requests.jsonl"):
             timing = timing_from_line(line, shift)
             rundir.append_request(timing)
             if 0 <= timing.stage < len(stages):
-                timings[timing.stage].append(timing)
-        for stage, own in zip(stages, data.summary["stages"], strict=True):
-            for key in ("sent", "held_back", "skipped"):
-                stage[key] += int(own.get(key) or 0)
-            for key, pick in (("start_s", min), ("end_s", max)):
-                if own.get(key) is not None:
-                    value = float(own[key]) + offset
-                    stage[key] = (
-                        value if stage.get(key) is None else pick(stage[key], value)
-                    )
-    for line in first.samples:
-        rundir.append_server_sample(line)
-    slo = (
-        parse_slo(",".join(first.run.get("slo") or [])) if first.run.get("slo") else []
+                tally.add(timing)
+    for sample in read_jsonl(first.path / "server_metrics.jsonl"):
+        rundir.append_server_sample(sample)
+    results, overall = tally.results(stages, [s.planned_s for s in stages])
+    status = _status(shards)
+    summary = RunSummary(
+        kind=first.info.kind,
+        status=status,
+        stages=results,
+        overall=overall,
+        slo=[str(t) for t in slo],
+        merged_from=[str(d) for d in dirs],
     )
-    metas = [
-        {k: v for k, v in stage.items() if k != "achieved_rate"} for stage in stages
-    ]
-    built = summarize_stages(
-        metas, timings, [stage.get("planned_s") for stage in stages], slo
-    )
-    stage_json, overall = built.entries, built.overall
-    rundir.write_summary(
-        {
-            "kind": first.run.get("kind", "ramp"),
-            "status": _status(shards),
-            "stages": stage_json,
-            "overall": overall.to_json(),
-            "slo": [str(t) for t in slo],
-            "merged_from": [str(d) for d in dirs],
-        },
-        built.rows,
-    )
-    run = json.loads(json.dumps(first.run))
-    run.update(
-        status=_status(shards),
+    info = replace(
+        first.info,
+        status=status,
+        clock_origin=rundir.clock_origin,
         merged_from=[
-            {
-                "path": str(d.path),
-                "shard": d.run.get("shard"),
-                "status": d.run.get("status"),
-            }
+            {"path": str(d.path), "shard": d.info.shard, "status": d.info.status}
             for d in shards
         ],
-        stages=[{k: v for k, v in s.items()} for s in stages],
-        ended_utc=max(str(d.run.get("ended_utc")) for d in shards),
+        stages=results,
+        ended_utc=max(str(d.info.ended_utc) for d in shards),
     )
-    rundir.write_run(run)
     rundir.close()
+    write_record(rundir.path, info, summary)
     write_report(rundir.path)
     return rundir.path
 
 
 def _status(shards: Sequence[RunData]) -> str:
-    states = {str(d.run.get("status")) for d in shards}
+    states = {d.info.status for d in shards}
     return "completed" if states == {"completed"} else "+".join(sorted(states))
 
 
 def load_result(path: Path) -> RunResult:
     """A finished run directory as the :class:`RunResult` a run returns."""
-    from loadgen.runner import RunResult, StageRecord
-
-    summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-    stages = [
-        StageRecord(
-            s["stage"],
-            s.get("label") or "",
-            s.get("target_rate"),
-            s.get("parallel"),
-            s.get("planned_s"),
-            sent=int(s.get("sent") or 0),
-        )
-        for s in summary["stages"]
-    ]
-    return RunResult(
-        path=path,
-        status=str(summary.get("status")),
-        stages=stages,
-        summaries=[summary_from_json(s["summary"]) for s in summary["stages"]],
-        overall=summary_from_json(summary["overall"]),
-        stop_reason=summary.get("stop_reason"),
-    )
+    info, summary = read_record(path)
+    if summary is None:
+        raise ConfigError(f"{path / 'summary.json'}: missing: the run did not finish")
+    return RunResult(path, info, summary)

@@ -10,16 +10,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from loadgen.plan import StageRecord
 from loadgen.timing import Outcome, RequestTiming
-
-if TYPE_CHECKING:
-    from loadgen.runner import StageRecord
 
 __all__ = ["Progress"]
 
@@ -41,6 +39,8 @@ class Progress:
         self._ttfts: deque[float] = deque(maxlen=500)
         self._errors = 0
         self._done = 0
+        #: (finished, ok) per stage: what the line printed at a stage's end says.
+        self._per_stage: dict[int, list[int]] = {}
         self._in_flight_closed = 0
         self._live: Live | None = None
         #: The stages are not known up front (a capacity search adds them).
@@ -70,6 +70,9 @@ class Progress:
         """A request finished."""
         self._done += 1
         self._sent_times.append(timing.sent_s)
+        counts = self._per_stage.setdefault(timing.stage, [0, 0])
+        counts[0] += 1
+        counts[1] += timing.outcome is Outcome.OK
         if timing.outcome is Outcome.OK:
             if timing.ttft is not None:
                 self._ttfts.append(timing.ttft)
@@ -126,13 +129,13 @@ class Progress:
 
     def _print_stage(self, index: int) -> None:
         stage = self._stages[index]
-        ok = sum(1 for t in stage.timings if t.outcome is Outcome.OK)
+        finished, ok = self._per_stage.get(index, (0, 0))
         p95 = self._p95()
         total = "" if self.growing else f"/{len(self._stages)}"
         self.console.print(
             f"stage {index + 1}{total} ({stage.label}): "
-            f"{len(stage.timings)} finished, {ok} ok, "
-            f"{len(stage.timings) - ok} errors"
+            f"{finished} finished, {ok} ok, "
+            f"{finished - ok} errors"
             + ("" if p95 is None else f", TTFT p95 {p95 * 1000:.0f} ms"),
             soft_wrap=True,
         )

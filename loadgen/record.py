@@ -11,37 +11,34 @@
       summary.json         per stage or level, and overall
       summary.csv          the same, one row per stage, flat
 
-``run.json`` is written at the start (``status: running``) and rewritten at the end.
-The format of a ``requests.jsonl`` line is documented in ``docs/metrics.md`` and is
-stable: fields are only ever added.
+``run.json`` is written at the start (``status: running``) and rewritten at the end,
+``run.json`` and the summaries through :func:`loadgen.runrecord.write_record`. The
+format of a ``requests.jsonl`` line is documented in ``docs/metrics.md`` and is
+stable: fields are only ever added. Readers go through it in one pass
+(:func:`read_jsonl`), never holding it whole.
 """
 
 from __future__ import annotations
 
-import csv
 import json
-import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from loadgen.runrecord import RunInfo, RunSummary, StageResult, Tally
 from loadgen.slo import parse_slo
-from loadgen.summary import summarize_stages
 from loadgen.timing import Outcome, RequestTiming, TokenSource
 
 __all__ = [
-    "RECORD_VERSION",
     "UNFINISHED",
     "RunDirectory",
+    "read_jsonl",
     "rebuild_summary",
     "request_line",
     "timing_from_line",
-    "write_summary",
 ]
-
-RECORD_VERSION = 1
 
 
 def request_line(t: RequestTiming) -> dict[str, Any]:
@@ -154,10 +151,6 @@ class RunDirectory:
                 continue  # another run (a shard) took it a moment ago
         raise FileExistsError(f"{parent}: too many runs named {stamp}-{kind}")
 
-    def write_run(self, run: Mapping[str, Any]) -> None:
-        """(Re)write ``run.json`` atomically."""
-        self._write_json("run.json", {"record_version": RECORD_VERSION, **run})
-
     def append_request(self, timing: RequestTiming) -> None:
         """Append one finished request and flush it to the OS."""
         line = json.dumps(request_line(timing), separators=(",", ":"))
@@ -173,43 +166,26 @@ class RunDirectory:
         self._server.write(json.dumps(sample, separators=(",", ":")) + "\n")
         self._server.flush()
 
-    def write_summary(
-        self, summary: Mapping[str, Any], rows: Iterable[Mapping[str, Any]]
-    ) -> None:
-        """Write ``summary.json`` and ``summary.csv``."""
-        write_summary(self.path, summary, rows)
-
     def close(self) -> None:
         """Close the open files."""
         self._requests.close()
         if self._server is not None:
             self._server.close()
 
-    def _write_json(self, name: str, data: Mapping[str, Any]) -> None:
-        _write_json(self.path / name, data)
 
-
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def write_summary(
-    run_dir: Path, summary: Mapping[str, Any], rows: Iterable[Mapping[str, Any]]
-) -> None:
-    """Write ``summary.json`` and ``summary.csv`` (each atomically) into ``run_dir``."""
-    _write_json(run_dir / "summary.json", summary)
-    rows = list(rows)
-    columns: list[str] = []
-    for row in rows:
-        columns += [key for key in row if key not in columns]
-    tmp = run_dir / "summary.csv.tmp"
-    with tmp.open("w", encoding="utf-8", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, run_dir / "summary.csv")
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """The objects of a JSON-lines file, one at a time; a line cut by a kill (or
+    anything not an object) is skipped, everything before it kept."""
+    if not path.exists():
+        return
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(item, dict):
+                yield item
 
 
 #: What a rebuilt summary says of the run.
@@ -219,46 +195,45 @@ UNFINISHED = (
 )
 
 
-def rebuild_summary(
-    run_dir: Path, run: Mapping[str, Any], lines: Iterable[Mapping[str, Any]]
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``summary.json`` and its CSV rows for a run that never wrote them.
+def rebuild_summary(run_dir: Path, info: RunInfo) -> RunSummary:
+    """``summary.json`` for a run that never wrote it, from one pass over its
+    ``requests.jsonl``.
 
-    ``lines`` are its ``requests.jsonl`` lines (a torn last line already left out),
-    read once. Stages are the ones ``run.json`` planned plus any a request names;
-    throughput divides by the span of each stage's requests, since how far a stage
-    got is not known. The status is ``unfinished``.
+    Stages are the ones ``run.json`` planned plus any a request names; throughput
+    divides by the span of each stage's requests, since how far a stage got is
+    not known. The status is ``unfinished``.
     """
-    by_stage: dict[int, list[RequestTiming]] = {}
-    for line in lines:
+    slo = parse_slo(",".join(info.slo)) if info.slo else []
+    tally = Tally(slo)
+    sent: dict[int, int] = {}
+    for line in read_jsonl(run_dir / "requests.jsonl"):
         try:
-            timing = timing_from_line(dict(line))
+            timing = timing_from_line(line)
         except (KeyError, TypeError, ValueError):
             continue  # not a request line servemon wrote: skipped, not fatal
-        by_stage.setdefault(timing.stage, []).append(timing)
-    planned = {
-        int(stage["stage"]): stage
-        for stage in run.get("stages") or ()
-        if isinstance(stage, Mapping) and isinstance(stage.get("stage"), int)
-    }
-    indices = sorted(set(planned) | set(by_stage))
-    metas = []
-    for index in indices:
-        meta = dict(planned.get(index, {"stage": index, "label": f"stage {index + 1}"}))
-        meta.pop("summary", None)
-        meta["sent"] = len(by_stage.get(index, ()))
-        metas.append(meta)
-    slo = parse_slo(",".join(run.get("slo") or [])) if run.get("slo") else []
-    built = summarize_stages(
-        metas, [by_stage.get(i, []) for i in indices], [None] * len(indices), slo
+        tally.add(timing)
+        sent[timing.stage] = sent.get(timing.stage, 0) + 1
+    planned = {s.stage: s for s in info.stages}
+    indices = sorted(set(planned) | set(sent))
+    stages = [
+        StageResult(
+            stage=i,
+            label=planned[i].label if i in planned else f"stage {i + 1}",
+            target_rate=planned[i].target_rate if i in planned else None,
+            parallel=planned[i].parallel if i in planned else None,
+            planned_s=planned[i].planned_s if i in planned else None,
+            start_s=planned[i].start_s if i in planned else None,
+            sent=sent.get(i, 0),
+        )
+        for i in indices
+    ]
+    results, overall = tally.results(stages, [None] * len(stages))
+    return RunSummary(
+        kind=info.kind,
+        status="unfinished",
+        stages=results,
+        overall=overall,
+        slo=[str(t) for t in slo],
+        stop_reason=UNFINISHED,
+        rebuilt_from="requests.jsonl",
     )
-    summary = {
-        "kind": run.get("kind"),
-        "status": "unfinished",
-        "stages": built.entries,
-        "overall": built.overall.to_json(),
-        "slo": [str(t) for t in slo],
-        "stop_reason": UNFINISHED,
-        "rebuilt_from": "requests.jsonl",
-    }
-    return summary, built.rows

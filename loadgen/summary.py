@@ -1,19 +1,29 @@
-"""Figures over a set of requests: counts, throughput, latency percentiles, goodput.
+"""What a set of requests measured, summed up as they finish.
 
-Percentiles use the inclusive method (linear interpolation between closest ranks, as
-numpy's default), over ok requests only; ITL pools every gap of every ok request.
-Throughput is over ``duration_s``: the stage's own length when the caller gives it,
-else first send to last end.
+A :class:`Summarizer` takes finished requests one at a time and keeps counts, sums
+and one :class:`~loadgen.figures.FigureStats` per latency figure — never the
+requests themselves — so a run of any length summarizes in bounded memory. Its
+:class:`Summary` holds counts, throughput, the distribution of every figure of
+:data:`~loadgen.figures.FIGURES` and, with an SLO, goodput and which terms held.
+
+Percentiles are over ok requests only (dispatch lag: over every request); ITL pools
+every gap of every ok request; they are exact up to
+:data:`~loadgen.figures.EXACT_LIMIT` values per figure, within
+:data:`~loadgen.figures.RELATIVE_ACCURACY` past it (``relative_error`` in each
+distribution says which). Throughput divides by ``duration_s``: the stage's own
+length when the caller gives it, else first send to last end. The error rate is
+failed over judged requests (:mod:`monitor.outcomes`).
 """
 
 from __future__ import annotations
 
-import statistics
+import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from loadgen.figures import FIGURE_NAMES, FIGURES, Distribution, FigureStats
 from loadgen.slo import SloTerm, request_meets
 from loadgen.timing import Outcome, RequestTiming
 from monitor.outcomes import failed, judged
@@ -21,70 +31,19 @@ from monitor.outcomes import failed, judged
 __all__ = [
     "FIGURE_NAMES",
     "Distribution",
-    "StageSummaries",
+    "Summarizer",
     "Summary",
     "flat_row",
     "summarize",
-    "summarize_stages",
-    "summary_from_json",
 ]
 
-#: Latency figures in a summary, in the order tables show them.
-FIGURE_NAMES = (
-    "ttft",
-    "ttfc",
-    "itl",
-    "tpot",
-    "e2e",
-    "dispatch_lag",
-    "ttft_from_scheduled",
-    "e2e_from_scheduled",
-    "server_queue",
-    "server_prefill",
-    "ttft_gap",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Distribution:
-    """Count, mean, percentiles and max of one figure, in seconds."""
-
-    count: int
-    mean: float
-    p50: float
-    p90: float
-    p95: float
-    p99: float
-    max: float = 0.0
-
-    @classmethod
-    def of(cls, values: Sequence[float]) -> Distribution | None:
-        """The distribution of ``values``; None when empty."""
-        if not values:
-            return None
-        if len(values) == 1:
-            v = values[0]
-            return cls(1, v, v, v, v, v, v)
-        cuts = statistics.quantiles(values, n=100, method="inclusive")
-        return cls(
-            count=len(values),
-            mean=statistics.fmean(values),
-            p50=cuts[49],
-            p90=cuts[89],
-            p95=cuts[94],
-            p99=cuts[98],
-            max=max(values),
-        )
-
-    def stat(self, name: str) -> float:
-        """One statistic by name (``mean``, ``p50`` ... ``max``)."""
-        value: float = getattr(self, name)
-        return value
+STATS = ("mean", "p50", "p90", "p95", "p99", "max")
 
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """What a set of requests measured."""
+    """What a set of requests measured (the ``summary`` of a stage in
+    ``summary.json``; its figures sit there as top-level keys)."""
 
     requests: int
     outcomes: dict[str, int]
@@ -93,24 +52,11 @@ class Summary:
     output_throughput: float
     mean_prompt_tokens: float | None
     mean_output_tokens: float | None
-    ttft: Distribution | None
-    tpot: Distribution | None
-    itl: Distribution | None
-    e2e: Distribution | None
-    ttfc: Distribution | None = None
-    dispatch_lag: Distribution | None = None
-    ttft_from_scheduled: Distribution | None = None
-    e2e_from_scheduled: Distribution | None = None
     prompt_throughput: float = 0.0
     error_rate: float = 0.0
     token_sources: dict[str, int] = field(default_factory=dict)
     goodput: float | None = None
     slo_met: dict[str, bool] | None = None
-    #: Server-reported seconds in the queue, from scheduling to the first token,
-    #: and the client-side rest of TTFT (ok requests whose server reported them).
-    server_queue: Distribution | None = None
-    server_prefill: Distribution | None = None
-    ttft_gap: Distribution | None = None
     #: Prompt tokens served from the server's prefix cache over prompt tokens, over
     #: the ok requests whose server reported cached tokens.
     cached_fraction: float | None = None
@@ -118,11 +64,19 @@ class Summary:
     reconnects: int = 0
     #: Ok answers that ended without ``data: [DONE]`` (every non-streamed one).
     without_done: int = 0
+    #: The distribution of each figure of FIGURES that any request had.
+    figures: dict[str, Distribution] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> int:
+        """Requests that ended ``ok``."""
+        return self.outcomes.get(str(Outcome.OK), 0)
 
     def figure(self, name: str) -> Distribution | None:
-        """A latency figure by name (one of :data:`FIGURE_NAMES`)."""
-        value: Distribution | None = getattr(self, name)
-        return value
+        """A latency figure by name (one of FIGURE_NAMES); None if none had it."""
+        if name not in FIGURE_NAMES:
+            raise KeyError(name)
+        return self.figures.get(name)
 
     def value(self, key: str) -> float | None:
         """``ttft_p95``-style lookups, and ``error_rate``."""
@@ -133,106 +87,166 @@ class Summary:
         return None if dist is None else dist.stat(stat)
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return asdict(self)
+        """The ``summary.json`` form: scalars, then one object (or null) per figure."""
+        data: dict[str, Any] = {
+            f.name: getattr(self, f.name) for f in fields(self) if f.name != "figures"
+        }
+        for name in FIGURE_NAMES:
+            dist = self.figures.get(name)
+            data[name] = None if dist is None else _dist_json(dist)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Summary:
+        """A summary back from :meth:`to_json` (unknown keys are ignored, so a
+        newer servemon's record still reads)."""
+        known = {f.name for f in fields(cls)} - {"figures"}
+        values = {k: v for k, v in data.items() if k in known}
+        figures = {
+            name: Distribution(**item)
+            for name in FIGURE_NAMES
+            if isinstance(item := data.get(name), dict)
+        }
+        return cls(**values, figures=figures)
+
+
+def _dist_json(dist: Distribution) -> dict[str, Any]:
+    return {f.name: getattr(dist, f.name) for f in fields(dist)}
+
+
+class Summarizer:
+    """Takes finished requests one by one; :meth:`summary` sums them up."""
+
+    def __init__(self, slo: Sequence[SloTerm] = ()) -> None:
+        self.slo = tuple(slo)
+        self.requests = 0
+        self.outcomes: Counter[str] = Counter()
+        self.token_sources: Counter[str] = Counter()
+        self.figures = {name: FigureStats() for name in FIGURE_NAMES}
+        self.ok = 0
+        self.output_tokens = 0
+        self.prompt_tokens = 0
+        self.prompted = 0
+        self.cache_known_prompt = 0
+        self.cached_tokens = 0
+        self.judged = 0
+        self.failed = 0
+        self.good = 0
+        self.reconnects = 0
+        self.without_done = 0
+        self.first_sent_s = math.inf
+        self.last_end_s = -math.inf
+
+    def add(self, t: RequestTiming) -> None:
+        """One more finished request."""
+        self.requests += 1
+        self.outcomes[str(t.outcome)] += 1
+        self.reconnects += t.reconnects
+        self.first_sent_s = min(self.first_sent_s, t.sent_s)
+        self.last_end_s = max(self.last_end_s, t.end_s)
+        if judged(t.outcome):
+            self.judged += 1
+            self.failed += failed(t.outcome)
+        ok = t.outcome is Outcome.OK
+        for figure in FIGURES:
+            if figure.ok_only and not ok:
+                continue
+            stats = self.figures[figure.name]
+            if figure.values is not None:
+                stats.extend(figure.values(t))
+            elif (value := figure.value(t)) is not None:
+                stats.add(value)
+        if not ok:
+            return
+        self.ok += 1
+        self.output_tokens += t.output_tokens
+        self.token_sources[str(t.token_source)] += 1
+        if t.prompt_tokens is not None:
+            self.prompt_tokens += t.prompt_tokens
+            self.prompted += 1
+            if t.cached_tokens is not None and t.prompt_tokens:
+                self.cache_known_prompt += t.prompt_tokens
+                self.cached_tokens += t.cached_tokens
+        if t.first_chunk_s is not None and not t.done_sentinel:
+            self.without_done += 1
+        if self.slo and request_meets(t, self.slo):
+            self.good += 1
+
+    def extend(self, timings: Iterable[RequestTiming]) -> Summarizer:
+        """Several more; returns itself."""
+        for t in timings:
+            self.add(t)
+        return self
+
+    @property
+    def span_s(self) -> float:
+        """First send to last end (0 with no requests)."""
+        return max(0.0, self.last_end_s - self.first_sent_s) if self.requests else 0.0
+
+    def summary(self, duration_s: float | None = None) -> Summary:
+        """The summary so far; throughput over ``duration_s`` (default: the span)."""
+        duration = self.span_s if duration_s is None else duration_s
+        per_s = 1.0 / duration if duration > 0 else 0.0
+        figures = {
+            name: dist
+            for name, stats in self.figures.items()
+            if (dist := stats.distribution()) is not None
+        }
+        summary = Summary(
+            requests=self.requests,
+            outcomes=dict(self.outcomes),
+            duration_s=duration,
+            request_throughput=self.ok * per_s,
+            output_throughput=self.output_tokens * per_s,
+            mean_prompt_tokens=self.prompt_tokens / self.prompted
+            if self.prompted
+            else None,
+            mean_output_tokens=self.output_tokens / self.ok if self.ok else None,
+            prompt_throughput=self.prompt_tokens * per_s,
+            error_rate=self.failed / self.judged if self.judged else 0.0,
+            token_sources=dict(self.token_sources),
+            cached_fraction=self.cached_tokens / self.cache_known_prompt
+            if self.cache_known_prompt
+            else None,
+            reconnects=self.reconnects,
+            without_done=self.without_done,
+            figures=figures,
+        )
+        if not self.slo:
+            return summary
+        met = {}
+        for term in self.slo:
+            value = summary.value(term.key)
+            met[str(term)] = value is not None and value <= term.threshold
+        return replace(summary, goodput=self.good * per_s, slo_met=met)
 
 
 def summarize(
-    timings: Sequence[RequestTiming],
+    timings: Iterable[RequestTiming],
     *,
     duration_s: float | None = None,
     slo: Sequence[SloTerm] = (),
 ) -> Summary:
     """Summarize finished requests (see the module docstring)."""
-    ok = [t for t in timings if t.outcome is Outcome.OK]
-    outcomes = Counter(str(t.outcome) for t in timings)
-    if duration_s is None:
-        duration_s = (
-            max(t.end_s for t in timings) - min(t.sent_s for t in timings)
-            if timings
-            else 0.0
-        )
-    per_s = 1.0 / duration_s if duration_s > 0 else 0.0
-    prompts = [t.prompt_tokens for t in ok if t.prompt_tokens is not None]
-
-    def dist(values: list[float | None]) -> Distribution | None:
-        return Distribution.of([v for v in values if v is not None])
-
-    summary = Summary(
-        requests=len(timings),
-        outcomes=dict(outcomes),
-        duration_s=duration_s,
-        request_throughput=len(ok) * per_s,
-        output_throughput=sum(t.output_tokens for t in ok) * per_s,
-        mean_prompt_tokens=statistics.fmean(prompts) if prompts else None,
-        mean_output_tokens=statistics.fmean([t.output_tokens for t in ok])
-        if ok
-        else None,
-        ttft=dist([t.ttft for t in ok]),
-        tpot=dist([t.tpot for t in ok]),
-        itl=Distribution.of([gap for t in ok for gap in t.itl]),
-        e2e=dist([t.e2e for t in ok]),
-        ttfc=dist([t.time_to_first_chunk for t in ok]),
-        dispatch_lag=dist([t.dispatch_lag for t in timings]),
-        ttft_from_scheduled=dist([t.ttft_from_scheduled for t in ok]),
-        e2e_from_scheduled=dist([t.e2e_from_scheduled for t in ok]),
-        prompt_throughput=sum(prompts) * per_s,
-        error_rate=_error_rate(timings),
-        token_sources=dict(Counter(str(t.token_source) for t in ok)),
-        server_queue=dist([t.server_queue_s for t in ok]),
-        server_prefill=dist([t.server_prefill_s for t in ok]),
-        ttft_gap=dist([t.ttft_gap for t in ok]),
-        cached_fraction=_cached_fraction(ok),
-        reconnects=sum(t.reconnects for t in timings),
-        without_done=sum(
-            1 for t in ok if t.first_chunk_s is not None and not t.done_sentinel
-        ),
-    )
-    if not slo:
-        return summary
-    good = sum(1 for t in ok if request_meets(t, slo))
-    met = {}
-    for term in slo:
-        value = summary.value(term.key)
-        met[str(term)] = value is not None and value <= term.threshold
-    return _replace(summary, goodput=good * per_s, slo_met=met)
-
-
-def _cached_fraction(ok: Sequence[RequestTiming]) -> float | None:
-    known = [t for t in ok if t.cached_tokens is not None and t.prompt_tokens]
-    if not known:
-        return None
-    prompt = sum(t.prompt_tokens or 0 for t in known)
-    return sum(t.cached_tokens or 0 for t in known) / prompt
-
-
-def _error_rate(timings: Sequence[RequestTiming]) -> float:
-    """Failed over finished requests; cancelled ones count neither way (the client
-    walked away on purpose, or the run was stopped)."""
-    counted = [t for t in timings if judged(t.outcome)]
-    if not counted:
-        return 0.0
-    return sum(1 for t in counted if failed(t.outcome)) / len(counted)
-
-
-def _replace(summary: Summary, **changes: Any) -> Summary:
-    data = {name: getattr(summary, name) for name in Summary.__dataclass_fields__}
-    data.update(changes)
-    return Summary(**data)
+    return Summarizer(slo).extend(timings).summary(duration_s)
 
 
 def flat_row(summary: Summary) -> dict[str, Any]:
     """One CSV row: counts, throughput, and every statistic of every figure."""
+
+    def rounded(value: float | None) -> float | None:
+        return None if value is None else round(value, 6)
+
     row: dict[str, Any] = {
         "requests": summary.requests,
-        "ok": summary.outcomes.get("ok", 0),
-        "errors": summary.requests - summary.outcomes.get("ok", 0),
-        "error_rate": round(summary.error_rate, 6),
-        "duration_s": round(summary.duration_s, 6),
-        "request_throughput": round(summary.request_throughput, 6),
-        "output_throughput": round(summary.output_throughput, 6),
-        "prompt_throughput": round(summary.prompt_throughput, 6),
-        "goodput": None if summary.goodput is None else round(summary.goodput, 6),
+        "ok": summary.ok,
+        "errors": summary.requests - summary.ok,
+        "error_rate": rounded(summary.error_rate),
+        "duration_s": rounded(summary.duration_s),
+        "request_throughput": rounded(summary.request_throughput),
+        "output_throughput": rounded(summary.output_throughput),
+        "prompt_throughput": rounded(summary.prompt_throughput),
+        "goodput": rounded(summary.goodput),
         "mean_prompt_tokens": summary.mean_prompt_tokens,
         "mean_output_tokens": summary.mean_output_tokens,
         "cached_fraction": summary.cached_fraction,
@@ -240,63 +254,7 @@ def flat_row(summary: Summary) -> dict[str, Any]:
         "without_done": summary.without_done,
     }
     for name in FIGURE_NAMES:
-        dist = summary.figure(name)
-        for stat in ("mean", "p50", "p90", "p95", "p99", "max"):
-            row[f"{name}_{stat}_s"] = (
-                None if dist is None else round(dist.stat(stat), 6)
-            )
+        dist = summary.figures.get(name)
+        for stat in STATS:
+            row[f"{name}_{stat}_s"] = None if dist is None else rounded(dist.stat(stat))
     return row
-
-
-def summarize_stages(
-    metas: Sequence[Mapping[str, Any]],
-    timings: Sequence[Sequence[RequestTiming]],
-    durations: Sequence[float | None],
-    slo: Sequence[SloTerm] = (),
-) -> StageSummaries:
-    """The ``summary.json`` stage entries (each stage's meta, its achieved rate and
-    summary), the ``summary.csv`` rows (``all`` last), the summaries, and the
-    overall summary.
-
-    ``metas[i]`` describes stage ``i`` (``stage``, ``label``, ``target_rate``,
-    ``sent``, ...); ``durations[i]`` is what its throughput divides by (None: the
-    span of its requests). The one place a run's summary is assembled: the runner,
-    ``merge`` and a run rebuilt from ``requests.jsonl`` all come here.
-    """
-    entries: list[dict[str, Any]] = []
-    rows: list[dict[str, Any]] = []
-    summaries: list[Summary] = []
-    for meta, own, duration in zip(metas, timings, durations, strict=True):
-        summary = summarize(own, duration_s=duration, slo=slo)
-        summaries.append(summary)
-        sent = int(meta.get("sent") or 0)
-        stage = {
-            **meta,
-            "achieved_rate": sent / summary.duration_s if summary.duration_s else 0.0,
-        }
-        entries.append({**stage, "summary": summary.to_json()})
-        rows.append(
-            {**{k: v for k, v in stage.items() if k != "label"}, **flat_row(summary)}
-        )
-    overall = summarize([t for own in timings for t in own], slo=slo)
-    rows.append({"stage": "all", **flat_row(overall)})
-    return StageSummaries(entries, rows, summaries, overall)
-
-
-@dataclass(frozen=True, slots=True)
-class StageSummaries:
-    """What :func:`summarize_stages` returns."""
-
-    entries: list[dict[str, Any]]
-    rows: list[dict[str, Any]]
-    summaries: list[Summary]
-    overall: Summary
-
-
-def summary_from_json(data: dict[str, Any]) -> Summary:
-    """A :class:`Summary` back from its ``summary.json`` form."""
-    fields = dict(data)
-    for name in FIGURE_NAMES:
-        value = fields.get(name)
-        fields[name] = Distribution(**value) if isinstance(value, dict) else None
-    return Summary(**fields)

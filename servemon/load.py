@@ -12,12 +12,12 @@ from typing import Literal
 from rich.console import Console
 from rich.table import Table
 
-from loadgen.capacity import CapacityResult
+from loadgen.columns import STAGE_COLUMNS, cells, table_rows
 from loadgen.config import LoadConfig
 from loadgen.progress import Progress
 from loadgen.report import write_report
 from loadgen.runner import RunResult, Stopper, check_load_config, run_load
-from loadgen.summary import Summary
+from loadgen.runrecord import CapacityResult
 from servemon.embedded import embedded_simulator
 
 __all__ = ["capacity_lines", "console_for", "run_command", "summary_table"]
@@ -108,59 +108,14 @@ async def _target(
         yield url, {"profile": config.sim_profile, "args": list(config.sim_args)}
 
 
-def _ms(summary: Summary, key: str) -> str:
-    value = summary.value(key)
-    return "-" if value is None else f"{value * 1000:.1f}"
-
-
 def summary_table(kind: str, result: RunResult) -> Table:
-    """The end-of-run table: one row per stage or level, then all."""
+    """The end-of-run table: one row per stage or level, then all (the columns of
+    :data:`loadgen.columns.STAGE_COLUMNS`, as the report shows them)."""
     table = Table(title=f"servemon {kind}: {result.status}", title_justify="left")
-    columns = (
-        "stage",
-        "target",
-        "sent",
-        "ok",
-        "err",
-        "achieved rps",
-        "out tok/s",
-        "TTFT p50",
-        "TTFT p95",
-        "TTFT p99",
-        "ITL p95",
-        "TPOT mean",
-        "E2E p95",
-        "lag p99",
-        "goodput",
-    )
-    for column in columns:
-        table.add_column(column, justify="right")
-    rows = [
-        (str(r.index + 1), r.label, r.sent, s)
-        for r, s in zip(result.stages, result.summaries, strict=True)
-    ]
-    total_sent = sum(r.sent for r in result.stages)
-    rows.append(("all", "", total_sent, result.overall))
-    for name, label, sent, s in rows:
-        ok = s.outcomes.get("ok", 0)
-        achieved = sent / s.duration_s if s.duration_s else 0.0
-        table.add_row(
-            name,
-            label,
-            str(sent),
-            str(ok),
-            str(s.requests - ok),
-            f"{achieved:.2f}",
-            f"{s.output_throughput:.1f}",
-            _ms(s, "ttft_p50"),
-            _ms(s, "ttft_p95"),
-            _ms(s, "ttft_p99"),
-            _ms(s, "itl_p95"),
-            _ms(s, "tpot_mean"),
-            _ms(s, "e2e_p95"),
-            _ms(s, "dispatch_lag_p99"),
-            "-" if s.goodput is None else f"{s.goodput:.2f}",
-        )
+    for column in STAGE_COLUMNS:
+        table.add_column(column.header, justify="right")
+    for row in cells(STAGE_COLUMNS, table_rows(result.record)):
+        table.add_row(*row)
     table.caption = "latencies in ms; goodput in requests/s meeting every --slo term"
     return table
 

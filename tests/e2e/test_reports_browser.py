@@ -397,14 +397,22 @@ def test_report_renders_summary_table_and_plots(pages: dict[str, Page]) -> None:
     shape = PageShape.parse(pages["report"].dom)
     assert shape.title.startswith("servemon ramp: ")
     (summary,) = shape.tables
-    assert [row[:2] for row in summary] == [["1", LEVELS[0]], ["2", LEVELS[1]]]
+    assert [row[:2] for row in summary] == [
+        ["1", LEVELS[0]],
+        ["2", LEVELS[1]],
+        ["all", ""],
+    ]
     for row in summary:
         sent, ok, errors = (int(cell) for cell in row[2:5])
         assert sent == ok > 0, row
         assert errors == 0, row
-    assert len(shape.svgs) >= 2
-    vs_load, timeline = shape.svgs[:2]
+    assert int(summary[-1][2]) == int(summary[0][2]) + int(summary[1][2])
+    vs_load, cdf, scatter, timeline = shape.svgs[:4]
     assert {"Throughput", "Latency (client)"} <= set(vs_load.texts)
+    assert {"TTFT CDF", "ITL CDF", "E2E CDF"} <= set(cdf.texts)
+    # One curve per level in each of the three panels.
+    assert cdf.lines() >= 3 * len(LEVELS), cdf.marks
+    assert any(t.startswith("TTFT per request over the run") for t in scatter.texts)
     assert "Target (red) vs achieved request rate" in timeline.texts
     # requests/s, output tokens/s, TTFT p50/p95/p99, ITL p95, E2E p95: two levels each.
     assert vs_load.lines() >= 7, vs_load.marks
@@ -413,12 +421,12 @@ def test_report_renders_summary_table_and_plots(pages: dict[str, Page]) -> None:
 
 
 def test_compare_renders_table_and_plots(pages: dict[str, Page]) -> None:
-    from loadgen.compare import FIGURES
+    from loadgen.columns import COMPARED
 
     shape = PageShape.parse(pages["compare"].dom)
     assert shape.title == "servemon compare"
     (table,) = shape.tables
-    assert len(table) == len(LEVELS) * len(FIGURES)
+    assert len(table) == len(LEVELS) * len(COMPARED)
     assert sorted({row[0] for row in table}) == LEVELS
     ratios = [row[-1] for row in table if row[1] == "output tok/s"]
     assert all(re.fullmatch(r"\d+\.\d\dx", r) for r in ratios), ratios

@@ -39,6 +39,7 @@ from servemon.cli import cli
 from servemon.errors import ConfigError
 from servemon.load import run_command
 from simulator.profiles import load_profile
+from tests.support.runs import requests_of
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +105,7 @@ def blamed_client(result: RunResult, request: pytest.FixtureRequest) -> bool:
     bad = next((s for s in found.steps if not s.good), None)
     if bad is None or bad.saturated != "client":
         return False
-    lags = [t.dispatch_lag for t in result.stages[bad.stage].timings]
+    lags = [t.dispatch_lag for t in requests_of(result.path, bad.stage)]
     assert lags, bad
     assert max(lags) > LAG_LIMIT_S, ("the client was blamed, yet it kept up", lags)
     request.node.user_properties.append(("client_fell_behind", str(result.path)))
@@ -121,7 +122,10 @@ def judged_ttft_p95(result: RunResult) -> float:
     requests scheduled after the settle time."""
     stage = result.stages[0]
     assert stage.start_s is not None
-    judged = [t for t in stage.timings if t.scheduled_s >= stage.start_s + SETTLE_S]
+    start = result.info.origin_s + stage.start_s
+    judged = [
+        t for t in requests_of(result.path, 0) if t.scheduled_s >= start + SETTLE_S
+    ]
     assert len(judged) >= 10, len(judged)
     value = summarize(judged, slo=parse_slo(SLO)).value("ttft_p95")
     assert value is not None
@@ -182,7 +186,7 @@ async def test_capacity_holds_at_0_8x_and_breaks_at_1_3x(
     # Where the simulator saturates: all batch slots busy. A request alone takes
     # its steps (more if the machine is busy); the SLO allows a short queue.
     alone = statistics.median(
-        t.e2e for t in result.stages[0].timings if t.e2e is not None
+        t.e2e for t in requests_of(result.path, 0) if t.e2e is not None
     )
     assert alone >= 0.9 * OUTPUT * step_seconds(SPEED), alone
     expected = SEQS / alone

@@ -164,11 +164,11 @@ def test_only_ok_requests_count_in_latency_and_throughput() -> None:
     assert s.mean_output_tokens == pytest.approx(2.5)
 
     # ttft 0.1 and 0.2; tpot (0.4 - 0.1) / 2 and (0.5 - 0.2) / 1; e2e 0.4 and 0.5
-    assert stats(s.ttft)[:3] == pytest.approx((2, 0.15, 0.15))
-    assert stats(s.tpot)[:3] == pytest.approx((2, 0.225, 0.225))
-    assert stats(s.e2e)[:3] == pytest.approx((2, 0.45, 0.45))
+    assert stats(s.figure("ttft"))[:3] == pytest.approx((2, 0.15, 0.15))
+    assert stats(s.figure("tpot"))[:3] == pytest.approx((2, 0.225, 0.225))
+    assert stats(s.figure("e2e"))[:3] == pytest.approx((2, 0.45, 0.45))
     # Two gaps of a, one of b; none of the cut stream's.
-    assert stats(s.itl) == pytest.approx((3, 0.1, 0.1, 0.1, 0.1, 0.1))
+    assert stats(s.figure("itl")) == pytest.approx((3, 0.1, 0.1, 0.1, 0.1, 0.1))
 
 
 def test_prompt_tokens_missing_from_some_requests() -> None:
@@ -186,10 +186,10 @@ def test_a_single_request() -> None:
     assert s.duration_s == pytest.approx(2.0)
     assert s.request_throughput == pytest.approx(0.5)
     assert s.output_throughput == pytest.approx(1.0)
-    assert stats(s.ttft) == (1, 0.5, 0.5, 0.5, 0.5, 0.5)
-    assert stats(s.tpot) == (1, 1.5, 1.5, 1.5, 1.5, 1.5)
-    assert stats(s.itl) == (1, 0.5, 0.5, 0.5, 0.5, 0.5)
-    assert stats(s.e2e) == (1, 2.0, 2.0, 2.0, 2.0, 2.0)
+    assert stats(s.figure("ttft")) == (1, 0.5, 0.5, 0.5, 0.5, 0.5)
+    assert stats(s.figure("tpot")) == (1, 1.5, 1.5, 1.5, 1.5, 1.5)
+    assert stats(s.figure("itl")) == (1, 0.5, 0.5, 0.5, 0.5, 0.5)
+    assert stats(s.figure("e2e")) == (1, 2.0, 2.0, 2.0, 2.0, 2.0)
 
 
 def test_only_failures_give_counts_and_no_latencies() -> None:
@@ -204,7 +204,7 @@ def test_only_failures_give_counts_and_no_latencies() -> None:
     assert s.duration_s == pytest.approx(2.0)
     assert s.request_throughput == s.output_throughput == 0.0
     assert s.mean_output_tokens is None
-    assert s.ttft is s.tpot is s.itl is s.e2e is None
+    assert set(s.figures) == {"dispatch_lag"}  # latencies are over ok requests
 
 
 def test_empty_input() -> None:
@@ -214,4 +214,4 @@ def test_empty_input() -> None:
     assert s.duration_s == 0.0
     assert s.request_throughput == s.output_throughput == 0.0
     assert s.mean_prompt_tokens is s.mean_output_tokens is None
-    assert s.ttft is s.tpot is s.itl is s.e2e is None
+    assert s.figures == {}

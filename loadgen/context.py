@@ -1,0 +1,155 @@
+"""What a load driver gets: one narrow context for the run it drives.
+
+A driver (:mod:`loadgen.ramp`, :mod:`loadgen.sweep`, :mod:`loadgen.capacity`) is an
+async function ``drive(ctx, stop, arrival) -> Driven``. Through the
+:class:`RunContext` it builds request bodies, sends on the shared session to
+``ctx.url``, appends the stages it runs to ``ctx.stages`` and reads the target's
+recent samples; every finished request goes to :meth:`RunContext.finished`, which
+hands it to the sinks: the run directory, the live metrics, the run's
+:class:`~loadgen.runrecord.Tally`, the progress display, the guard rail, and any
+sink a driver adds for itself (a capacity step judging its own requests). A driver
+keeps its own state and returns what it found; nothing reaches into another
+driver.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from loadgen.config import LoadConfig
+from loadgen.guard import GuardRail
+from loadgen.live import LiveMetrics
+from loadgen.plan import Kind, StageRecord
+from loadgen.progress import Progress
+from loadgen.record import RunDirectory
+from loadgen.runrecord import CapacityResult, Tally
+from loadgen.slo import SloTerm
+from loadgen.stopping import Stopper
+from loadgen.timing import RequestTiming
+from loadgen.workload import Workload, request_body
+from monitor import names
+
+__all__ = ["Driven", "RunContext", "Sink"]
+
+ENGINE_WAITING = names.ENGINE_REQUESTS_WAITING.name
+#: Something that takes each finished request.
+Sink = Callable[[RequestTiming], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Driven:
+    """What a driver returns: whether the run was stopped from outside while it
+    drove, and what a capacity search found."""
+
+    interrupted: bool
+    capacity: CapacityResult | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class RunContext:
+    """One run while it executes (see the module docstring)."""
+
+    kind: Kind
+    config: LoadConfig
+    base: str
+    model: str
+    session: aiohttp.ClientSession
+    rundir: RunDirectory
+    live: LiveMetrics
+    workload: Workload
+    headers: dict[str, str]
+    slo: list[SloTerm]
+    stages: list[StageRecord]
+    progress: Progress
+    stopper: Stopper = field(default_factory=Stopper)
+    tally: Tally = field(init=False)
+    guard: GuardRail = field(init=False)
+    url: str = field(init=False)
+    label: str = field(init=False)
+    #: A prefix of this run's request ids (shards of one schedule differ in it).
+    tag: str = field(default_factory=lambda: secrets.token_hex(3))
+    #: Why a guard rail stopped the run, if one did.
+    stop_reason: str | None = None
+    #: How late a ``--start-at`` run started (its driver sets it).
+    start_late_s: float | None = None
+    #: (monotonic time, normalized samples) of the target, newest last.
+    history: deque[tuple[float, list[list[Any]]]] = field(
+        default_factory=lambda: deque(maxlen=3600)
+    )
+    sinks: list[Sink] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        c = self.config
+        self.tally = Tally(self.slo)
+        self.guard = GuardRail(
+            abort_error_rate=c.abort_error_rate, max_waiting=c.abort_waiting
+        )
+        self.url = self.base + (
+            "/v1/chat/completions" if c.api == "chat" else "/v1/completions"
+        )
+        self.label = c.target_name or urlsplit(self.base).netloc
+
+    def body(self, index: int) -> dict[str, Any]:
+        """The request body of prompt ``index``."""
+        c = self.config
+        return request_body(
+            self.workload.prompt(index),
+            api=c.api,
+            model=self.model,
+            stream=c.stream,
+            ignore_eos=c.ignore_eos,
+            extra_body=c.extra_body,
+        )
+
+    def cancel_options(self, index: int) -> dict[str, Any]:
+        """Whether request ``index`` is one the client walks away from (seeded)."""
+        c = self.config
+        if c.cancel_fraction <= 0:
+            return {}
+        if random.Random(f"cancel:{c.seed}:{index}").random() >= c.cancel_fraction:
+            return {}
+        return {
+            "cancel_after_s": c.cancel_after,
+            "cancel_after_tokens": c.cancel_after_tokens,
+        }
+
+    def started(self) -> None:
+        """A measured request goes out."""
+        self.live.in_flight.inc()
+
+    def finished(self, timing: RequestTiming) -> None:
+        """A measured request finished: every sink gets it."""
+        self.live.in_flight.dec()
+        self.rundir.append_request(timing)
+        self.live.observe(timing)
+        self.tally.add(timing)
+        self.progress.request_done(timing)
+        for sink in self.sinks:
+            sink(timing)
+        self.abort(self.guard.observe(timing))
+
+    def sampled(self, sample: Mapping[str, Any]) -> None:
+        """A sample of the target's metrics: record it, watch the queue."""
+        self.rundir.append_server_sample(sample)
+        values = sample.get("samples")
+        if values:
+            self.history.append((float(sample["mono_s"]), values))
+            waiting = sum(v for n, _l, v in values if n == ENGINE_WAITING)
+            self.abort(self.guard.observe_waiting(waiting))
+
+    def abort(self, reason: str | None) -> None:
+        """Stop the run at once for ``reason`` (a guard rail tripped)."""
+        if reason is None or self.stop_reason is not None:
+            return
+        self.stop_reason = reason
+        self.progress.console.print(f"servemon: stopping: {reason}")
+        self.stopper.requested.set()
+        self.stopper.hurry.set()

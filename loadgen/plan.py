@@ -1,0 +1,210 @@
+"""A load command's settings turned into a plan, checked before anything starts:
+the stages of a ramp or the levels of a sweep, the start time, the rate bound, and
+the config as the run record keeps it (secrets redacted)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from loadgen.arrivals import Shard, linear_stages, parse_arrival, parse_stages
+from loadgen.config import LoadConfig
+from loadgen.runrecord import StageResult
+from loadgen.slo import parse_slo
+from loadgen.target import is_loopback
+from loadgen.workload import check_workload
+from servemon.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_STAGES",
+    "Kind",
+    "StageRecord",
+    "check_load_config",
+    "check_rate_bound",
+    "parse_start_at",
+    "plan_stages",
+    "recorded_config",
+    "redact_argv",
+    "step_seconds",
+]
+
+DEFAULT_STAGES = "1:10,2:10,4:10"
+Kind = Literal["ramp", "sweep", "capacity"]
+#: A capacity search's step length when ``--step-seconds`` is not given.
+DEFAULT_STEP_S = 20.0
+
+
+@dataclass(slots=True)
+class StageRecord:
+    """One stage (ramp, capacity step) or level (sweep) while it runs: monotonic
+    times, and the dispatcher's counts."""
+
+    index: int
+    label: str
+    target_rate: float | None
+    parallel: int | None
+    planned_s: float | None
+    start_s: float | None = None
+    end_s: float | None = None
+    sent: int = 0
+    held_back: int = 0
+    skipped: int = 0
+
+    def duration_s(self) -> float | None:
+        """What its throughput divides by: the planned length, cut short where the
+        stage ended early; None (the span of its requests) if it never started."""
+        if self.planned_s is None or self.start_s is None:
+            return None
+        if self.end_s is None:
+            return self.planned_s
+        return min(self.planned_s, self.end_s - self.start_s)
+
+    def result(self, origin_s: float) -> StageResult:
+        """The record's form, times relative to ``origin_s``."""
+        return StageResult(
+            stage=self.index,
+            label=self.label,
+            target_rate=self.target_rate,
+            parallel=self.parallel,
+            planned_s=self.planned_s,
+            start_s=None if self.start_s is None else self.start_s - origin_s,
+            end_s=None if self.end_s is None else self.end_s - origin_s,
+            sent=self.sent,
+            held_back=self.held_back,
+            skipped=self.skipped,
+        )
+
+
+def check_load_config(kind: Kind, config: LoadConfig) -> None:
+    """Every check of a load command's settings that needs no target: stages, SLO,
+    arrival, shard, start time, cancellations, the workload spec (and file). Run
+    before anything is started, so a bad flag costs nothing."""
+    if config.slo:
+        parse_slo(config.slo)
+    plan_stages(kind, config)
+    if kind == "capacity":
+        if not config.slo:
+            raise ConfigError(
+                "--slo: capacity needs an SLO, e.g. --slo 'ttft_p95<=0.5'"
+            )
+        if config.settle >= step_seconds(config):
+            raise ConfigError(
+                f"--settle {config.settle:g}: must be shorter than the step"
+            )
+    if config.shard is not None:
+        Shard.parse(config.shard)
+    if config.start_at is not None:
+        parse_start_at(config.start_at)
+    parse_arrival(config.arrival)
+    if config.cancel_fraction > 0 and (
+        config.cancel_after is None and config.cancel_after_tokens is None
+    ):
+        raise ConfigError(
+            "--cancel-fraction: give --cancel-after or --cancel-after-tokens"
+        )
+    check_workload(config.workload)
+
+
+def step_seconds(config: LoadConfig) -> float:
+    """A capacity step's length."""
+    return config.step_seconds if config.step_seconds is not None else DEFAULT_STEP_S
+
+
+def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
+    """The stages of a ramp or the levels of a sweep (a capacity search makes its
+    steps as it goes)."""
+    if kind == "capacity":
+        return []
+    if kind == "ramp":
+        if config.stages is not None:
+            stages = parse_stages(config.stages)
+        elif config.rps_start is not None:
+            stages = linear_stages(
+                config.rps_start,
+                config.rps_end if config.rps_end is not None else config.rps_start,
+                config.rps_step if config.rps_step is not None else 1.0,
+                config.step_seconds if config.step_seconds is not None else 30.0,
+            )
+        else:
+            stages = parse_stages(DEFAULT_STAGES)
+        return [
+            StageRecord(s.index, f"{s.rate:g} rps", s.rate, None, s.duration_s)
+            for s in stages
+        ]
+    numbers = list(config.number)
+    if len(numbers) == 1:
+        numbers *= len(config.parallel)
+    if len(numbers) != len(config.parallel):
+        raise ConfigError(
+            f"--number: {len(numbers)} values for {len(config.parallel)} --parallel "
+            "levels (give one, or one per level)"
+        )
+    return [
+        StageRecord(i, f"parallel {p}", None, p, None)
+        for i, p in enumerate(config.parallel)
+    ]
+
+
+def parse_start_at(text: str) -> datetime:
+    """``--start-at``: an ISO 8601 time; without a zone it is UTC."""
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(
+            f"--start-at {text!r}: expected an ISO 8601 time, e.g. 2026-12-01T10:00:00Z"
+        ) from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+def check_rate_bound(
+    kind: str, config: LoadConfig, target: str, stages: Sequence[StageRecord]
+) -> None:
+    """A guard rail: open-loop load on another machine needs ``--rps-max``."""
+    if kind == "sweep":
+        return
+    if config.rps_max is None:
+        if not is_loopback(target):
+            raise ConfigError(
+                f"--rps-max: required when the target is not on this machine "
+                f"({urlsplit(target).hostname}): it bounds the load servemon may send"
+            )
+        return
+    over = [r for s in stages if (r := s.target_rate or 0.0) > config.rps_max]
+    if over:
+        raise ConfigError(
+            f"--stages: {max(over):g} req/s is over --rps-max {config.rps_max:g}"
+        )
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """The command line with every ``--header`` value replaced by ``<redacted>``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            name = arg.partition(":")[0]
+            out.append(f"{name}: <redacted>")
+            hide_next = False
+        elif arg == "--header":
+            out.append(arg)
+            hide_next = True
+        elif arg.startswith("--header="):
+            out.append(
+                f"--header={arg.removeprefix('--header=').partition(':')[0]}: "
+                "<redacted>"
+            )
+        else:
+            out.append(arg)
+    return out
+
+
+def recorded_config(config: LoadConfig) -> dict[str, Any]:
+    """The config as run.json keeps it: header values redacted."""
+    data = asdict(config)
+    data["header"] = [
+        f"{h.partition(':')[0].strip()}: <redacted>" for h in config.header
+    ]
+    return data

@@ -1,0 +1,168 @@
+"""``servemon ramp``: the open-loop driver — a schedule of stages sent at the times
+the seeded arrival process gives, whatever the target does.
+
+:func:`open_loop` sends one plan and keeps each stage's bookkeeping (start, end,
+sent, held back, skipped); the capacity search sends its steps through it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from datetime import UTC, datetime
+
+from loadgen.arrivals import Arrival, Due, Shard, Stage
+from loadgen.arrivals import schedule as make_schedule
+from loadgen.client import send_request
+from loadgen.context import Driven, RunContext
+from loadgen.dispatch import OpenLoop
+from loadgen.plan import parse_start_at
+from loadgen.stopping import Stopper, grace, until_stopped
+
+__all__ = ["drive_ramp", "open_loop"]
+
+
+async def drive_ramp(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
+    """Send the planned stages open loop, from ``--start-at`` or now."""
+    plan: list[Stage] = []
+    offset = 0.0
+    for s in ctx.stages:
+        duration = s.planned_s or 0.0
+        plan.append(Stage(s.index, s.target_rate or 0.0, duration, offset))
+        offset += duration
+    c = ctx.config
+    shard = Shard.parse(c.shard) if c.shard else None
+    start = await _wait_for_start(ctx, stop)
+    if start is None:
+        return Driven(interrupted=True)
+    interrupted = await open_loop(
+        ctx,
+        plan,
+        stop,
+        arrival,
+        seed=c.seed,
+        limit=c.max_requests,
+        shard=shard,
+        start_s=start,
+    )
+    return Driven(interrupted)
+
+
+async def _wait_for_start(ctx: RunContext, stop: Stopper) -> float | None:
+    """The monotonic start of the schedule: ``--start-at`` (shared by shards) or
+    now; None if the run was stopped while waiting."""
+    c = ctx.config
+    if c.start_at is None:
+        return time.monotonic() + 0.05
+    at = parse_start_at(c.start_at)
+    delay = (at - datetime.now(UTC)).total_seconds()
+    ctx.start_late_s = max(0.0, -delay)
+    if delay > 0:
+        ctx.progress.console.print(
+            f"servemon: waiting {delay:.1f} s for --start-at {c.start_at}"
+        )
+        if await until_stopped(asyncio.sleep(delay), stop.requested):
+            return None
+    return time.monotonic()
+
+
+async def open_loop(
+    ctx: RunContext,
+    plan: list[Stage],
+    stop: Stopper,
+    arrival: Arrival,
+    *,
+    seed: int,
+    limit: int | None = None,
+    first_index: int = 0,
+    halt: asyncio.Event | None = None,
+    shard: Shard | None = None,
+    start_s: float | None = None,
+) -> bool:
+    """Send ``plan`` open loop; True if the run was stopped meanwhile.
+
+    Setting ``halt`` ends this dispatch early (a capacity step judged already):
+    sending stops and the requests in flight get the grace period.
+    """
+    c = ctx.config
+    start = time.monotonic() + 0.05 if start_s is None else start_s
+
+    def on_stage(index: int) -> None:
+        gc.freeze()  # what exists when a stage begins is there to stay
+        stage = next(p for p in plan if p.index == index)
+        ctx.stages[index].start_s = start + stage.start_s
+        ctx.live.stage(index, stage.rate)
+        ctx.progress.stage_started(index)
+
+    def on_skip(due: Due) -> None:
+        ctx.live.skipped.labels(ctx.label, ctx.model, str(due.stage), "late").inc()
+
+    def on_hold(due: Due) -> None:
+        ctx.live.held_back.labels(ctx.label, ctx.model, str(due.stage)).inc()
+
+    async def send(due: Due, at: float) -> None:
+        index = first_index + due.index
+        ctx.started()
+        timing = await send_request(
+            ctx.session,
+            ctx.url,
+            ctx.body(index),
+            request_id=f"{ctx.tag}-{index}",
+            stage=due.stage,
+            scheduled_s=at,
+            headers=ctx.headers,
+            timeout_s=c.timeout,
+            record_interruption=True,
+            **ctx.cancel_options(index),
+        )
+        ctx.finished(timing)
+
+    loop = OpenLoop(
+        send,
+        max_inflight=c.max_inflight,
+        late=c.late,
+        late_tolerance_s=c.late_tolerance,
+        on_stage=on_stage,
+        on_skip=on_skip,
+        on_hold=on_hold,
+    )
+    ctx.progress.open_loop = loop
+    due = make_schedule(plan, arrival, seed, limit=limit, shard=shard)
+    dispatching = asyncio.create_task(loop.run(due, start))
+    ending = (stop.requested,) if halt is None else (stop.requested, halt)
+    try:
+        interrupted = await until_stopped(dispatching, *ending)
+    except BaseException:
+        # This task itself was cancelled (or broke): stop sending, and cancel the
+        # requests in flight, which record themselves, rather than leave them
+        # running against a session about to close.
+        dispatching.cancel()
+        await asyncio.gather(dispatching, return_exceptions=True)
+        await grace(set(loop.tasks), 0.0, stop.hurry)
+        raise
+    if interrupted:
+        dispatching.cancel()
+        await asyncio.gather(dispatching, return_exceptions=True)
+    end_of_schedule = time.monotonic()
+    for stage in plan:
+        record = ctx.stages[stage.index]
+        record.sent = loop.counts.sent[stage.index]
+        record.held_back = loop.counts.held_back[stage.index]
+        record.skipped = loop.counts.skipped[stage.index]
+        if record.start_s is not None:
+            planned_end = start + stage.end_s
+            if interrupted:
+                planned_end = min(end_of_schedule, planned_end)
+            record.end_s = planned_end
+    # Requests in flight: let them finish (bounded by the request timeout), or give
+    # them the grace period once a stop is asked for.
+    waited = await until_stopped(_all_done(loop), *ending)
+    if waited or interrupted:
+        await grace(set(loop.tasks), c.grace, stop.hurry)
+    return stop.requested.is_set()
+
+
+async def _all_done(loop: OpenLoop) -> None:
+    while loop.tasks:
+        await asyncio.wait(set(loop.tasks))

@@ -1,0 +1,88 @@
+"""What the load generator finds out about its target (and its own machine) before
+a run: the model to use, the engine version, local GPUs, whether the target is on
+this machine."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from servemon.errors import TargetError
+
+__all__ = ["discover_model", "is_loopback", "local_gpus", "target_version"]
+
+
+async def target_version(session: aiohttp.ClientSession, base_url: str) -> str | None:
+    """The engine version from ``/version`` (vLLM has it), else None."""
+    try:
+        async with session.get(
+            base_url.rstrip("/") + "/version", timeout=aiohttp.ClientTimeout(total=5)
+        ) as resp:
+            if resp.status != 200:
+                return None
+            body = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    version = body.get("version") if isinstance(body, dict) else None
+    return str(version) if version is not None else None
+
+
+def local_gpus() -> list[dict[str, Any]] | str:
+    """GPU names, driver and memory from NVML where the load generator runs, or
+    why there are none (blocking: call through a thread)."""
+    from monitor.gpu import GpuUnavailable, NvmlReader
+
+    reader = NvmlReader()
+    try:
+        reader.open()
+        snapshot = reader.read()
+    except GpuUnavailable as exc:
+        return f"none ({exc})"
+    except Exception as exc:
+        return f"none ({type(exc).__name__}: {exc})"
+    finally:
+        reader.close()
+    return [
+        {
+            "index": g.index,
+            "name": g.name,
+            "uuid": g.uuid,
+            "driver": snapshot.driver_version,
+            "memory_total_bytes": g.memory_total_bytes,
+        }
+        for g in snapshot.gpus
+    ]
+
+
+async def discover_model(
+    session: aiohttp.ClientSession, base_url: str, model: str | None
+) -> tuple[str, Any]:
+    """The model to use (``model`` or the first of ``/v1/models``) and the listing."""
+    url = base_url.rstrip("/") + "/v1/models"
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            if resp.status != 200:
+                raise TargetError(f"{url}: HTTP {resp.status}")
+            listing = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise TargetError(f"{url}: {type(exc).__name__}: {exc}") from None
+    ids = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
+    if model is None:
+        if not ids or not isinstance(ids[0], str):
+            raise TargetError(f"{url}: no models listed; give --model")
+        model = ids[0]
+    return model, listing
+
+
+def is_loopback(url: str) -> bool:
+    """Whether ``url`` points at this machine."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
