@@ -8,7 +8,6 @@ built (:func:`auth_headers`), so the config can be recorded as it is.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,9 +16,9 @@ from typing import Annotated, Any, Literal
 from annotated_types import Ge, Gt, Le
 
 from servemon.errors import ConfigError
-from servemon.fields import FORBID_EXTRA, Secret, load
+from servemon.fields import FORBID_EXTRA, Secret
 
-__all__ = ["LoadConfig", "auth_headers", "merge_load", "parse_extra_body"]
+__all__ = ["LoadConfig", "auth_headers", "parse_extra_body"]
 
 Positive = Annotated[float, Gt(0)]
 
@@ -84,20 +83,6 @@ class LoadConfig:
     # the built-in simulator, when there is no target
     sim_profile: str = "qwen3-0.6b-eager"
     sim_args: tuple[str, ...] = field(default=())
-
-
-def merge_load(
-    base: LoadConfig, overrides: Mapping[str, Any], source: str
-) -> LoadConfig:
-    """``base`` with the non-None ``overrides``, validated; errors name ``source``."""
-    data = dataclasses.asdict(base)
-    for key, value in overrides.items():
-        if value is None or (isinstance(value, tuple) and not value and key in data):
-            continue
-        if key not in data:
-            raise ConfigError(f"{source}: {key}: unknown field")
-        data[key] = value
-    return load(LoadConfig, data, source)
 
 
 def parse_extra_body(text: str) -> dict[str, Any]:

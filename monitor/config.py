@@ -7,17 +7,15 @@ from a file (``auth_file``), never from the command line.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from annotated_types import Ge, Gt, Le
 
 from servemon.errors import ConfigError
-from servemon.fields import FORBID_EXTRA, Secret, load, read_yaml
+from servemon.fields import FORBID_EXTRA, Secret, merge, read_yaml
 
 __all__ = [
     "Auth",
@@ -90,18 +88,9 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host.strip("[]"), number
 
 
-def merge_exporter(
-    base: ExporterConfig, overrides: Mapping[str, Any], source: str
-) -> ExporterConfig:
-    """``base`` with non-None ``overrides``, validated; errors name ``source``."""
-    data = dataclasses.asdict(base)
-    for key, value in overrides.items():
-        if value is None or (key == "targets" and not value):
-            continue
-        if key not in data:
-            raise ConfigError(f"{source}: {key}: unknown field")
-        data[key] = value
-    return load(ExporterConfig, data, source)
+#: The generic :func:`servemon.fields.merge` under its old name, kept only because
+#: tests/e2e/test_deploy_configs.py imports it; not part of ``__all__``.
+merge_exporter = merge
 
 
 @dataclass(frozen=True, slots=True)

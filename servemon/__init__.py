@@ -1,9 +1,10 @@
 """servemon: watch LLM serving endpoints under load.
 
-This package holds the console script (``servemon.cli``) and the orchestration of the
-parts. Two leaf modules, :mod:`servemon.errors` and :mod:`servemon.fields`, import
-nothing of servemon's own and may be used by every package; nothing else here is
-imported by ``simulator``, ``monitor``, ``loadgen`` or ``dashboards``.
+This package holds the console script (``servemon.cli``, the group, and
+``servemon.commands``, one module per command) and the orchestration of the parts.
+Two leaf modules, :mod:`servemon.errors` and :mod:`servemon.fields`, import nothing
+of servemon's own and may be used by every package; nothing else here is imported
+by ``simulator``, ``monitor``, ``loadgen`` or ``dashboards``.
 """
 
 __version__ = "0.1.0"

@@ -11,7 +11,6 @@ URLs and Prometheus can be looked at.
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -27,6 +26,7 @@ from servemon.embedded import (
     embedded_simulator,
     free_port,
 )
+from servemon.lifecycle import stop_on_signals
 from servemon.load import console_for, run_command
 
 __all__ = ["DEMO_SLO", "run_demo"]
@@ -116,11 +116,5 @@ async def _until_interrupted(console: Console, prom: str | None) -> None:
     where = f" (Prometheus: {prom})" if prom else ""
     console.print(f"everything stays up until Ctrl-C{where}")
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
+    with stop_on_signals(stop):
         await stop.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)

@@ -2,11 +2,15 @@
 
 Validation happens at the edges only. :func:`load` turns a mapping into a dataclass
 through pydantic and reports the first problem as one line naming the source and the
-dotted field. This module imports nothing of servemon's own.
+dotted field. :func:`merge` lays a mapping over a config dataclass, and
+:func:`layer_config` is the one way a command builds its config: the dataclass's
+defaults, then the YAML file of ``--config``, then the flags given. This module
+imports nothing of servemon's own but the errors.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,7 +20,7 @@ import yaml
 
 from servemon.errors import ConfigError
 
-__all__ = ["FORBID_EXTRA", "Secret", "load", "read_yaml"]
+__all__ = ["FORBID_EXTRA", "Secret", "layer_config", "load", "merge", "read_yaml"]
 
 #: Put ``__pydantic_config__ = FORBID_EXTRA`` in a config dataclass to reject
 #: unknown fields.
@@ -57,6 +61,53 @@ def load(cls: type[T], data: Mapping[str, Any], source: str) -> T:
         got = first.get("input")
         shown = "" if isinstance(got, dict) else f" (got {got!r})"
         raise ConfigError(f"{source}: {where}: {first['msg']}{shown}") from None
+
+
+def merge(
+    base: T, overrides: Mapping[str, Any], source: str, *, skip_none: bool = True
+) -> T:
+    """``base`` (a config dataclass) with ``overrides`` laid over it, validated again.
+
+    A ``None`` override means "not given" and is skipped unless ``skip_none`` is
+    false. A mapping given for a field that holds a dataclass (the simulator's
+    ``faults``) is laid over that dataclass field by field. An unknown field, like
+    any invalid value, is a one-line :class:`ConfigError` naming ``source`` and the
+    dotted field; ``base`` is never changed.
+    """
+    data = _overlay(base, overrides, f"{source}: ", skip_none)
+    return load(type(base), data, source)
+
+
+def _overlay(
+    base: Any, overrides: Mapping[str, Any], where: str, skip_none: bool
+) -> dict[str, Any]:
+    data = dataclasses.asdict(base)
+    for key, value in overrides.items():
+        if value is None and skip_none:
+            continue
+        if key not in data:
+            raise ConfigError(f"{where}{key}: unknown field")
+        current = getattr(base, key)
+        if dataclasses.is_dataclass(current) and not isinstance(current, type):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{where}{key}: expected a mapping")
+            data[key] = _overlay(current, value, f"{where}{key}.", skip_none)
+        else:
+            data[key] = value
+    return data
+
+
+def layer_config(cls: type[T], config_file: Path | None, flags: Mapping[str, Any]) -> T:
+    """A command's config: ``cls``'s defaults, then ``config_file``, then ``flags``.
+
+    ``flags`` are the command's options by field name, as click gives them: ``None``
+    and ``()`` (an option or a repeatable option not given) leave the value below.
+    """
+    config = cls()
+    if config_file is not None:
+        config = merge(config, read_yaml(config_file), str(config_file))
+    given = {k: v for k, v in flags.items() if v is not None and v != ()}
+    return merge(config, given, "command line")
 
 
 class Secret:

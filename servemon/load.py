@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 from collections.abc import AsyncIterator, Sequence
 from typing import Literal
 
@@ -19,6 +18,7 @@ from loadgen.report import write_report
 from loadgen.runner import RunResult, Stopper, check_load_config, run_load
 from loadgen.runrecord import CapacityResult
 from servemon.embedded import embedded_simulator
+from servemon.lifecycle import stop_on_signals
 
 __all__ = ["capacity_lines", "console_for", "run_command", "summary_table"]
 
@@ -46,28 +46,22 @@ async def run_command(
     # In a thread: a file: workload is read whole to check every line.
     await asyncio.to_thread(check_load_config, kind, config)
     console = console or console_for()
+    if kind == "ramp" and config.workers > 1:
+        return await _run_workers(config, console)  # the workers get signals
     stop = Stopper()
-    loop = asyncio.get_running_loop()
 
-    def on_signal() -> None:
-        if stop.requested.is_set():
-            if not stop.hurry.is_set():
-                console.print("servemon: cancelling the requests in flight")
-            stop.hurry.set()
-            return
+    def stopping() -> None:
         console.print(
             f"servemon: stopping: no new requests; {config.grace:g} s for those in "
             "flight (signal again to cancel them now)"
         )
-        stop.requested.set()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
-    if kind == "ramp" and config.workers > 1:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)  # the workers get signals themselves
-        return await _run_workers(config, console)
-    try:
+    def cancelling() -> None:
+        console.print("servemon: cancelling the requests in flight")
+
+    with stop_on_signals(
+        stop.requested, stop.hurry, on_stop=stopping, on_hurry=cancelling
+    ):
         async with _target(config, console) as (url, embedded):
             result = await run_load(
                 kind,
@@ -79,9 +73,6 @@ async def run_command(
                 progress=Progress(console),
                 embedded=embedded,
             )
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
     console.print(summary_table(kind, result))
     if result.stop_reason:
         console.print(f"stopped early: {result.stop_reason}")

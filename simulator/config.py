@@ -2,20 +2,19 @@
 
 Every field can come from a YAML file (``servemon sim --config sim.yaml``) and from a
 flag; flags win. :class:`Faults` can also be changed while the simulator runs
-(``PUT /sim/config``).
+(``PUT /sim/config``). Both are laid over a config by :func:`merge`, the one
+function every servemon config uses (:func:`servemon.fields.merge`, exported here
+for the server).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from annotated_types import Ge, Gt, Le
 
-from servemon.errors import ConfigError
-from servemon.fields import FORBID_EXTRA, load
+from servemon.fields import FORBID_EXTRA, merge
 
 __all__ = ["DIALECTS", "WIRE_DIALECTS", "Faults", "SimConfig", "merge"]
 
@@ -85,37 +84,3 @@ class SimConfig:
     seed: int = 0
     trace: str | None = None
     faults: Faults = field(default_factory=Faults)
-
-
-def merge(
-    base: SimConfig,
-    overrides: Mapping[str, Any],
-    source: str,
-    *,
-    skip_none: bool = True,
-) -> SimConfig:
-    """``base`` with ``overrides`` applied (``None`` values are skipped if asked).
-
-    ``overrides`` may hold top-level fields and a ``faults`` mapping; the result is
-    validated again, and a problem is reported against ``source``.
-    """
-    data = dataclasses.asdict(base)
-    for key, value in overrides.items():
-        if value is None and skip_none:
-            continue
-        if key == "faults":
-            if not isinstance(value, Mapping):
-                raise ConfigError(f"{source}: faults: expected a mapping")
-            unknown = set(value) - {f.name for f in dataclasses.fields(Faults)}
-            if unknown:
-                raise ConfigError(
-                    f"{source}: faults.{sorted(unknown)[0]}: unknown field"
-                )
-            data["faults"].update(
-                {k: v for k, v in value.items() if v is not None or not skip_none}
-            )
-        elif key not in data:
-            raise ConfigError(f"{source}: {key}: unknown field")
-        else:
-            data[key] = value
-    return load(SimConfig, data, source)

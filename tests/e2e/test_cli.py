@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import re
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -225,3 +227,86 @@ def test_ramp_workers_send_the_same_schedule_as_one_process(tmp_path: Path) -> N
         ]
         assert len(ids) == len(set(ids)) == sent[workers]
     assert sent[1] == sent[2] > 40
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (("sim", "--config", "{tmp}/no.yaml"), "no.yaml: cannot read"),
+        (("exporter",), "--target: give at least one"),
+        (("ramp", "--config", "{tmp}/no.yaml"), "no.yaml: cannot read"),
+        (("sweep", "--parallel", "two"), "--parallel: expected integers"),
+        (("capacity", "--extra-body", "[1]"), "--extra-body: expected a JSON"),
+        (("report", "{tmp}"), "run.json: missing"),
+        (("compare", "{tmp}"), "give at least two run directories"),
+        (("merge", "{tmp}", "{tmp}"), "run.json: missing"),
+        (("rules", "--slo-config", "{tmp}/list.yaml"), "expected a mapping"),
+        (("demo", "--profile", "no-such", "--out", "{tmp}/runs"), "did not start"),
+    ],
+    ids=lambda v: v[0] if isinstance(v, tuple) else None,
+)
+def test_a_servemon_error_from_any_command_is_one_line_and_exit_2(
+    tmp_path: Path, argv: tuple[str, ...], named: str
+) -> None:
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    done = subprocess.run(
+        [*SERVEMON, *(a.format(tmp=tmp_path) for a in argv)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("servemon: error: ")
+    assert named in lines[0]
+
+
+def test_ctrl_c_twice_stops_a_ramp_and_report_reads_what_it_left(
+    servemon: Any, tmp_path: Path
+) -> None:
+    # Slow streams (about 20 ms a token, 40 tokens) keep requests in flight, and a
+    # long grace: the first Ctrl-C waits for them, the second cancels them.
+    out = tmp_path / "runs"
+    cli = servemon(
+        "ramp", "--sim-profile", "tiny", "--sim-arg=--speed=0.05",
+        "--stages", "10:60", "--grace", "60", "--metrics-port", "0",
+        "--workload", "random:prompt=16,output=40", "--ignore-eos", "--out", str(out),
+    )  # fmt: skip
+    deadline = time.monotonic() + 40
+    while "servemon ramp" not in cli.stdout and not list(out.glob("*/requests.jsonl")):
+        assert cli.proc.poll() is None, cli.stderr
+        assert time.monotonic() < deadline, cli.stdout
+        time.sleep(0.1)
+    time.sleep(1.5)  # requests in flight
+    os.killpg(cli.pid, signal.SIGINT)
+    while "servemon: stopping" not in cli.stdout:
+        assert time.monotonic() < deadline + 10, cli.stdout
+        time.sleep(0.05)
+    os.killpg(cli.pid, signal.SIGINT)
+    assert cli.wait(20) == 130, cli.stderr
+    assert "servemon: cancelling the requests in flight" in cli.stdout
+    assert "Traceback" not in cli.stderr
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    assert f"run directory: {run_dir} (interrupted)" in cli.stdout
+    records = [
+        json.loads(line)
+        for line in (run_dir / "requests.jsonl").read_text().splitlines()
+    ]
+    assert any(r["outcome"] == "cancelled" for r in records), records
+
+    (run_dir / "report.html").unlink()
+    report = subprocess.run(
+        [*SERVEMON, "report", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert report.returncode == 0, report.stderr
+    assert report.stdout.strip() == str(run_dir / "report.html")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert summary["overall"]["requests"] == len(records)

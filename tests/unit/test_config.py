@@ -1,4 +1,5 @@
-"""SimConfig, Faults and profile validation: one line naming the source and field."""
+"""Config validation and layering (defaults, then ``--config``, then flags) for every
+config dataclass, SimConfig and Faults, profiles: one line naming source and field."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from loadgen.config import LoadConfig
+from monitor.config import ExporterConfig, TargetConfig
 from servemon.errors import ConfigError
-from servemon.fields import load, read_yaml
+from servemon.fields import layer_config, load, read_yaml
 from simulator.config import DIALECTS, Faults, SimConfig, merge
 from simulator.profiles import BUILTIN_PROFILES, load_profile
 
@@ -131,6 +134,70 @@ def test_every_dialect_is_accepted() -> None:
         assert merge(
             SimConfig(), {"metrics_dialect": dialect}, "t"
         ).metrics_dialect == (dialect)
+
+
+def test_merge_with_skip_none_off_sets_none() -> None:
+    base = SimConfig(faults=Faults(role_chunk_delay_s=0.5))
+    merged = merge(
+        base, {"faults": {"role_chunk_delay_s": None}}, "PUT", skip_none=False
+    )
+    assert merged.faults.role_chunk_delay_s is None
+
+
+# -- layering: defaults, then --config, then flags -------------------------------
+
+
+def test_layers_are_defaults_then_yaml_then_flags(tmp_path: Path) -> None:
+    yaml_file = write(
+        tmp_path / "sim.yaml", "speed: 2\nport: 1\nfaults:\n  metrics: hang\n"
+    )
+    flags = {"port": 9, "speed": None, "faults": {"metrics": None, "role_chunk": False}}
+    config = layer_config(SimConfig, Path(yaml_file), flags)
+    assert config.port == 9  # the flag wins
+    assert config.speed == 2  # the file, where no flag is given
+    assert config.faults.metrics == "hang"
+    assert config.faults.role_chunk is False
+    assert config.max_num_seqs == SimConfig().max_num_seqs  # the default
+
+
+@pytest.mark.parametrize(
+    ("cls", "yaml_text", "flags", "check"),
+    [
+        (
+            LoadConfig,
+            "seed: 3\nheader: ['X: 1']\nparallel: [1, 2]\n",
+            {"seed": None, "header": (), "sim_args": (), "parallel": (4,)},
+            lambda c: (c.seed, c.header, c.parallel) == (3, ("X: 1",), (4,)),
+        ),
+        (
+            ExporterConfig,
+            "targets: [{url: 'http://a:1', name: a}]\ngpu: false\n",
+            {"targets": (), "gpu": None, "listen": "0.0.0.0:1"},
+            lambda c: (
+                c.targets == (TargetConfig(url="http://a:1", name="a"),)
+                and c.gpu is False
+                and c.listen == "0.0.0.0:1"
+            ),
+        ),
+    ],
+    ids=["load", "exporter"],
+)
+def test_one_layering_serves_every_config(
+    tmp_path: Path, cls: type[Any], yaml_text: str, flags: dict[str, Any], check: Any
+) -> None:
+    # A repeatable flag not given is (): it leaves the file's value.
+    config = layer_config(cls, Path(write(tmp_path / "c.yaml", yaml_text)), flags)
+    assert check(config), config
+
+
+def test_layering_errors_name_the_file_or_the_command_line(tmp_path: Path) -> None:
+    bad_file = Path(write(tmp_path / "c.yaml", "late: maybe\n"))
+    with pytest.raises(ConfigError, match=r"c\.yaml: late: "):
+        layer_config(LoadConfig, bad_file, {})
+    with pytest.raises(ConfigError, match=r"^command line: grace: "):
+        layer_config(LoadConfig, None, {"grace": -1.0})
+    with pytest.raises(ConfigError, match=r"^command line: nope: unknown field$"):
+        layer_config(ExporterConfig, None, {"nope": 1})
 
 
 # -- profiles --------------------------------------------------------------------

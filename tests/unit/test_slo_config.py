@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.arrivals import Due
-from loadgen.config import LoadConfig, auth_headers, merge_load, parse_extra_body
+from loadgen.config import LoadConfig, auth_headers, parse_extra_body
 from loadgen.dispatch import OpenLoop
 from loadgen.live import LiveMetrics
 from loadgen.runner import recorded_config, redact_argv
@@ -19,7 +19,7 @@ from loadgen.sampler import parse_engine_samples
 from loadgen.slo import SloTerm, parse_slo, request_meets
 from loadgen.timing import Outcome, RequestTiming
 from servemon.errors import ConfigError
-from servemon.fields import Secret
+from servemon.fields import Secret, merge
 
 
 def test_slo_terms_parse() -> None:
@@ -77,12 +77,12 @@ def test_goodput_judges_each_request_on_its_own() -> None:
 
 def test_load_config_errors_name_the_field() -> None:
     with pytest.raises(ConfigError, match=r"^cfg\.yaml: late: "):
-        merge_load(LoadConfig(), {"late": "maybe"}, "cfg.yaml")
+        merge(LoadConfig(), {"late": "maybe"}, "cfg.yaml")
     with pytest.raises(ConfigError, match="no_such: unknown field"):
-        merge_load(LoadConfig(), {"no_such": 1}, "cfg.yaml")
+        merge(LoadConfig(), {"no_such": 1}, "cfg.yaml")
     with pytest.raises(ConfigError, match="--extra-body: expected a JSON object"):
         parse_extra_body("[1]")
-    assert merge_load(LoadConfig(), {"parallel": [1, 3]}, "x").parallel == (1, 3)
+    assert merge(LoadConfig(), {"parallel": [1, 3]}, "x").parallel == (1, 3)
 
 
 def test_secrets_never_print_and_are_redacted_in_records() -> None:

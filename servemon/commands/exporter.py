@@ -1,0 +1,116 @@
+"""``servemon exporter``: serve engine metrics, GPU stats and the probe until stopped.
+
+Each option but ``--fake-gpu`` is a field of :class:`monitor.config.ExporterConfig`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from monitor.config import ExporterConfig, parse_target
+from servemon.commands import options
+from servemon.errors import ConfigError
+from servemon.fields import layer_config
+from servemon.lifecycle import run_async, stop_on_signals, stop_when_orphaned
+
+__all__ = ["exporter", "exporter_config"]
+
+
+@click.command()
+@options.config_file()
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    help="[NAME=]URL of an engine (repeatable; in --config, targets: a list of "
+    "{url, name, engine, model}). NAME becomes the target label [default: "
+    "host:port].",
+)
+@click.option("--listen", help="Address for /metrics. [default: 127.0.0.1:9400]")
+@click.option(
+    "--scrape-timeout",
+    type=float,
+    help="Seconds to wait for a target (kept below the scraper's own timeout). "
+    "[default: 2.5]",
+)
+@click.option(
+    "--max-body-bytes",
+    type=int,
+    help="Largest /metrics body accepted from a target. [default: 8 MiB]",
+)
+@click.option(
+    "--passthrough/--no-passthrough",
+    default=None,
+    help="Also pass through families servemon does not know.",
+)
+@click.option("--gpu/--no-gpu", default=None, help="GPU stats from NVML. [default: on]")
+@click.option(
+    "--gpu-interval", type=float, help="Seconds between NVML reads. [default: 2]"
+)
+@click.option(
+    "--probe-interval",
+    type=float,
+    help="Seconds between canary requests per target. [default: off]",
+)
+@click.option("--probe-prompt", help="The canary's prompt.")
+@click.option(
+    "--probe-max-tokens", type=int, help="The canary's max_tokens. [default: 8]"
+)
+@click.option(
+    "--auth-file",
+    help="YAML with bearer_token or basic_auth that /metrics asks scrapers for.",
+)
+@options.exit_with_parent()
+@click.option(
+    "--fake-gpu",
+    is_flag=True,
+    help="Serve a made-up GPU instead of NVML (demos and tests without a GPU).",
+)
+def exporter(
+    config_file: Path | None,
+    targets: tuple[str, ...],
+    fake_gpu: bool,
+    exit_with_parent: bool,
+    **flags: Any,
+) -> None:
+    """Export engine /metrics in servemon's schema, GPU stats and a canary probe."""
+    config = exporter_config(config_file, targets, flags)
+    run_async(_serve(config, fake_gpu, exit_with_parent))
+
+
+def exporter_config(
+    config_file: Path | None, targets: tuple[str, ...], flags: dict[str, Any]
+) -> ExporterConfig:
+    """The exporter's config from its options; it needs at least one target."""
+    given = {**flags, "targets": tuple(parse_target(t) for t in targets)}
+    config = layer_config(ExporterConfig, config_file, given)
+    if not config.targets:
+        raise ConfigError("--target: give at least one (or targets: in --config)")
+    return config
+
+
+async def _serve(
+    config: ExporterConfig, fake_gpu: bool, exit_with_parent: bool
+) -> None:
+    import logging
+
+    from monitor.exporter import Exporter
+    from monitor.gpu import FakeGpuReader
+
+    logging.basicConfig(level=logging.INFO, format="servemon exporter: %(message)s")
+    stop = asyncio.Event()
+    with stop_on_signals(stop):
+        async with (
+            stop_when_orphaned(stop, exit_with_parent),
+            Exporter(config, gpu_reader=FakeGpuReader() if fake_gpu else None) as exp,
+        ):
+            names = ", ".join(f"{t.name}={t.url}" for t in exp.targets)
+            click.echo(f"servemon exporter: serving {exp.url}/metrics for {names}")
+            sys.stdout.flush()
+            await stop.wait()
+    click.echo("servemon exporter: stopped")

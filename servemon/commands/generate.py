@@ -1,0 +1,51 @@
+"""The commands that generate files for Grafana and Prometheus: ``dashboards``,
+``rules``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+__all__ = ["dashboards", "rules"]
+
+
+@click.command()
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    default=Path("dashboards/json"),
+    show_default=True,
+    help="Folder for the dashboard JSON files.",
+)
+def dashboards(out_dir: Path) -> None:
+    """Generate the Grafana dashboards (serving overview, ramp test, GPU)."""
+    from dashboards.build import write_dashboards
+
+    for path in write_dashboards(out_dir):
+        click.echo(str(path))
+
+
+@click.command()
+@click.option(
+    "--slo-config",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="SLO YAML (see deploy/slos.example.yaml).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    default=Path("deploy/rules"),
+    show_default=True,
+    help="Folder for the rule files.",
+)
+def rules(slo_config: Path, out_dir: Path) -> None:
+    """Generate Prometheus recording rules and SLO burn-rate alerts."""
+    from dashboards.rules import load_slo_config, write_rules
+
+    config = load_slo_config(slo_config)
+    for path in write_rules(config, out_dir):
+        click.echo(str(path))

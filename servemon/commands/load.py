@@ -1,0 +1,155 @@
+"""The load commands: ``ramp`` (open loop), ``sweep`` (closed loop), ``capacity``.
+
+Each option is a field of :class:`loadgen.config.LoadConfig`; the options all three
+take are :func:`servemon.commands.options.load_options`. The run itself, its
+signals and its summary are :func:`servemon.load.run_command`'s.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+import click
+
+from loadgen.config import LoadConfig
+from servemon.commands import options
+from servemon.errors import ConfigError
+from servemon.fields import layer_config
+from servemon.lifecycle import run_async
+
+__all__ = ["capacity", "load_config", "ramp", "sweep"]
+
+Kind = Literal["ramp", "sweep", "capacity"]
+
+
+def load_config(config_file: Path | None, flags: dict[str, Any]) -> LoadConfig:
+    """A load run's config from a load command's options."""
+    return layer_config(LoadConfig, config_file, flags)
+
+
+def _run(kind: Kind, config_file: Path | None, flags: dict[str, Any]) -> None:
+    from servemon.load import run_command
+
+    config = load_config(config_file, flags)
+    result = run_async(run_command(kind, config, sys.argv))
+    if result.status != "completed":
+        sys.exit(130)
+
+
+def _int_list(
+    _ctx: click.Context, param: click.Parameter, value: str | None
+) -> tuple[int, ...] | None:
+    """``1,2,4`` (or ``1 2 4``) as integers: ``--parallel`` and ``--number``."""
+    if value is None:
+        return None
+    try:
+        numbers = tuple(int(part) for part in value.replace(",", " ").split())
+    except ValueError:
+        numbers = ()
+    if not numbers:
+        name = param.name
+        raise ConfigError(f"--{name}: expected integers, e.g. --{name} 1 2 4 8")
+    return numbers
+
+
+@click.command()
+@options.load_options()
+@click.option(
+    "--stages", help="RPS:SECONDS,... e.g. 2:30,4:30,8:30. [default: 1:10,2:10,4:10]"
+)
+@click.option("--rps-start", type=float, help="First rate of a linear ramp.")
+@click.option("--rps-end", type=float, help="Last rate of a linear ramp.")
+@click.option("--rps-step", type=float, help="Rate increment. [default: 1]")
+@options.step_seconds(shown="30")
+@options.arrival()
+@click.option(
+    "--max-inflight",
+    type=int,
+    help="Safety cap on requests in flight; what it holds back is counted. "
+    "[default: 1000]",
+)
+@click.option(
+    "--late",
+    type=click.Choice(["send", "skip"]),
+    help="Requests that could only go out late: send them late, or skip them. "
+    "[default: send]",
+)
+@click.option(
+    "--late-tolerance",
+    type=float,
+    help="Seconds late before --late skip applies. [default: 1]",
+)
+@click.option("--max-requests", type=int, help="Stop the schedule after this many.")
+@click.option(
+    "--shard",
+    help="Run shard I of N (0-based): every N-th arrival of the same seeded "
+    "schedule; merge the shards with servemon merge.",
+)
+@click.option(
+    "--start-at",
+    help="Start the schedule at this UTC time (ISO 8601), so that shards start "
+    "together.",
+)
+@click.option(
+    "--workers",
+    type=int,
+    help="Send the schedule from this many processes (shards merged at the end), "
+    "when one cannot keep up. [default: 1]",
+)
+def ramp(config_file: Path | None, **flags: Any) -> None:
+    """Open-loop load: requests at scheduled times, whatever is in flight."""
+    _run("ramp", config_file, flags)
+
+
+@click.command()
+@options.load_options()
+@click.option(
+    "--parallel",
+    callback=_int_list,
+    help="Concurrency levels, e.g. --parallel 1 2 4 8. [default: 1 2 4 8]",
+)
+@click.option(
+    "--number",
+    callback=_int_list,
+    help="Requests measured per level (one value, or one per level). [default: 16]",
+)
+@click.option(
+    "--warmup", type=int, help="Warm-up requests per level, not counted. [default: 0]"
+)
+def sweep(config_file: Path | None, **flags: Any) -> None:
+    """Closed loop: each level keeps N requests in flight until M have finished."""
+    _run("sweep", config_file, flags)
+
+
+@click.command()
+@options.load_options()
+@click.option("--rps-min", type=float, help="Where the search starts. [default: 0.5]")
+@click.option(
+    "--rps-max",
+    type=float,
+    help="Never offer more (required when the target is not on this machine). "
+    "[default: 10000 on loopback]",
+)
+@options.max_duration(shown="600")
+@options.step_seconds(shown="20")
+@click.option(
+    "--settle",
+    type=float,
+    help="Seconds at the start of a step that are not judged. [default: 5]",
+)
+@click.option(
+    "--precision",
+    type=float,
+    help="Stop bisecting when bad/good - 1 is below this. [default: 0.05]",
+)
+@options.arrival()
+@click.option(
+    "--abort-error-rate",
+    type=float,
+    help="Stop at once above this error share over 10 s. [default: 0.2]",
+)
+def capacity(config_file: Path | None, **flags: Any) -> None:
+    """Find the highest request rate that meets the SLO, and what saturates first."""
+    _run("capacity", config_file, flags)

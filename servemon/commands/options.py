@@ -1,0 +1,279 @@
+"""Every option that more than one command takes, declared once, with one help text.
+
+A command composes the ones it takes with :func:`compose`. Where commands differ
+only in the default, the option takes it: ``default=`` is a value click fills in
+and shows (``demo``, ``merge``); ``shown=`` names a default that the command's
+config supplies later (defaults, then ``--config``, then flags:
+:func:`servemon.fields.layer_config`), so that click leaves the flag ``None`` when
+it is not given. Options of one command only live in that command's module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from loadgen.config import parse_extra_body
+
+__all__ = [
+    "arrival",
+    "compose",
+    "config_file",
+    "exit_with_parent",
+    "load_options",
+    "max_duration",
+    "max_num_seqs",
+    "out",
+    "profile",
+    "run_dirs",
+    "seed",
+    "step_seconds",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+#: What click.option and click.argument return.
+Decorator = Callable[[Any], Any]
+
+
+def compose(*decorators: Decorator) -> Callable[[F], F]:
+    """One decorator that applies ``decorators``, the first one outermost (so the
+    first option is listed first in ``--help``)."""
+
+    def apply(func: F) -> F:
+        decorated: Any = func
+        for decorator in reversed(decorators):
+            decorated = decorator(decorated)
+        result: F = decorated
+        return result
+
+    return apply
+
+
+def _option(
+    *decls: str, help: str, shown: str | None = None, **attrs: Any
+) -> Decorator:
+    """``click.option``; ``shown`` goes into the help as the default, and a real
+    ``default`` is shown by click."""
+    if shown is not None:
+        help = f"{help} [default: {shown}]"
+    if attrs.get("default") is not None:
+        attrs.setdefault("show_default", True)
+    return click.option(*decls, help=help, **attrs)
+
+
+# -- shared by several commands ---------------------------------------------------
+
+
+def config_file() -> Decorator:
+    """``--config``: a YAML file under the flags (``sim``, ``exporter``, the load
+    commands)."""
+    return _option(
+        "--config",
+        "config_file",
+        type=click.Path(path_type=Path),
+        help="YAML file with any of these settings (names with underscores); "
+        "flags win.",
+    )
+
+
+def seed(**how: Any) -> Decorator:
+    """``--seed`` (``sim``, ``demo``, the load commands)."""
+    return _option(
+        "--seed",
+        type=int,
+        help="Seed of every random draw (the same seed, the same draws).",
+        **how,
+    )
+
+
+def out(**how: Any) -> Decorator:
+    """``--out``: where run directories go (``demo``, ``merge``, the load
+    commands). The value is a ``str``."""
+    return _option(
+        "--out", type=click.Path(), help="Parent of the run directory.", **how
+    )
+
+
+def step_seconds(**how: Any) -> Decorator:
+    """``--step-seconds`` (``ramp``, ``capacity``, ``demo``)."""
+    return _option(
+        "--step-seconds",
+        type=float,
+        help="Seconds per step: each rate of a ramp, each rate a search tries.",
+        **how,
+    )
+
+
+def max_duration(**how: Any) -> Decorator:
+    """``--max-duration`` (``capacity``, ``demo``)."""
+    return _option(
+        "--max-duration",
+        type=float,
+        help="Seconds the whole capacity search may take.",
+        **how,
+    )
+
+
+def arrival() -> Decorator:
+    """``--arrival`` (``ramp``, ``capacity``)."""
+    return _option("--arrival", help="constant | poisson | gamma:CV.", shown="poisson")
+
+
+def profile(**how: Any) -> Decorator:
+    """``--profile``: the simulator's profile (``sim``, ``demo``)."""
+    return _option(
+        "--profile",
+        help="Simulator profile: built-in (tiny, qwen3-0.6b-eager) or a profile "
+        "YAML file.",
+        **how,
+    )
+
+
+def max_num_seqs(**how: Any) -> Decorator:
+    """``--max-num-seqs``: the simulator's batch size (``sim``, ``demo``)."""
+    how.setdefault("type", int)
+    return _option(
+        "--max-num-seqs",
+        help="Most sequences the simulator runs in one step (its batch size).",
+        **how,
+    )
+
+
+def exit_with_parent() -> Decorator:
+    """``--exit-with-parent``, hidden: what servemon gives its own children."""
+    return click.option(
+        "--exit-with-parent",
+        is_flag=True,
+        hidden=True,
+        help="Stop when the parent process goes away (for embedding).",
+    )
+
+
+def run_dirs() -> Decorator:
+    """``RUN_DIRS...``: the run directories a command reads (``compare``,
+    ``merge``)."""
+    return click.argument(
+        "run_dirs",
+        nargs=-1,
+        required=True,
+        type=click.Path(path_type=Path, file_okay=False),
+    )
+
+
+# -- every load command (ramp, sweep, capacity) -----------------------------------
+
+
+def _extra_body(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> dict[str, Any] | None:
+    return None if value is None else parse_extra_body(value)
+
+
+def load_options() -> Callable[[F], F]:
+    """The options every load command takes, first in its ``--help``."""
+    return compose(
+        config_file(),
+        _option(
+            "--target",
+            help="Base URL of an OpenAI-compatible server. "
+            "Without it the built-in simulator is started on a free port.",
+        ),
+        _option(
+            "--target-name",
+            help="The target label of the live client series.",
+            shown="host:port of --target, as the exporter names it",
+        ),
+        _option("--model", help="Model to ask for.", shown="the first of /v1/models"),
+        _option(
+            "--api",
+            type=click.Choice(["chat", "completions"]),
+            help="Which API.",
+            shown="chat",
+        ),
+        _option(
+            "--stream/--no-stream",
+            default=None,
+            help="Stream responses (TTFT and ITL need it).",
+            shown="stream",
+        ),
+        _option(
+            "--workload",
+            help="random:prompt=N,output=N | shared-"
+            "prefix:prefix=N,prompts=N,suffix=N,output=N | file:PATH.",
+            shown="random:prompt=128,output=128",
+        ),
+        _option(
+            "--tokenizer",
+            help="A local tokenizer.json for exact prompt lengths.",
+            shown="the target's /tokenize, else an estimate",
+        ),
+        _option(
+            "--ignore-eos/--no-ignore-eos",
+            default=None,
+            help="Ask for the full output length.",
+        ),
+        _option(
+            "--extra-body",
+            callback=_extra_body,
+            help="JSON object merged into every request body.",
+        ),
+        _option(
+            "--header",
+            multiple=True,
+            help="'Name: value' added to every "
+            "request (never recorded). SERVEMON_API_KEY sets a bearer token.",
+        ),
+        _option(
+            "--timeout", type=float, help="Seconds a request may take.", shown="600"
+        ),
+        out(shown="runs"),
+        _option(
+            "--metrics-host",
+            help="Address of the live client /metrics (0.0.0.0 inside a pod).",
+            shown="127.0.0.1",
+        ),
+        _option(
+            "--metrics-port",
+            type=int,
+            help="Port of the live client /metrics on 127.0.0.1 (0: any free).",
+            shown="9401",
+        ),
+        seed(shown="0"),
+        _option(
+            "--slo",
+            help="e.g. ttft_p95<=0.5,itl_p95<=0.05,error_rate<=0.01 "
+            "(seconds): goodput and pass/fail per stage.",
+        ),
+        _option(
+            "--cancel-fraction",
+            type=float,
+            help="Fraction of requests the client walks away from.",
+        ),
+        _option("--cancel-after", type=float, help="... after this many seconds."),
+        _option(
+            "--cancel-after-tokens",
+            type=int,
+            help="... or after this many content chunks.",
+        ),
+        _option(
+            "--grace",
+            type=float,
+            help="Seconds requests in flight get after Ctrl-C or SIGTERM.",
+            shown="5",
+        ),
+        _option(
+            "--sim-arg",
+            "sim_args",
+            multiple=True,
+            help="Extra flag for the built-in simulator, e.g. "
+            "--sim-arg=--max-num-seqs=8 (repeatable).",
+        ),
+        _option(
+            "--sim-profile",
+            help="Profile of the built-in simulator when there is no --target.",
+            shown="qwen3-0.6b-eager",
+        ),
+    )
