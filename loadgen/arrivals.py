@@ -20,6 +20,7 @@ import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal
 
 from servemon.errors import ConfigError
@@ -32,7 +33,9 @@ __all__ = [
     "linear_stages",
     "parse_arrival",
     "parse_stages",
+    "parse_start_at",
     "schedule",
+    "stages_text",
 ]
 
 
@@ -116,6 +119,22 @@ def parse_stages(text: str) -> list[Stage]:
     return stages
 
 
+def stages_text(stages: Sequence[Stage]) -> str:
+    """Stages back in the ``--stages`` form."""
+    return ",".join(f"{s.rate:g}:{s.duration_s:g}" for s in stages)
+
+
+def parse_start_at(text: str) -> datetime:
+    """``--start-at``: an ISO 8601 time; without a zone it is UTC."""
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(
+            f"--start-at {text!r}: expected an ISO 8601 time, e.g. 2026-12-01T10:00:00Z"
+        ) from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
 def linear_stages(start: float, end: float, step: float, seconds: float) -> list[Stage]:
     """Rates ``start, start+step, ... <= end``, each held ``seconds``."""
     if start <= 0 or end < start or step <= 0 or seconds <= 0:
@@ -151,6 +170,9 @@ class Shard:
                 f"--shard {text!r}: expected I/N with 0 <= I < N, e.g. 0/4"
             )
         return shard
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
 
 
 def schedule(

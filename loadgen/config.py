@@ -8,26 +8,56 @@ built (:func:`auth_headers`), so the config can be recorded as it is.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import field
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Gt, Le
+from pydantic import BeforeValidator
+from pydantic.dataclasses import dataclass
 
+from loadgen.arrivals import (
+    Arrival,
+    Shard,
+    Stage,
+    parse_arrival,
+    parse_stages,
+    parse_start_at,
+    stages_text,
+)
+from loadgen.slo import SloTerm, parse_slo
 from servemon.errors import ConfigError
 from servemon.fields import FORBID_EXTRA, Secret
 
-__all__ = ["LoadConfig", "auth_headers", "parse_extra_body"]
+__all__ = ["LoadConfig", "auth_headers", "config_text", "parse_extra_body"]
 
 Positive = Annotated[float, Gt(0)]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LoadConfig:
-    """Everything a load run takes (see ``docs/loadgen.md``)."""
+def _from_text(parse: Callable[[str], Any]) -> BeforeValidator:
+    """Parse a flag's text into its type once, where the config is built; a value
+    of the type already (a config laid over another) passes through."""
+    return BeforeValidator(
+        lambda value: parse(value) if isinstance(value, str) else value
+    )
 
-    __pydantic_config__ = FORBID_EXTRA
+
+Stages = Annotated[tuple[Stage, ...], _from_text(lambda t: tuple(parse_stages(t)))]
+Slo = Annotated[tuple[SloTerm, ...], _from_text(lambda t: tuple(parse_slo(t)))]
+ArrivalSpec = Annotated[Arrival, _from_text(parse_arrival)]
+ShardSpec = Annotated[Shard, _from_text(Shard.parse)]
+StartAt = Annotated[datetime, _from_text(parse_start_at)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=FORBID_EXTRA)
+class LoadConfig:
+    """Everything a load run takes (see ``docs/loadgen.md``). Validated however it
+    is built: the string flags ``stages``, ``slo``, ``arrival``, ``shard`` and
+    ``start_at`` become their types here, once, and a bad one is a one-line
+    :class:`ConfigError` naming the flag before anything starts."""
 
     target: str | None = None
     #: The ``target`` label of the live client series; by default host:port, as the
@@ -46,7 +76,7 @@ class LoadConfig:
     metrics_port: Annotated[int, Ge(0), Le(65535)] = 9401
     metrics_host: str = "127.0.0.1"
     seed: int = 0
-    slo: str | None = None
+    slo: Slo = ()
     cancel_fraction: Annotated[float, Ge(0), Le(1)] = 0.0
     cancel_after: Positive | None = None
     cancel_after_tokens: Annotated[int, Ge(1)] | None = None
@@ -54,19 +84,19 @@ class LoadConfig:
     max_connections: Annotated[int, Ge(1)] = 10_000
     sample_interval: Positive = 1.0
     # open loop (ramp)
-    stages: str | None = None
+    stages: Stages | None = None
     rps_start: Positive | None = None
     rps_end: Positive | None = None
     rps_step: Positive | None = None
     step_seconds: Positive | None = None
-    arrival: str = "poisson"
+    arrival: ArrivalSpec = field(default_factory=Arrival)
     max_inflight: Annotated[int, Ge(1)] = 1000
     late: Literal["send", "skip"] = "send"
     late_tolerance: Annotated[float, Ge(0)] = 1.0
     max_requests: Annotated[int, Ge(1)] | None = None
-    shard: str | None = None
+    shard: ShardSpec | None = None
     workers: Annotated[int, Ge(1), Le(64)] = 1
-    start_at: str | None = None
+    start_at: StartAt | None = None
     # guard rails (every load command)
     abort_error_rate: Annotated[float, Ge(0), Le(1)] = 0.2
     abort_waiting: Annotated[float, Gt(0)] = 5000.0
@@ -83,6 +113,20 @@ class LoadConfig:
     # the built-in simulator, when there is no target
     sim_profile: str = "qwen3-0.6b-eager"
     sim_args: tuple[str, ...] = field(default=())
+
+
+def config_text(config: LoadConfig) -> dict[str, Any]:
+    """The config as plain data, each parsed flag in its own text again (what a
+    run record keeps and a worker's config file holds)."""
+    data = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    data["stages"] = None if config.stages is None else stages_text(config.stages)
+    data["slo"] = ",".join(str(t) for t in config.slo) or None
+    data["arrival"] = str(config.arrival)
+    data["shard"] = None if config.shard is None else str(config.shard)
+    data["start_at"] = None if config.start_at is None else config.start_at.isoformat()
+    for key in ("header", "parallel", "number", "sim_args"):
+        data[key] = list(data[key])
+    return data
 
 
 def parse_extra_body(text: str) -> dict[str, Any]:

@@ -5,15 +5,13 @@ the config as the run record keeps it (secrets redacted)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from loadgen.arrivals import Shard, linear_stages, parse_arrival, parse_stages
-from loadgen.config import LoadConfig
+from loadgen.arrivals import linear_stages, parse_stages
+from loadgen.config import LoadConfig, config_text
 from loadgen.runrecord import StageResult
-from loadgen.slo import parse_slo
 from loadgen.target import is_loopback
 from loadgen.workload import check_workload
 from servemon.errors import ConfigError
@@ -24,7 +22,6 @@ __all__ = [
     "StageRecord",
     "check_load_config",
     "check_rate_bound",
-    "parse_start_at",
     "plan_stages",
     "recorded_config",
     "redact_argv",
@@ -79,11 +76,11 @@ class StageRecord:
 
 
 def check_load_config(kind: Kind, config: LoadConfig) -> None:
-    """Every check of a load command's settings that needs no target: stages, SLO,
-    arrival, shard, start time, cancellations, the workload spec (and file). Run
-    before anything is started, so a bad flag costs nothing."""
-    if config.slo:
-        parse_slo(config.slo)
+    """Every check of a load command's settings that needs no target and that the
+    config's types do not already make (stages, SLO, arrival, shard and start time
+    are parsed when the config is built): how the settings fit together, and the
+    workload spec (and file). Run before anything is started, so a bad flag costs
+    nothing."""
     plan_stages(kind, config)
     if kind == "capacity":
         if not config.slo:
@@ -94,11 +91,6 @@ def check_load_config(kind: Kind, config: LoadConfig) -> None:
             raise ConfigError(
                 f"--settle {config.settle:g}: must be shorter than the step"
             )
-    if config.shard is not None:
-        Shard.parse(config.shard)
-    if config.start_at is not None:
-        parse_start_at(config.start_at)
-    parse_arrival(config.arrival)
     if config.cancel_fraction > 0 and (
         config.cancel_after is None and config.cancel_after_tokens is None
     ):
@@ -120,7 +112,7 @@ def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
         return []
     if kind == "ramp":
         if config.stages is not None:
-            stages = parse_stages(config.stages)
+            stages = list(config.stages)
         elif config.rps_start is not None:
             stages = linear_stages(
                 config.rps_start,
@@ -146,17 +138,6 @@ def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
         StageRecord(i, f"parallel {p}", None, p, None)
         for i, p in enumerate(config.parallel)
     ]
-
-
-def parse_start_at(text: str) -> datetime:
-    """``--start-at``: an ISO 8601 time; without a zone it is UTC."""
-    try:
-        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ConfigError(
-            f"--start-at {text!r}: expected an ISO 8601 time, e.g. 2026-12-01T10:00:00Z"
-        ) from None
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 def check_rate_bound(
@@ -202,8 +183,8 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
 
 
 def recorded_config(config: LoadConfig) -> dict[str, Any]:
-    """The config as run.json keeps it: header values redacted."""
-    data = asdict(config)
+    """The config as run.json keeps it: flags' own text, header values redacted."""
+    data = config_text(config)
     data["header"] = [
         f"{h.partition(':')[0].strip()}: <redacted>" for h in config.header
     ]

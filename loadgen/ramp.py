@@ -17,7 +17,6 @@ from loadgen.arrivals import schedule as make_schedule
 from loadgen.client import send_request
 from loadgen.context import Driven, RunContext
 from loadgen.dispatch import OpenLoop
-from loadgen.plan import parse_start_at
 from loadgen.stopping import Stopper, grace, until_stopped
 
 __all__ = ["drive_ramp", "open_loop"]
@@ -32,7 +31,7 @@ async def drive_ramp(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven
         plan.append(Stage(s.index, s.target_rate or 0.0, duration, offset))
         offset += duration
     c = ctx.config
-    shard = Shard.parse(c.shard) if c.shard else None
+    shard = c.shard
     start = await _wait_for_start(ctx, stop)
     if start is None:
         return Driven(interrupted=True)
@@ -55,12 +54,11 @@ async def _wait_for_start(ctx: RunContext, stop: Stopper) -> float | None:
     c = ctx.config
     if c.start_at is None:
         return time.monotonic() + 0.05
-    at = parse_start_at(c.start_at)
-    delay = (at - datetime.now(UTC)).total_seconds()
+    delay = (c.start_at - datetime.now(UTC)).total_seconds()
     ctx.start_late_s = max(0.0, -delay)
     if delay > 0:
         ctx.progress.console.print(
-            f"servemon: waiting {delay:.1f} s for --start-at {c.start_at}"
+            f"servemon: waiting {delay:.1f} s for --start-at {c.start_at.isoformat()}"
         )
         if await until_stopped(asyncio.sleep(delay), stop.requested):
             return None

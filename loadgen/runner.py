@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from loadgen.arrivals import Arrival, parse_arrival
+from loadgen.arrivals import Arrival
 from loadgen.capacity import drive_capacity
 from loadgen.client import ClientSettings, make_session
 from loadgen.config import LoadConfig, auth_headers
@@ -48,7 +48,6 @@ from loadgen.runrecord import (
     write_record,
 )
 from loadgen.sampler import ServerSampler
-from loadgen.slo import parse_slo
 from loadgen.stopping import Stopper
 from loadgen.summary import Summary
 from loadgen.sweep import drive_sweep
@@ -128,10 +127,10 @@ async def run_load(
 ) -> RunResult:
     """Run a load command of ``kind`` against ``target`` (a base URL)."""
     check_load_config(kind, config)
-    slo = parse_slo(config.slo) if config.slo else []
+    slo = list(config.slo)
     stages = plan_stages(kind, config)
     check_rate_bound(kind, config, target, stages)
-    arrival = parse_arrival(config.arrival)
+    arrival = config.arrival
     headers = {k: v.reveal() for k, v in auth_headers(config, env).items()}
     settings = ClientSettings(
         max_connections=config.max_connections, timeout_s=config.timeout
@@ -270,8 +269,10 @@ def _finish(
         info,
         status=status,
         stop_reason=ctx.stop_reason,
-        shard=ctx.config.shard,
-        start_at=ctx.config.start_at,
+        shard=None if ctx.config.shard is None else str(ctx.config.shard),
+        start_at=None
+        if ctx.config.start_at is None
+        else ctx.config.start_at.isoformat(),
         start_late_s=ctx.start_late_s,
         ended_utc=datetime.now(UTC).isoformat(timespec="milliseconds"),
         stages=stages,

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from loadgen.config import LoadConfig
 from loadgen.runner import RunResult
+from loadgen.slo import parse_slo
 from servemon.embedded import (
     embedded_exporter,
     embedded_prometheus,
@@ -92,7 +93,7 @@ async def run_demo(
                 )
                 config = LoadConfig(
                     target=sim_url,
-                    slo=DEMO_SLO,
+                    slo=tuple(parse_slo(DEMO_SLO)),
                     rps_min=1.0,
                     step_seconds=step_seconds,
                     settle=min(3.0, step_seconds / 3),

@@ -70,8 +70,9 @@ def merge(
 
     A ``None`` override means "not given" and is skipped unless ``skip_none`` is
     false. A mapping given for a field that holds a dataclass (the simulator's
-    ``faults``) is laid over that dataclass field by field. An unknown field, like
-    any invalid value, is a one-line :class:`ConfigError` naming ``source`` and the
+    ``faults``) is laid over that dataclass field by field; a string (a flag's text
+    that the field's type parses, such as ``--arrival gamma:2``) or a value of the
+    type replaces it. An unknown field, like any invalid value, is a one-line :class:`ConfigError` naming ``source`` and the
     dotted field; ``base`` is never changed.
     """
     data = _overlay(base, overrides, f"{source}: ", skip_none)
@@ -88,7 +89,11 @@ def _overlay(
         if key not in data:
             raise ConfigError(f"{where}{key}: unknown field")
         current = getattr(base, key)
-        if dataclasses.is_dataclass(current) and not isinstance(current, type):
+        if (
+            dataclasses.is_dataclass(current)
+            and not isinstance(current, type)
+            and not isinstance(value, str | type(current))
+        ):
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{where}{key}: expected a mapping")
             data[key] = _overlay(current, value, f"{where}{key}.", skip_none)

@@ -13,7 +13,6 @@ group); their records are merged however they ended.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -22,7 +21,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from loadgen.config import LoadConfig
+from loadgen.config import LoadConfig, config_text
 from loadgen.merge import merge_runs
 from servemon.errors import ServemonError
 
@@ -33,7 +32,7 @@ START_DELAY_S = 4.0
 
 def _worker_config(config: LoadConfig, target: str) -> dict[str, object]:
     """The workers' shared config file: everything but secrets and per-worker flags."""
-    data = dataclasses.asdict(config)
+    data = config_text(config)
     for key in ("header", "workers", "shard", "start_at", "metrics_port", "out"):
         data.pop(key, None)
     data["target"] = target
@@ -48,9 +47,8 @@ async def run_workers(config: LoadConfig, target: str, console: Console) -> Path
     shard_dir.mkdir(parents=True)
     config_file = shard_dir / "worker.yaml"
     config_file.write_text(yaml.safe_dump(_worker_config(config, target)))
-    start = config.start_at or (
-        datetime.now(UTC) + timedelta(seconds=START_DELAY_S)
-    ).isoformat(timespec="milliseconds")
+    at = config.start_at or datetime.now(UTC) + timedelta(seconds=START_DELAY_S)
+    start = at.isoformat(timespec="milliseconds")
     headers = [arg for h in config.header for arg in ("--header", h)]
     procs = []
     for i in range(n):

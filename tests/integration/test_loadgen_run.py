@@ -203,15 +203,23 @@ def test_open_loop_sends_the_seeded_schedule_at_the_target_rate(
     check_timing(p95 < 0.020 and p99 < 0.250, message)
 
 
-def send_gaps(records: list[dict[str, Any]]) -> list[float]:
-    sent = sorted(r["sent_s"] for r in records)
+def send_gaps(records: list[dict[str, Any]], key: str) -> list[float]:
+    sent = sorted(r[key] for r in records)
     return [b - a for a, b in itertools.pairwise(sent)]
 
 
-def test_open_loop_send_gaps_are_exponential(open_loop_run: OpenLoopRun) -> None:
-    gaps = send_gaps(open_loop_run.records)
-    result = stats.kstest(gaps, stats.expon(scale=1 / RATE).cdf)
-    check_timing(result.pvalue > 0.01, f"send gaps not exponential: {result}")
+def test_open_loop_sends_are_a_poisson_process(open_loop_run: OpenLoopRun) -> None:
+    """The schedule's gaps are exponential (a property of the seeded schedule, so
+    not a matter of timing), and the real sends follow the schedule closely: then
+    the sends are the Poisson process. A KS test on the real gaps alone mixed the
+    two and failed now and then when the machine stalled the loop."""
+    scheduled = send_gaps(open_loop_run.records, "scheduled_s")
+    result = stats.kstest(scheduled, stats.expon(scale=1 / RATE).cdf)
+    assert result.pvalue > 0.01, f"scheduled gaps not exponential: {result}"
+    lags = sorted(r["sent_s"] - r["scheduled_s"] for r in open_loop_run.records)
+    assert lags[0] >= 0.0
+    p95 = lags[int(0.95 * (len(lags) - 1))]
+    check_timing(p95 < 0.005, f"sends fell behind the schedule: lag p95 {p95:.4f} s")
 
 
 # -- ground truth -----------------------------------------------------------------
