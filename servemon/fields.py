@@ -72,8 +72,9 @@ def merge(
     false. A mapping given for a field that holds a dataclass (the simulator's
     ``faults``) is laid over that dataclass field by field; a string (a flag's text
     that the field's type parses, such as ``--arrival gamma:2``) or a value of the
-    type replaces it. An unknown field, like any invalid value, is a one-line :class:`ConfigError` naming ``source`` and the
-    dotted field; ``base`` is never changed.
+    type replaces it. An unknown field, like any invalid value, is a one-line
+    :class:`ConfigError` naming ``source`` and the dotted field; ``base`` is never
+    changed.
     """
     data = _overlay(base, overrides, f"{source}: ", skip_none)
     return load(type(base), data, source)
