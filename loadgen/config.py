@@ -46,7 +46,12 @@ def _from_text(parse: Callable[[str], Any]) -> BeforeValidator:
 
 
 Stages = Annotated[tuple[Stage, ...], _from_text(lambda t: tuple(parse_stages(t)))]
-Slo = Annotated[tuple[SloTerm, ...], _from_text(lambda t: tuple(parse_slo(t)))]
+#: No SLO may be written as none at all (``slo: null`` in YAML).
+Slo = Annotated[
+    tuple[SloTerm, ...],
+    BeforeValidator(lambda v: () if v is None else v),
+    _from_text(lambda t: tuple(parse_slo(t))),
+]
 ArrivalSpec = Annotated[Arrival, _from_text(parse_arrival)]
 ShardSpec = Annotated[Shard, _from_text(Shard.parse)]
 StartAt = Annotated[datetime, _from_text(parse_start_at)]

@@ -101,6 +101,7 @@ def blamed_client(result: RunResult, request: pytest.FixtureRequest) -> bool:
     its schedule, and rightly: the client's dispatch lag did pass the limit in that
     step (a stall of a busy machine). Blaming a client that kept up fails the test."""
     found = result.capacity
+    assert result.info.arrival is not None  # recorded for a search too
     assert found is not None
     bad = next((s for s in found.steps if not s.good), None)
     if bad is None or bad.saturated != "client":

@@ -29,6 +29,7 @@ from scipy import stats
 from loadgen.arrivals import Arrival, Due, parse_stages, schedule
 from loadgen.config import LoadConfig
 from loadgen.progress import Progress
+from loadgen.report import write_report
 from loadgen.runner import RunResult, Stopper, run_load
 from simulator.config import SimConfig
 from simulator.server import SimServer
@@ -443,6 +444,12 @@ async def test_garbage_metrics_are_recorded_as_errors_and_the_run_completes(
     records = read_jsonl(result.path / "requests.jsonl")
     assert records
     assert all(r["outcome"] == "ok" for r in records)
+    # The report says in one line that the server had nothing to show, and shows
+    # the client's side only.
+    page = write_report(result.path).read_text(encoding="utf-8")
+    assert "The target served no engine metrics" in page
+    assert "KV usage %" not in page
+    assert "TTFT CDF" in page
 
 
 # -- live metrics -----------------------------------------------------------------
