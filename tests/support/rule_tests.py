@@ -35,7 +35,7 @@ from dashboards.sli import REQUESTS
 from dashboards.slos import SEVERITIES, LatencySlo, Severity, Slo, SloConfig
 from monitor import names
 from monitor.outcomes import FAILED, NOT_JUDGED
-from monitor.promql import duration
+from monitor.promql import duration, number
 
 __all__ = ["promtool_tests", "render_template"]
 
@@ -64,10 +64,6 @@ def render_template(text: str, labels: Mapping[str, str], value: float) -> str:
     return _TOKEN.sub(one, text)
 
 
-def _num(value: float) -> str:
-    return repr(round(value, 12)).removesuffix(".0")
-
-
 def _sel(name: str, labels: Mapping[str, str]) -> str:
     inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     return f"{name}{{{inner}}}"
@@ -78,15 +74,15 @@ def _counter(segments: Iterable[tuple[float, int]]) -> str:
     parts, value = [], 0.0
     for index, (inc, count) in enumerate(segments):
         if index == 0:
-            parts.append(f"{_num(value)}+{_num(inc)}x{count}")
+            parts.append(f"{number(value)}+{number(inc)}x{count}")
         else:
-            parts.append(f"{_num(value + inc)}+{_num(inc)}x{count - 1}")
+            parts.append(f"{number(value + inc)}+{number(inc)}x{count - 1}")
         value += inc * count
     return " ".join(parts)
 
 
 def _gauge(value: float, steps: int) -> str:
-    return f"{_num(value)}x{steps}"
+    return f"{number(value)}x{steps}"
 
 
 def _step(config: SloConfig) -> int:

@@ -18,10 +18,18 @@ from dashboards.rules import (
     render_rules,
     write_rules,
 )
-from dashboards.sli import HISTOGRAMS
+from dashboards.sli import ENGINE_ERROR_REASONS, HISTOGRAMS
 from dashboards.slos import SloConfig
 from monitor import names
-from monitor.outcomes import FAILED_MATCHER, JUDGED_MATCHER, Outcome, failed, judged
+from monitor.outcomes import (
+    FAILED,
+    FAILED_MATCHER,
+    JUDGED_MATCHER,
+    NOT_JUDGED,
+    Outcome,
+    failed,
+    judged,
+)
 from monitor.promql import le_matcher
 from servemon.errors import ConfigError
 from tests.support.rule_tests import promtool_tests, render_template
@@ -204,6 +212,19 @@ def test_edges_of_the_example_comments_are_the_real_ones() -> None:
             hist = HISTOGRAMS[source, figure]  # type: ignore[index]
             assert tuple(edges) == hist.edges, (source, figure)
     assert len(listed) == 6
+
+
+def test_the_example_names_the_errors_of_each_source() -> None:
+    text = (ROOT / EXAMPLE).read_text()
+    block = text[text.index("# type: availability") :].split("\n#\n")[0]
+    client, engine = block.split("#           engine --")
+    listed = re.search(r"are errors \(([^)]*)\)", client)
+    assert listed, client
+    words = re.sub(r"\s*#\s*", " ", listed.group(1))
+    assert words.split(", ") == [o.value for o in Outcome if o in FAILED]
+    for outcome in NOT_JUDGED:
+        assert f"{outcome.value} requests" in client
+    assert "finish reasons " + " and ".join(ENGINE_ERROR_REASONS) in engine
 
 
 # -- structure ---------------------------------------------------------------------
