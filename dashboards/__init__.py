@@ -1,1 +1,1 @@
-"""Grafana dashboards generated with grafanalib. (Arrives with the dashboards issue.)"""
+"""Grafana dashboards and Prometheus rules generated from servemon's schema."""

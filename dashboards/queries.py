@@ -1,62 +1,88 @@
-"""PromQL over servemon's schema, built from the names table.
+"""The dashboards' queries: :mod:`monitor.promql` with Grafana's variables bound.
 
-Every query a dashboard panel runs is built here from :mod:`monitor.names`, with the
-dashboards' template variables (``$target``, ``$model``, ``$gpu``) as label matchers
-and ``$__rate_interval`` as the range of every ``rate()``.
+Every selector gets the template variables that apply to its series (``$target``,
+``$model``, ``$gpu``, as label matchers, by the series' labels), and every
+``rate()``/``increase()`` takes ``$__rate_interval`` as its range. The PromQL itself
+is spelled by :mod:`monitor.promql`.
 """
 
 from __future__ import annotations
 
+from monitor import names, promql
 from monitor.names import Series
+from monitor.promql import Part
 
-__all__ = ["count", "current", "hist_quantile", "matcher", "rate", "ratio_of_rates"]
+__all__ = [
+    "GPU",
+    "MODEL",
+    "RATE_INTERVAL",
+    "TARGET",
+    "count",
+    "current",
+    "hist_quantile",
+    "increase",
+    "rate",
+    "ratio_of_rates",
+    "select",
+    "target_rate",
+]
 
 TARGET = 'target=~"$target"'
 MODEL = 'model=~"$model"'
 GPU = 'gpu=~"$gpu"'
+RATE_INTERVAL = "$__rate_interval"
+
+_VARIABLES = (("target", TARGET), ("model", MODEL), ("gpu", GPU))
 
 
-def matcher(series: Series, *extra: str) -> str:
-    """``{...}`` with the dashboard variables that apply to ``series``."""
-    parts = []
-    if "target" in series.labels:
-        parts.append(TARGET)
-    if "model" in series.labels:
-        parts.append(MODEL)
-    if "gpu" in series.labels:
-        parts.append(GPU)
-    parts += extra
-    return "{" + ",".join(parts) + "}"
+def _bound(series: Series) -> list[str]:
+    return [matcher for label, matcher in _VARIABLES if label in series.labels]
 
 
-def current(series: Series, *extra: str, agg: str = "sum", by: str = "") -> str:
+def select(series: Series, *extra: str, part: Part | None = None) -> str:
+    """``series`` with the dashboard variables that apply to it, then ``extra``."""
+    return promql.selector(series, *_bound(series), *extra, part=part)
+
+
+def current(
+    series: Series, *extra: str, agg: str = "sum", by: tuple[str, ...] = ()
+) -> str:
     """A gauge, aggregated: ``sum by (target) (x{...})``."""
-    grouping = f" by ({by})" if by else ""
-    return f"{agg}{grouping} ({series.name}{matcher(series, *extra)})"
+    return promql.aggregate(agg, select(series, *extra), by)
 
 
-def rate(series: Series, *extra: str, by: str = "", suffix: str = "") -> str:
-    """Per-second rate of a counter (or of a histogram's ``_count``/``_sum``)."""
-    grouping = f" by ({by})" if by else ""
-    name = series.name + suffix
-    return f"sum{grouping} (rate({name}{matcher(series, *extra)}[$__rate_interval]))"
+def rate(
+    series: Series, *extra: str, by: tuple[str, ...] = (), part: Part | None = None
+) -> str:
+    """Per-second rate of a counter (or of a histogram's ``part``), summed."""
+    samples = promql.rate(select(series, *extra, part=part), RATE_INTERVAL)
+    return promql.aggregate("sum", samples, by)
+
+
+def increase(
+    series: Series, *extra: str, by: tuple[str, ...] = (), part: Part | None = None
+) -> str:
+    """Increase of a counter (or of a histogram's ``part``) over the interval."""
+    samples = promql.increase(select(series, *extra, part=part), RATE_INTERVAL)
+    return promql.aggregate("sum", samples, by)
 
 
 def count(series: Series) -> str:
-    """Requests per second observed by a histogram (its ``_count``)."""
-    return rate(series, suffix="_count")
+    """Events per second observed by a histogram (its ``_count``)."""
+    return rate(series, part="count")
 
 
-def hist_quantile(series: Series, q: float, *, by: str = "") -> str:
+def hist_quantile(series: Series, q: float, *, by: tuple[str, ...] = ()) -> str:
     """The q-quantile of a histogram over the rate interval."""
-    grouping = ", ".join(["le", *([by] if by else [])])
-    bucket = f"{series.name}_bucket{matcher(series)}"
-    return (
-        f"histogram_quantile({q}, sum by ({grouping}) "
-        f"(rate({bucket}[$__rate_interval])))"
-    )
+    return promql.quantile(series, q, RATE_INTERVAL, *_bound(series), by=by)
 
 
-def ratio_of_rates(top: Series, bottom: Series, *, by: str = "") -> str:
+def ratio_of_rates(top: Series, bottom: Series, *, by: tuple[str, ...] = ()) -> str:
     """``rate(top) / rate(bottom)``, e.g. a prefix-cache hit ratio."""
     return f"{rate(top, by=by)} / {rate(bottom, by=by)}"
+
+
+def target_rate() -> str:
+    """The load generator's target request rate, summed over the picked targets
+    (``$model`` is not applied)."""
+    return promql.aggregate("sum", promql.selector(names.CLIENT_TARGET_RATE, TARGET))

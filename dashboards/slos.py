@@ -27,15 +27,14 @@ An SLO file is YAML (``deploy/slos.example.yaml`` documents every key)::
       client_stalled: {for: 5m}
 
 A latency SLO counts the events of a classic histogram above ``threshold`` as bad,
-so the threshold must be one of the histogram's bucket edges (:data:`HISTOGRAMS`
-keeps every edge list in one place): the client's edges are
-:data:`monitor.buckets.LATENCY_BUCKETS` plus every threshold of ``loadgen_slo`` (the
-load generator adds a bucket at each ``--slo`` threshold); the engine's are vLLM's
-(:mod:`monitor.buckets`; the simulator serves them as vLLM does). An availability SLO
-counts client outcomes other than ``ok`` and ``cancelled`` as errors (a cancelled
-request is the client's own doing, and every stopped load test cancels some), or, with
-``source: engine``, the engine's finish reasons ``abort`` and ``error`` (``abort``
-also counts clients that hung up).
+so the threshold must be one of the histogram's bucket edges
+(:data:`dashboards.sli.HISTOGRAMS` keeps every edge list in one place): the client's
+edges are :data:`monitor.buckets.LATENCY_BUCKETS` plus every threshold of
+``loadgen_slo`` (the load generator adds a bucket at each ``--slo`` threshold); the
+engine's are vLLM's (:mod:`monitor.buckets`; the simulator serves them as vLLM does).
+An availability SLO counts the errors :data:`dashboards.sli.ERRORS` defines per
+source: the client's failed outcomes (:mod:`monitor.outcomes`), or, with
+``source: engine``, the engine's error finish reasons.
 
 Every problem is one :class:`~servemon.errors.ConfigError` line naming the file and
 the field.
@@ -52,44 +51,34 @@ from typing import Annotated, Literal
 import pydantic
 from annotated_types import Ge, Gt, Lt
 
-from monitor import names
-from monitor.buckets import E2E_BUCKETS, ITL_BUCKETS, LATENCY_BUCKETS, TTFT_BUCKETS
-from monitor.names import Series
+from dashboards.sli import HISTOGRAMS, Figure, Histogram, SourceName
+from monitor.promql import duration
 from monitor.slo import parse_slo
 from servemon.errors import ConfigError
 from servemon.fields import FORBID_EXTRA, load, read_yaml
 
 __all__ = [
-    "HISTOGRAMS",
-    "REQUESTS",
     "SEVERITIES",
     "AvailabilitySlo",
     "BurnWindows",
     "DurationAlert",
-    "Figure",
     "Health",
-    "Histogram",
     "LatencySlo",
     "RateAlert",
     "Saturation",
     "Severity",
     "Slo",
     "SloConfig",
-    "SourceName",
     "ThresholdAlert",
     "WindowPair",
     "edges_of",
-    "format_duration",
     "load_slo_config",
     "parse_duration",
 ]
 
 Severity = Literal["page", "ticket"]
-Figure = Literal["ttft", "itl", "tpot", "e2e"]
-SourceName = Literal["client", "engine"]
 
 _DURATION = re.compile(r"^(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-_UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
 
 
 def parse_duration(value: object) -> int:
@@ -104,48 +93,10 @@ def parse_duration(value: object) -> int:
     return total
 
 
-def format_duration(seconds: int) -> str:
-    """The shortest Prometheus spelling of ``seconds`` (``90`` gives ``1m30s``)."""
-    parts = []
-    for unit, size in _UNITS:
-        count, seconds = divmod(seconds, size)
-        if count:
-            parts.append(f"{count}{unit}")
-    return "".join(parts) or "0s"
-
-
 Duration = Annotated[int, pydantic.BeforeValidator(parse_duration)]
 For = Annotated[Duration, pydantic.Field(alias="for")]
 Objective = Annotated[float, Gt(0), Lt(1)]
 SloName = Annotated[str, pydantic.StringConstraints(pattern=r"^[a-z][a-z0-9_-]*$")]
-
-
-@dataclass(frozen=True, slots=True)
-class Histogram:
-    """A latency histogram an SLO can use, and its bucket edges."""
-
-    series: Series
-    edges: tuple[float, ...]
-
-
-#: Every histogram a latency SLO can use, by (source, figure): the one place that
-#: pairs a servemon series with the bucket edges it is published with.
-HISTOGRAMS: Mapping[tuple[SourceName, Figure], Histogram] = {
-    ("client", "ttft"): Histogram(names.CLIENT_TTFT, LATENCY_BUCKETS["ttft"]),
-    ("client", "itl"): Histogram(names.CLIENT_ITL, LATENCY_BUCKETS["itl"]),
-    ("client", "tpot"): Histogram(names.CLIENT_TPOT, LATENCY_BUCKETS["tpot"]),
-    ("client", "e2e"): Histogram(names.CLIENT_E2E, LATENCY_BUCKETS["e2e"]),
-    ("engine", "ttft"): Histogram(names.ENGINE_TTFT, TTFT_BUCKETS),
-    ("engine", "itl"): Histogram(names.ENGINE_ITL, ITL_BUCKETS),
-    ("engine", "tpot"): Histogram(names.ENGINE_TPOT, ITL_BUCKETS),
-    ("engine", "e2e"): Histogram(names.ENGINE_E2E, E2E_BUCKETS),
-}
-
-#: The finished-requests counter of each source: availability and the traffic guard.
-REQUESTS: Mapping[SourceName, Series] = {
-    "client": names.CLIENT_REQUESTS,
-    "engine": names.ENGINE_REQUESTS_FINISHED,
-}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -352,8 +303,8 @@ def _check(config: SloConfig, where: str) -> None:
                 )
             if pair.short >= pair.long:
                 raise ConfigError(
-                    f"{where}: {field}.short: {format_duration(pair.short)} must be "
-                    f"shorter than the long window {format_duration(pair.long)}"
+                    f"{where}: {field}.short: {duration(pair.short)} must be "
+                    f"shorter than the long window {duration(pair.long)}"
                 )
     extra = _loadgen_edges(config.loadgen_slo, where)
     top = max(p.factor for s in SEVERITIES for p in config.pairs(s))

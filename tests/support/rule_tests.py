@@ -11,7 +11,9 @@ as the exporter and the load generator label them. For every SLO:
   breach below ``min_request_rate`` stay silent;
 - a breach that stopped stops alerting once the short windows are clean, although
   the long windows still remember it;
-- for a client availability SLO, cancelled requests are not errors.
+- for a client availability SLO, the bad requests are spread over every failed
+  outcome of :mod:`monitor.outcomes`, and requests that are not judged (cancelled)
+  are not errors.
 
 Every saturation and health alert fires when its condition holds past ``for``, is
 only pending before that, and stays silent on healthy series. Expected annotations
@@ -29,16 +31,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dashboards import rules as r
-from dashboards.slos import (
-    REQUESTS,
-    SEVERITIES,
-    LatencySlo,
-    Severity,
-    Slo,
-    SloConfig,
-    format_duration,
-)
+from dashboards.sli import REQUESTS
+from dashboards.slos import SEVERITIES, LatencySlo, Severity, Slo, SloConfig
 from monitor import names
+from monitor.outcomes import FAILED, NOT_JUDGED
+from monitor.promql import duration, number
 
 __all__ = ["promtool_tests", "render_template"]
 
@@ -67,10 +64,6 @@ def render_template(text: str, labels: Mapping[str, str], value: float) -> str:
     return _TOKEN.sub(one, text)
 
 
-def _num(value: float) -> str:
-    return repr(round(value, 12)).removesuffix(".0")
-
-
 def _sel(name: str, labels: Mapping[str, str]) -> str:
     inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     return f"{name}{{{inner}}}"
@@ -81,15 +74,15 @@ def _counter(segments: Iterable[tuple[float, int]]) -> str:
     parts, value = [], 0.0
     for index, (inc, count) in enumerate(segments):
         if index == 0:
-            parts.append(f"{_num(value)}+{_num(inc)}x{count}")
+            parts.append(f"{number(value)}+{number(inc)}x{count}")
         else:
-            parts.append(f"{_num(value + inc)}+{_num(inc)}x{count - 1}")
+            parts.append(f"{number(value + inc)}+{number(inc)}x{count - 1}")
         value += inc * count
     return " ".join(parts)
 
 
 def _gauge(value: float, steps: int) -> str:
-    return f"{_num(value)}x{steps}"
+    return f"{number(value)}x{steps}"
 
 
 def _step(config: SloConfig) -> int:
@@ -107,7 +100,7 @@ def _test(
 ) -> dict[str, Any]:
     return {
         "name": name,
-        "interval": format_duration(step),
+        "interval": duration(step),
         "input_series": [{"series": s, "values": v} for s, v in series.items()],
         "alert_rule_test": evals,
     }
@@ -115,7 +108,7 @@ def _test(
 
 def _eval(at: int, alert: str, expected: list[dict[str, Any]]) -> dict[str, Any]:
     return {
-        "eval_time": format_duration(at),
+        "eval_time": duration(at),
         "alertname": alert,
         "exp_alerts": expected,
     }
@@ -172,15 +165,21 @@ def _slo_series(
             ),
             _sel(requests, {**labels, **ok}): _counter((n, k) for _, k in phases),
         }
-    bad = {"outcome": "http_error"} if slo.source == "client" else {"reason": "abort"}
-    return {
+    bad = (
+        [{"outcome": o.value} for o in sorted(FAILED)]
+        if slo.source == "client"
+        else [{"reason": "abort"}]
+    )
+    series = {
         _sel(requests, {**labels, **ok}): _counter(
             (n * (1 - ratio), k) for ratio, k in phases
-        ),
-        _sel(requests, {**labels, **bad}): _counter(
-            (n * ratio, k) for ratio, k in phases
-        ),
+        )
     }
+    for failure in bad:
+        series[_sel(requests, {**labels, **failure})] = _counter(
+            (n * ratio / len(bad), k) for ratio, k in phases
+        )
+    return series
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -262,10 +261,11 @@ def _scenarios(config: SloConfig, slo: Slo, step: int) -> list[_Scenario]:
     if not isinstance(slo, LatencySlo) and slo.source == "client":
         target = f"{slo.name}/cancelled-only"
         series = _slo_series(slo, target, rate, step, [(0.0, total)])
-        cancelled = {**_CLIENT, "target": target, "outcome": "cancelled"}
-        series[_sel(REQUESTS["client"].name, cancelled)] = _counter(
-            [(10 * rate * step, total)]
-        )
+        for outcome in sorted(NOT_JUDGED):
+            cancelled = {**_CLIENT, "target": target, "outcome": outcome.value}
+            series[_sel(REQUESTS["client"].name, cancelled)] = _counter(
+                [(10 * rate * step, total)]
+            )
         out.append(_Scenario(slo, target, series, 0.0, rate))
     return out
 
@@ -551,6 +551,6 @@ def promtool_tests(config: SloConfig, rule_files: list[str]) -> dict[str, Any]:
     tests.extend(_health_tests(config, step))
     return {
         "rule_files": list(rule_files),
-        "evaluation_interval": format_duration(step),
+        "evaluation_interval": duration(step),
         "tests": tests,
     }

@@ -11,10 +11,17 @@ from typing import Any
 import pytest
 
 from dashboards.build import DASHBOARDS, dashboard_json
+from dashboards.overview import GOODPUT_TTFT
+from dashboards.rule_names import burn_rate_name
+from dashboards.rules import generate_rules, load_slo_config
+from dashboards.sli import HISTOGRAMS
 from monitor import names
+from monitor.outcomes import FAILED_MATCHER, JUDGED_MATCHER
 
 JSON_DIR = Path(__file__).resolve().parents[2] / "dashboards" / "json"
 COUNTERS = [s.name for s in names.SCHEMA if s.kind == "counter"]
+#: A selector by recording-rule name (checked against the rules generator below).
+RULE_NAMES = re.compile(r'__name__=~"([^"]*)"')
 
 
 def panels(name: str) -> list[dict[str, Any]]:
@@ -74,6 +81,7 @@ def test_counters_and_buckets_only_under_rate_or_increase(name: str) -> None:
 def test_queries_name_only_servemon_series(name: str) -> None:
     known = {s.name for s in names.SCHEMA}
     for title, expr in exprs(name):
+        expr = RULE_NAMES.sub("", expr)
         for metric in re.findall(r"\b(servemon_[a-z0-9_]+)", expr):
             base = re.sub(r"_(bucket|count|sum)$", "", metric)
             assert metric in known or base in known, (title, metric)
@@ -84,3 +92,57 @@ def test_template_variables() -> None:
         data = json.loads(dashboard_json(name))
         variables = {v["name"] for v in data["templating"]["list"]}
         assert {"datasource", "target", "model"} <= variables
+
+
+def panel_exprs(dashboard: str, title: str) -> list[str]:
+    (panel,) = [p for p in panels(dashboard) if p["title"] == title]
+    return [t["expr"] for t in panel["targets"]]
+
+
+#: An SLO on every histogram an SLO can read, and availability on both sources.
+EVERY_SLO = (
+    "slos:\n"
+    + "".join(
+        f"  - {{name: {source}-{figure}, type: latency, figure: {figure}, "
+        f"source: {source}, threshold: {hist.edges[-2]}, objective: 0.99}}\n"
+        for (source, figure), hist in HISTOGRAMS.items()
+    )
+    + "".join(
+        f"  - {{name: {source}-ok, type: availability, source: {source}, "
+        "objective: 0.99}\n"
+        for source in ("client", "engine")
+    )
+)
+
+
+def test_the_burn_rate_panel_selects_exactly_the_burn_rate_rules(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "slos.yaml"
+    path.write_text(EVERY_SLO)
+    config = load_slo_config(path)
+    records = {
+        rule["record"]
+        for group in generate_rules(config)["groups"]
+        for rule in group["rules"]
+        if "record" in rule
+    }
+    burn_rates = {
+        burn_rate_name(slo, window) for slo in config.slos for window in config.windows
+    }
+    assert burn_rates < records
+    (expr,) = panel_exprs("servemon-overview", "SLO burn rate (from servemon rules)")
+    (pattern,) = RULE_NAMES.findall(expr)
+    # Prometheus anchors a regular expression at both ends.
+    assert {r for r in records if re.fullmatch(pattern, r)} == burn_rates
+
+
+def test_the_client_error_ratio_counts_failed_over_judged_outcomes() -> None:
+    (expr,) = panel_exprs("servemon-overview", "Client error ratio")
+    errors, judged = re.findall(r"servemon_client_requests_total\{([^}]*)\}", expr)
+    assert errors.endswith("," + FAILED_MATCHER)
+    assert judged.endswith("," + JUDGED_MATCHER)
+
+
+def test_goodput_counts_at_a_client_ttft_bucket_edge() -> None:
+    assert GOODPUT_TTFT in HISTOGRAMS["client", "ttft"].edges

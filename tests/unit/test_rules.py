@@ -14,13 +14,23 @@ from dashboards.rules import (
     RULES_FILE,
     alert_names,
     generate_rules,
-    le_matcher,
     load_slo_config,
     render_rules,
     write_rules,
 )
-from dashboards.slos import HISTOGRAMS, SloConfig
+from dashboards.sli import ENGINE_ERROR_REASONS, HISTOGRAMS
+from dashboards.slos import SloConfig
 from monitor import names
+from monitor.outcomes import (
+    FAILED,
+    FAILED_MATCHER,
+    JUDGED_MATCHER,
+    NOT_JUDGED,
+    Outcome,
+    failed,
+    judged,
+)
+from monitor.promql import le_matcher
 from servemon.errors import ConfigError
 from tests.support.rule_tests import promtool_tests, render_template
 
@@ -204,6 +214,19 @@ def test_edges_of_the_example_comments_are_the_real_ones() -> None:
     assert len(listed) == 6
 
 
+def test_the_example_names_the_errors_of_each_source() -> None:
+    text = (ROOT / EXAMPLE).read_text()
+    block = text[text.index("# type: availability") :].split("\n#\n")[0]
+    client, engine = block.split("#           engine --")
+    listed = re.search(r"are errors \(([^)]*)\)", client)
+    assert listed, client
+    words = re.sub(r"\s*#\s*", " ", listed.group(1))
+    assert words.split(", ") == [o.value for o in Outcome if o in FAILED]
+    for outcome in NOT_JUDGED:
+        assert f"{outcome.value} requests" in client
+    assert "finish reasons " + " and ".join(ENGINE_ERROR_REASONS) in engine
+
+
 # -- structure ---------------------------------------------------------------------
 
 
@@ -320,8 +343,8 @@ def test_availability_errors_per_source(tmp_path: Path) -> None:
         for r in rules_of(config)
         if str(r.get("record", "")).endswith("error_ratio_rate5m")
     }
-    assert 'servemon_client_requests_total{outcome!~"ok|cancelled"}[5m]' in exprs["c"]
-    assert 'servemon_client_requests_total{outcome!="cancelled"}[5m]' in exprs["c"]
+    assert f"servemon_client_requests_total{{{FAILED_MATCHER}}}[5m]" in exprs["c"]
+    assert f"servemon_client_requests_total{{{JUDGED_MATCHER}}}[5m]" in exprs["c"]
     assert "or\n  0 * sum" in exprs["c"]
     assert (
         'servemon_engine_requests_finished_total{reason=~"abort|error"}' in (exprs["e"])
@@ -333,6 +356,45 @@ def test_availability_errors_per_source(tmp_path: Path) -> None:
         if a["labels"] == {"severity": "page", "slo": "e"}
     )
     assert guard in e_page["expr"]
+
+
+_MATCHER = re.compile(r'(\w+)(=~|!~|!=|=)"((?:[^"\\]|\\.)*)"')
+
+
+def _selects(matchers: list[str], value: str) -> bool:
+    """Whether label matchers on ``outcome`` select ``value``, as Prometheus does
+    (regular expressions anchored at both ends)."""
+    for label, op, pattern in matchers:
+        assert label == "outcome"
+        hit = (
+            re.fullmatch(pattern, value) is not None if "~" in op else value == pattern
+        )
+        if hit == op.startswith("!"):
+            return False
+    return True
+
+
+def test_the_client_error_ratio_counts_exactly_the_failed_outcomes(
+    tmp_path: Path,
+) -> None:
+    """Read back from the generated rule, so an outcome added to
+    :mod:`monitor.outcomes` (or a rule spelling its own) shows here."""
+    config = config_from(tmp_path, MINIMAL)
+    expr = next(
+        r["expr"]
+        for r in rules_of(config)
+        if r.get("record") == "target_model:servemon_client_requests:error_ratio_rate5m"
+    )
+    selectors = re.findall(r"servemon_client_requests_total\{([^}]*)\}", expr)
+    errors, *totals = (_MATCHER.findall(s) for s in selectors)
+    assert len(totals) == 2
+    assert totals[0] == totals[1]
+    for outcome in Outcome:
+        assert _selects(errors, outcome.value) == failed(outcome), outcome
+        assert _selects(totals[0], outcome.value) == judged(outcome), outcome
+    # An outcome a newer load generator sends and this servemon does not know.
+    assert _selects(errors, "some_new_error")
+    assert _selects(totals[0], "some_new_error")
 
 
 def test_scale_shrinks_every_window_and_the_period(tmp_path: Path) -> None:

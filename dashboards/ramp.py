@@ -1,0 +1,95 @@
+"""The ramp-test dashboard: offered against achieved load, stage by stage.
+
+Stage boundaries are annotations on every panel (:func:`dashboards.panels.dashboard`
+adds them); latency is drawn against the queue and the KV cache on right axes, and
+dispatch lag says when the client, not the server, limited the offered load.
+"""
+
+from __future__ import annotations
+
+from grafanalib import core as g
+
+from dashboards.panels import Layout, dashboard, percentiles, right_axis, timeseries
+from dashboards.queries import count, current, rate, target_rate
+from monitor import names as n
+
+__all__ = ["ramp"]
+
+
+def ramp() -> g.Dashboard:
+    """Reading a ramp: stages, offered vs achieved, lag, latency against pressure."""
+    lay = Layout()
+    lay.add(
+        timeseries(
+            "Target vs achieved request rate",
+            "reqps",
+            (target_rate(), "target"),
+            (rate(n.CLIENT_REQUESTS), "achieved (finished)"),
+            (count(n.CLIENT_DISPATCH_LAG), "sent"),
+        ),
+        width=12,
+    )
+    lay.add(
+        timeseries(
+            "Dispatch lag (client behind its schedule)",
+            "s",
+            *percentiles(n.CLIENT_DISPATCH_LAG, "lag"),
+            (rate(n.CLIENT_HELD_BACK), "held back by --max-inflight /s"),
+            description="Actual send minus scheduled send. Lag means the client, "
+            "not the server, limited the offered load.",
+        ),
+        width=12,
+    )
+    lay.add(
+        timeseries(
+            "TTFT against waiting requests",
+            "s",
+            *percentiles(n.CLIENT_TTFT, "TTFT"),
+            (current(n.ENGINE_REQUESTS_WAITING), "waiting"),
+            overrides=[right_axis("waiting", "short")],
+        ),
+        width=12,
+    )
+    lay.add(
+        timeseries(
+            "ITL against KV cache usage",
+            "s",
+            *percentiles(n.CLIENT_ITL, "ITL"),
+            (current(n.ENGINE_KV_CACHE_USAGE, agg="max"), "KV usage"),
+            overrides=[right_axis("KV usage", "percentunit")],
+        ),
+        width=12,
+    )
+    lay.add(
+        timeseries(
+            "Requests in flight, running, waiting",
+            "short",
+            (current(n.CLIENT_IN_FLIGHT), "client in flight"),
+            (current(n.ENGINE_REQUESTS_RUNNING), "running"),
+            (current(n.ENGINE_REQUESTS_WAITING), "waiting"),
+        ),
+        width=12,
+    )
+    lay.add(
+        timeseries(
+            "Outcomes and preemptions",
+            "reqps",
+            (rate(n.CLIENT_REQUESTS, by=("outcome",)), "{{outcome}}"),
+            (rate(n.ENGINE_PREEMPTIONS), "preemptions"),
+        ),
+        width=12,
+    )
+    lay.add(
+        timeseries("End-to-end latency", "s", *percentiles(n.CLIENT_E2E, "E2E")),
+        width=12,
+    )
+    lay.add(
+        timeseries(
+            "Output tokens per second",
+            "short",
+            (rate(n.CLIENT_OUTPUT_TOKENS), "client"),
+            (rate(n.ENGINE_GENERATION_TOKENS), "server"),
+        ),
+        width=12,
+    )
+    return dashboard("servemon: ramp test", "servemon-ramp", lay)

@@ -1,0 +1,102 @@
+"""The names ``servemon rules`` gives its recording rules and alerts.
+
+The rules generator names every rule through this module, and the dashboards find
+the rules through it too (:func:`burn_rate_regex`), so a rename reaches both.
+
+Recording rules are named ``level:metric:operations``. The level is ``target_model``,
+the labels every SLO rule keeps (:data:`LEVEL_LABELS`): it sums ``by (target,
+model)``, dropping the load stage, the engine's data-parallel rank and the scrape's
+instance. The metric is the servemon series the rule reads (a counter without
+``_total``), the operations say what was done to it, newest first, with the window
+last:
+
+- ``target_model:servemon_client_requests:rate5m`` (and the engine's
+  ``servemon_engine_requests_finished``): finished requests per second, at each short
+  window; the traffic guard of the burn alerts.
+- ``target_model:<metric>:error_ratio_rate<W>{slo="<name>"}``: the share of bad events
+  over W. W is every window of the burn pairs and the SLO period itself
+  (``rate30d``).
+- ``target_model:<metric>:burn_rate<W>{slo="<name>"}``: that ratio over the error
+  budget (1 - objective).
+"""
+
+from __future__ import annotations
+
+from dashboards.sli import REQUESTS, SourceName, slo_series
+from dashboards.slos import LatencySlo, Slo
+from monitor.names import Series
+from monitor.promql import DURATION_REGEX, duration
+
+__all__ = [
+    "ALERT_BURN",
+    "ALERT_CLIENT_STALLED",
+    "ALERT_ENGINE_ABSENT",
+    "ALERT_EXPORTER_ABSENT",
+    "ALERT_GPU_MEMORY",
+    "ALERT_KV_CACHE",
+    "ALERT_PREEMPTIONS",
+    "ALERT_QUEUE",
+    "ALERT_TARGET_DOWN",
+    "BURN_RATE",
+    "ERROR_RATIO",
+    "LEVEL",
+    "LEVEL_LABELS",
+    "TRAFFIC",
+    "burn_rate_name",
+    "burn_rate_regex",
+    "error_ratio_name",
+    "metric_of",
+    "record_name",
+    "traffic_name",
+]
+
+ALERT_BURN = "ServemonErrorBudgetBurn"
+ALERT_QUEUE = "ServemonQueueBacklog"
+ALERT_KV_CACHE = "ServemonKvCacheHigh"
+ALERT_PREEMPTIONS = "ServemonPreemptions"
+ALERT_GPU_MEMORY = "ServemonGpuMemoryHigh"
+ALERT_TARGET_DOWN = "ServemonTargetDown"
+ALERT_EXPORTER_ABSENT = "ServemonExporterAbsent"
+ALERT_ENGINE_ABSENT = "ServemonEngineMetricsAbsent"
+ALERT_CLIENT_STALLED = "ServemonClientStalled"
+
+#: The labels every SLO recording rule keeps, and the level they name.
+LEVEL_LABELS: tuple[str, ...] = ("target", "model")
+LEVEL = "_".join(LEVEL_LABELS)
+
+#: The operations of the recording rules (each followed by its window).
+TRAFFIC = "rate"
+ERROR_RATIO = "error_ratio_rate"
+BURN_RATE = "burn_rate"
+
+
+def record_name(series: Series, operation: str, window: int) -> str:
+    """``target_model:<metric>:<operation><window>``."""
+    return f"{LEVEL}:{series.base}:{operation}{duration(window)}"
+
+
+def metric_of(slo: Slo) -> Series:
+    """The series an SLO reads: its histogram, or its requests counter."""
+    return slo.histogram.series if isinstance(slo, LatencySlo) else REQUESTS[slo.source]
+
+
+def error_ratio_name(slo: Slo, window: int) -> str:
+    """``target_model:<metric>:error_ratio_rate<W>``."""
+    return record_name(metric_of(slo), ERROR_RATIO, window)
+
+
+def burn_rate_name(slo: Slo, window: int) -> str:
+    """``target_model:<metric>:burn_rate<W>``."""
+    return record_name(metric_of(slo), BURN_RATE, window)
+
+
+def traffic_name(source: SourceName, window: int) -> str:
+    """``target_model:<requests counter>:rate<W>``: the traffic guard."""
+    return record_name(REQUESTS[source], TRAFFIC, window)
+
+
+def burn_rate_regex() -> str:
+    """A regular expression matching the name of every burn-rate rule, whatever
+    the SLO file: every series an SLO can read, at any window."""
+    metrics = "|".join(series.base for series in slo_series())
+    return f"{LEVEL}:({metrics}):{BURN_RATE}{DURATION_REGEX}"
