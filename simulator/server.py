@@ -28,21 +28,19 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from servemon.errors import ConfigError
+from simulator.answer import RoleChunk, stream_answer, trace_record, whole_answer
 from simulator.config import SimConfig, merge
-from simulator.engine import Engine, EngineArgs, Request
+from simulator.engine import Engine, EngineArgs
 from simulator.metrics import EngineMetrics
 from simulator.openai import (
-    DONE,
-    MALFORMED,
     ApiError,
     ChunkWriter,
     ParsedRequest,
-    ServerFacts,
     error_body,
     parse_request,
 )
 from simulator.profiles import Profile, load_profile
-from simulator.trace import TraceRecord, TraceWriter
+from simulator.trace import TraceWriter
 
 __all__ = ["SimServer"]
 
@@ -317,7 +315,7 @@ class SimServer:
                 headers["Keep-Alive"] = "timeout=5, max=100"
             response = web.StreamResponse(headers=headers)
             await response.prepare(request)
-        role = _RoleChunk(
+        role = RoleChunk(
             response if api == "chat" and faults.role_chunk else None,
             writer.role(),
             faults.role_chunk_delay_s,
@@ -339,9 +337,17 @@ class SimServer:
         status = 200
         try:
             if response is None:
-                return await self._respond_whole(req, parsed, writer, written)
-            await self._stream(
-                req, parsed, writer, response, written, role, cut, malformed
+                return await whole_answer(req, writer, written)
+            await stream_answer(
+                self.engine,
+                req,
+                parsed,
+                writer,
+                response,
+                written,
+                role,
+                cut,
+                malformed,
             )
             return response
         except asyncio.CancelledError:
@@ -357,7 +363,8 @@ class SimServer:
             return response
         finally:
             role.cancel()
-            self._record(req, written, status)
+            if self._trace is not None:
+                self._trace.write(trace_record(req, written, status))
 
     def _check(self, parsed: ParsedRequest) -> int:
         if parsed.model is not None and parsed.model != self.model:
@@ -376,99 +383,6 @@ class SimServer:
             raise ApiError(400, problem, param="max_tokens")
         return max_tokens
 
-    async def _respond_whole(
-        self,
-        req: Request,
-        parsed: ParsedRequest,
-        writer: ChunkWriter,
-        written: list[float],
-    ) -> web.Response:
-        while not req.finished:
-            await req.wakeup.wait()
-            req.wakeup.clear()
-        body = writer.full("".join(req.pieces), req.finish_reason, _facts(req))
-        written.extend([time.monotonic()] * req.num_output)  # one time per token
-        return web.json_response(body, headers={"X-Request-Id": req.request_id})
-
-    async def _stream(
-        self,
-        req: Request,
-        parsed: ParsedRequest,
-        writer: ChunkWriter,
-        response: web.StreamResponse,
-        written: list[float],
-        role: _RoleChunk,
-        cut: bool,
-        malformed: bool,
-    ) -> None:
-        transport = response._req.transport if response._req else None
-        sent = 0
-        cut_at = max(1, req.target_tokens // 2)
-        while True:
-            await req.wakeup.wait()
-            req.wakeup.clear()
-            new = req.pieces[sent:]
-            if new:
-                await role.send()
-                sent += len(new)
-                last = req.finished and sent == len(req.pieces)
-                await response.write(
-                    writer.content("".join(new), req.finish_reason if last else None)
-                )
-                now = time.monotonic()
-                written.extend([now] * len(new))
-                if malformed and sent >= cut_at:
-                    malformed = False
-                    await response.write(MALFORMED)
-                if cut and sent >= cut_at and not req.finished:
-                    # Drop the connection mid-stream, as a crashed server would.
-                    self.engine.abort(req)
-                    response.force_close()
-                    if transport is not None:
-                        transport.close()
-                    return
-            if req.finished:
-                break
-        facts = _facts(req)
-        usage = writer.usage(facts) if parsed.include_usage else None
-        finish = writer.finish(
-            req.finish_reason, facts, usage_follows=usage is not None
-        )
-        for event in (finish, usage, DONE if writer.sends_done else None):
-            if event is not None:
-                await response.write(event)
-        await response.write_eof()
-        if self.dialect == "llamacpp" and transport is not None:
-            # llama-server closes the connection after a streamed answer while
-            # advertising keep-alive: read nothing more, close a moment later, so
-            # a request sent on it meanwhile is reset unread.
-            transport.pause_reading()
-            asyncio.get_running_loop().call_later(0.005, transport.close)
-
-    def _record(self, req: Request, written: list[float], status: int) -> None:
-        if self._trace is None:
-            return
-        self._trace.write(
-            TraceRecord(
-                request_id=req.request_id,
-                arrival_s=req.arrival_s,
-                scheduled_s=req.scheduled_s,
-                first_token_s=written[0] if written else None,
-                token_s=written,
-                # When the response was done, not when the engine finished: the
-                # last token_s (a socket write) comes after the engine's finish.
-                finished_s=time.monotonic() if req.finished else None,
-                finish_reason=req.finish_reason,
-                prompt_tokens=len(req.prompt),
-                cached_tokens=req.cached_tokens,
-                output_tokens=req.num_output,
-                status=status,
-                queued_s=req.queued_s,
-                engine_first_token_s=req.first_token_s,
-                engine_last_token_s=req.last_token_s,
-            )
-        )
-
     # -- helpers ------------------------------------------------------------------
 
     async def _json(self, request: web.Request) -> object:
@@ -482,55 +396,3 @@ class SimServer:
     ) -> web.Response:
         body = error_body(status, message, kind, dialect=self.dialect)
         return web.json_response(body, status=status)
-
-
-def _facts(req: Request) -> ServerFacts:
-    return ServerFacts(
-        prompt_tokens=len(req.prompt),
-        completion_tokens=req.num_output,
-        cached_tokens=req.cached_tokens,
-        queued_s=req.queued_s,
-        scheduled_s=req.scheduled_s,
-        first_token_s=req.first_token_s,
-        last_token_s=req.last_token_s,
-    )
-
-
-class _RoleChunk:
-    """The role-only first chat chunk, sent with the first token (vLLM's way) or a
-    set time after the headers, and in any case before the first content."""
-
-    def __init__(
-        self, response: web.StreamResponse | None, data: bytes, delay: float | None
-    ) -> None:
-        self._response = response
-        self._data = data
-        self._delay = delay
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        """Send now if due now; else arm the timer, if there is one."""
-        if self._response is None or self._delay is None:
-            return
-        if self._delay <= 0:
-            await self.send()
-        else:
-            self._task = asyncio.create_task(self._later(self._delay))
-
-    async def _later(self, delay: float) -> None:
-        await asyncio.sleep(delay)
-        self._task = None
-        await self.send()
-
-    async def send(self) -> None:
-        """Send it unless already sent (or turned off)."""
-        self.cancel()
-        response, self._response = self._response, None
-        if response is not None:
-            await response.write(self._data)
-
-    def cancel(self) -> None:
-        """Disarm the timer."""
-        if self._task is not None and self._task is not asyncio.current_task():
-            self._task.cancel()
-        self._task = None
