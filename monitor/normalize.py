@@ -246,7 +246,11 @@ class Normalizer:
         texts = self._format(plan.pick_samples(values))
         folded: list[str] = []
         for fold in plan.decision.folds:
-            numbers = [number(values[i]) for i in fold.members]
+            # The values were checked by _format; one with a point is no integer.
+            numbers = [
+                float(v) if "." in v else number(v)
+                for v in map(values.__getitem__, fold.members)
+            ]
             try:
                 value = (
                     max(numbers) if fold.op == "max" else sum(numbers) / len(numbers)
