@@ -128,7 +128,7 @@ class Decision:
     chunks: tuple[Chunk, ...]
 
 
-def fold_ref(index: int) -> int:
+def _fold_ref(index: int) -> int:
     """The value reference of fold ``index``."""
     return -2 - index
 
@@ -187,7 +187,7 @@ class _Decider:
                     "max" if series.kind == "counter" else "mean"
                 )
                 self.folds.append(Fold(op, tuple(members)))
-                ref = fold_ref(len(self.folds) - 1)
+                ref = _fold_ref(len(self.folds) - 1)
             self.slots.append(
                 Slot(name, dict(zip(series.labels, key, strict=True)), ref)
             )

@@ -200,6 +200,19 @@ ODD = {
         "ws_gauge\t3\n"
         "ws_other{} 4\r\n"
     ),
+    "tabs_and_odd_timestamps": (
+        "tab_gauge\t1\n"
+        "tab_gauge 2\t3\n"
+        'tab_gauge{a="1"} 4 5 6\n'
+        'tab_exemplar{a="1"} 7 # {trace="x"} 8\n'
+        'tab_bare 9 # {trace="y"} 10\n'
+    ),
+    "quoted_names": (
+        '# HELP "quoted_gauge" Quoted in HELP.\n'
+        '# TYPE "quoted_gauge" gauge\n'
+        "quoted_gauge 1\n"
+        '{__name__="from_labels",a="b"} 2\n'
+    ),
     "colons_and_unicode": (
         "# HELP vllm:num_requests_running Running.\n"
         "# TYPE vllm:num_requests_running gauge\n"
