@@ -12,8 +12,6 @@ from collections.abc import Iterable, Sequence
 from aiohttp import web
 from prometheus_client import (
     CollectorRegistry,
-    Counter,
-    Gauge,
     Histogram,
     generate_latest,
 )
@@ -43,37 +41,25 @@ class LiveMetrics:
         r = self.registry
 
         def histogram(series: Series, figure: str) -> Histogram:
-            return Histogram(
-                series.base,
-                series.doc,
-                series.labels,
-                registry=r,
-                buckets=_edges(figure, slo),
-            )
+            return series.histogram(r, _edges(figure, slo))
 
-        def counter(series: Series) -> Counter:
-            return Counter(series.base, series.doc, series.labels, registry=r)
-
-        def gauge(series: Series) -> Gauge:
-            return Gauge(series.base, series.doc, series.labels, registry=r)
-
-        self.requests = counter(names.CLIENT_REQUESTS)
+        self.requests = names.CLIENT_REQUESTS.counter(r)
         self.ttft = histogram(names.CLIENT_TTFT, "ttft")
         self.ttfc = histogram(names.CLIENT_TTFC, "ttfc")
         self.itl = histogram(names.CLIENT_ITL, "itl")
         self.tpot = histogram(names.CLIENT_TPOT, "tpot")
         self.e2e = histogram(names.CLIENT_E2E, "e2e")
         self.lag = histogram(names.CLIENT_DISPATCH_LAG, "dispatch_lag")
-        self.output_tokens = counter(names.CLIENT_OUTPUT_TOKENS)
-        self.prompt_tokens = counter(names.CLIENT_PROMPT_TOKENS)
-        self.held_back = counter(names.CLIENT_HELD_BACK)
-        self.skipped = counter(names.CLIENT_SKIPPED)
-        self.reconnects = counter(names.CLIENT_RECONNECTS)
+        self.output_tokens = names.CLIENT_OUTPUT_TOKENS.counter(r)
+        self.prompt_tokens = names.CLIENT_PROMPT_TOKENS.counter(r)
+        self.held_back = names.CLIENT_HELD_BACK.counter(r)
+        self.skipped = names.CLIENT_SKIPPED.counter(r)
+        self.reconnects = names.CLIENT_RECONNECTS.counter(r)
         self.server_queue = histogram(names.CLIENT_SERVER_QUEUE, "server_queue")
         self.ttft_gap = histogram(names.CLIENT_TTFT_GAP, "ttft_gap")
-        self.target_rate = gauge(names.CLIENT_TARGET_RATE).labels(*self._base)
-        self.in_flight = gauge(names.CLIENT_IN_FLIGHT).labels(*self._base)
-        self.current_stage = gauge(names.CLIENT_CURRENT_STAGE).labels(*self._base)
+        self.target_rate = names.CLIENT_TARGET_RATE.gauge(r).labels(*self._base)
+        self.in_flight = names.CLIENT_IN_FLIGHT.gauge(r).labels(*self._base)
+        self.current_stage = names.CLIENT_CURRENT_STAGE.gauge(r).labels(*self._base)
         self.current_stage.set(-1)
         self._runner: web.AppRunner | None = None
         self.url = ""

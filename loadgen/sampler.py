@@ -23,8 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from monitor.exposition import ExpositionParser
-from monitor.normalize import normalize
+from monitor.normalize import Normalizer
 
 __all__ = ["ServerSampler", "parse_engine_samples"]
 
@@ -32,11 +31,12 @@ Sample = list[Any]
 
 
 def parse_engine_samples(
-    text: str, parser: ExpositionParser | None = None
+    text: str, normalizer: Normalizer | None = None
 ) -> tuple[list[Sample], dict[str, str]]:
     """An exposition normalized to servemon names, as ``[name, labels, value]``, and
-    the engine's self-description (``engine``, ``dialect``, cache config)."""
-    normalized = normalize(text, target="", parser=parser)
+    the engine's self-description (``engine``, ``dialect``, cache config). Pass the
+    same ``normalizer`` for every scrape of a target: it remembers."""
+    normalized = (normalizer or Normalizer()).normalize(text, target="")
     kept: list[Sample] = []
     for family in normalized.families:
         for sample in family.samples:
@@ -69,7 +69,7 @@ class ServerSampler:
         self.errors = 0
         self.last: list[Sample] = []
         self.engine_info: dict[str, str] = {}
-        self._parser = ExpositionParser()
+        self._normalizer = Normalizer()
 
     async def sample_once(self) -> list[Sample] | None:
         """One scrape; the samples, or None after recording an error line."""
@@ -80,7 +80,7 @@ class ServerSampler:
                     raise ValueError(f"HTTP {resp.status}")
                 text = await resp.text()
             samples, info = await asyncio.to_thread(
-                parse_engine_samples, text, self._parser
+                parse_engine_samples, text, self._normalizer
             )
         except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeError) as exc:
             self.errors += 1

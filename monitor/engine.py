@@ -2,8 +2,7 @@
 
 On each scrape of the exporter, :meth:`EngineCollector.collect` fetches every target
 concurrently with a timeout below the scrape's own, then normalizes each answer in
-turn (:mod:`monitor.fastpath`, or :mod:`monitor.normalize` where the fast path hands
-an exposition back, and always with ``--passthrough``), and returns a
+turn (one :class:`~monitor.normalize.Normalizer` per target), and returns a
 :class:`Scrape`: servemon's engine families plus, per target, ``servemon_target_up``,
 ``servemon_target_scrape_duration_seconds`` (the target's own fetch and its own
 processing: fetching everything first keeps one target's processing out of another's
@@ -12,7 +11,7 @@ slow, too large or answers garbage gets ``up 0`` and no engine series at all (no
 stale is served); it never fails the exporter's scrape. What the engine tells about
 itself (``/v1/models``, ``/version``, cache config) goes into ``servemon_engine_info``,
 refreshed once a minute. :meth:`EngineCollector.encode` writes a scrape in the
-scraper's format.
+scraper's format (:mod:`monitor.render`).
 """
 
 from __future__ import annotations
@@ -24,17 +23,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from monitor import names
-from monitor.exposition import ExpositionParser
-from monitor.fastpath import Encoder, FastNormalized, FastNormalizer, Renderer
-from monitor.normalize import Normalized, normalize
+from monitor.normalize import Normalized, Normalizer
+from monitor.render import Encoder, Renderer
 
 __all__ = ["ERROR_REASONS", "EngineCollector", "Scrape", "Target"]
 
 ERROR_REASONS = ("connect", "timeout", "http", "too_large", "parse")
+_Row = tuple[dict[str, str], float]
 INFO_REFRESH_S = 60.0
 
 
@@ -50,8 +49,7 @@ class Target:
 
 @dataclass(slots=True)
 class _TargetState:
-    parser: ExpositionParser = field(default_factory=ExpositionParser)
-    fast: FastNormalizer = field(default_factory=FastNormalizer)
+    normalizer: Normalizer = field(default_factory=Normalizer)
     errors: Counter[str] = field(default_factory=Counter)
     models: list[dict[str, Any]] = field(default_factory=list)
     version: str | None = None
@@ -67,8 +65,8 @@ class Scrape:
     #: and ``servemon_engine_info``.
     targets: list[Metric]
     #: The engine families of each target that answered, in target order.
-    results: list[Normalized | FastNormalized]
-    #: Families were passed through: ``results`` are all the reference's.
+    results: list[Normalized]
+    #: Other families were passed through (they are written as families).
     passthrough: bool = False
 
     def families(self) -> list[Metric]:
@@ -76,12 +74,7 @@ class Scrape:
         targets are merged into one with the first one's name, help and type."""
         by_name: dict[str, Metric] = {}
         for result in self.results:
-            families = (
-                result.families()
-                if isinstance(result, FastNormalized)
-                else result.families
-            )
-            for family in families:
+            for family in result.families:
                 merged = by_name.get(family.name)
                 if merged is None:
                     merged = by_name[family.name] = Metric(
@@ -143,38 +136,31 @@ class EngineCollector:
         fetched = await asyncio.gather(
             *(self._fetch_timed(t, timeout) for t in self.targets)
         )
-        up = GaugeMetricFamily(
-            names.TARGET_UP.base, names.TARGET_UP.doc, labels=names.TARGET_UP.labels
-        )
-        took = GaugeMetricFamily(
-            names.TARGET_SCRAPE_DURATION.base,
-            names.TARGET_SCRAPE_DURATION.doc,
-            labels=names.TARGET_SCRAPE_DURATION.labels,
-        )
-        errors = CounterMetricFamily(
-            names.TARGET_SCRAPE_ERRORS.base,
-            names.TARGET_SCRAPE_ERRORS.doc,
-            labels=names.TARGET_SCRAPE_ERRORS.labels,
-        )
-        info = GaugeMetricFamily(
-            names.ENGINE_INFO.base,
-            names.ENGINE_INFO.doc,
-            labels=names.ENGINE_INFO.labels,
-        )
-        results: list[Normalized | FastNormalized] = []
+        up: list[_Row] = []
+        took: list[_Row] = []
+        errors: list[_Row] = []
+        info: list[_Row] = []
+        results: list[Normalized] = []
         for target, (body, fetch_s) in zip(self.targets, fetched, strict=True):
             start = time.monotonic()
             result = None if body is None else self._process(target, body)
-            up.add_metric([target.name], 0.0 if result is None else 1.0)
-            took.add_metric([target.name], fetch_s + time.monotonic() - start)
+            name = {"target": target.name}
+            up.append((name, 0.0 if result is None else 1.0))
+            took.append((name, fetch_s + time.monotonic() - start))
             state = self._state[target.name]
             for reason in ERROR_REASONS:
-                errors.add_metric([target.name, reason], state.errors[reason])
+                errors.append(({**name, "reason": reason}, state.errors[reason]))
             if result is None:
                 continue
-            info.add_metric(self._info_values(target, result), 1.0)
+            info.append((self._info_values(target, result), 1.0))
             results.append(result)
-        return Scrape([up, took, errors, info], results, self.passthrough)
+        families = [
+            names.TARGET_UP.family(up),
+            names.TARGET_SCRAPE_DURATION.family(took),
+            names.TARGET_SCRAPE_ERRORS.family(errors),
+            names.ENGINE_INFO.family(info),
+        ]
+        return Scrape(families, results, self.passthrough)
 
     def encode(
         self,
@@ -196,7 +182,7 @@ class EngineCollector:
         pieces.append(renderer.trailer(encoder, content_type))
         return "".join(pieces).encode("utf-8")
 
-    def _info_values(self, target: Target, n: Normalized | FastNormalized) -> list[str]:
+    def _info_values(self, target: Target, n: Normalized) -> dict[str, str]:
         state = self._state[target.name]
         card = state.models[0] if state.models else {}
         model = next(iter(sorted(n.models)), None) or self.model_of(target) or "unknown"
@@ -212,7 +198,7 @@ class EngineCollector:
             "prefix_cache_unit": n.info.get("prefix_cache_unit", ""),
             "dialect": n.dialect,
         }
-        return [values[label] for label in names.ENGINE_INFO.labels]
+        return values
 
     async def _fetch_timed(
         self, target: Target, timeout_s: float
@@ -235,31 +221,23 @@ class EngineCollector:
             return None, time.monotonic() - start
         return body, time.monotonic() - start
 
-    def _process(
-        self, target: Target, body: bytes
-    ) -> Normalized | FastNormalized | None:
+    def _process(self, target: Target, body: bytes) -> Normalized | None:
         """The target's engine families; None where it won't parse (counted)."""
         state = self._state[target.name]
         text = body.decode("utf-8", errors="replace")
-        model = self.model_of(target)
-        result: Normalized | FastNormalized | None = None
-        if not self.passthrough:
-            result = state.fast.normalize(
-                text, target=target.name, model=model, engine=target.engine
+        try:
+            result = state.normalizer.normalize(
+                text,
+                target=target.name,
+                model=self.model_of(target),
+                engine=target.engine,
+                passthrough=self.passthrough,
             )
-        if result is None:
-            try:
-                result = normalize(
-                    text,
-                    target=target.name,
-                    model=model,
-                    engine=target.engine,
-                    passthrough=self.passthrough,
-                    parser=state.parser,
-                )
-            except (ValueError, KeyError, IndexError) as exc:
-                self._failed(target, "parse", f"{type(exc).__name__}: {exc}")
-                return None
+        except (ValueError, LookupError, ArithmeticError) as exc:
+            # ValueError is the contract; the others would be a bug met on odd input,
+            # which must still not fail the exporter's scrape.
+            self._failed(target, "parse", f"{type(exc).__name__}: {exc}")
+            return None
         self.last_error.pop(target.name, None)
         return result
 

@@ -1,182 +1,373 @@
-"""Parsing Prometheus text expositions fast enough to scrape many targets per scrape.
+"""The one parser of the Prometheus text format in servemon, memoized per line key.
 
-prometheus_client's parser spends most of its time splitting label sets character by
-character. An engine's label sets barely change from one scrape to the next, so
-:class:`ExpositionParser` keeps the parsed form of every label string it has seen
-(through prometheus_client's own :func:`~prometheus_client.parser.parse_labels`) and
-otherwise follows the same rules as :func:`text_string_to_metric_families` for
-grouping samples into families. Anything it does not expect — a line it cannot split,
-a value that is not a number — makes it hand the whole text to prometheus_client's
-parser instead, so it never accepts what the library would refuse. A test checks
-the two agree.
+An engine's exposition keeps its lines from one scrape to the next; only the values
+move. :class:`ExpositionParser` therefore splits each line at its last space and
+remembers what the part before it (the line key, ``name{labels}``) means: a
+sample's name and labels. Comment lines (``# HELP``, ``# TYPE``, others) are
+remembered whole. Only a line it has not seen is parsed character by character.
+
+It accepts what prometheus_client's parser
+(:func:`~prometheus_client.parser.text_string_to_metric_families`) accepts, and
+groups samples into families by the same rules (the tests hold the two to the same
+result): a ``# HELP`` or ``# TYPE`` line starts a family; a sample whose name the
+current family does not take is a family of its own; a counter is named without
+``_total`` and its samples with it; a later family of a name replaces an earlier one,
+except that untyped ones are joined. Anything else raises ValueError: a sample line
+that will not split, a value that is not a number (``1_000`` neither), a label set
+that will not parse, a type the library does not know.
+
+A line is *regular* when it is its key, one space and a plain value: then every
+scrape of the same shape starts the line with ``key + " "``, and only the value after
+it needs reading (see :mod:`monitor.normalize`). Other sample lines (timestamps,
+tabs, surrounding whitespace) are parsed whole and stay as they are.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
 
-from prometheus_client.metrics_core import Metric
-from prometheus_client.parser import parse_labels, text_string_to_metric_families
+from prometheus_client.metrics_core import METRIC_TYPES, Metric
+from prometheus_client.parser import parse_labels
 from prometheus_client.samples import Sample
 
-__all__ = ["ExpositionParser"]
+__all__ = ["ExpositionParser", "Family", "Header", "Lines", "SampleKey", "number"]
 
-_UNTYPED = ("untyped", "unknown")  # prometheus_client calls "untyped" "unknown"
-_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_ALLOWED = {
+_METRIC_NAME: Final = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_WHITESPACE: Final = " \t\n\r\x0b\x0c"
+#: Sample names a family of each type takes, after the family name.
+_TAKES: Final = {
     "counter": ("",),
     "gauge": ("",),
     "summary": ("_count", "_sum", ""),
     "histogram": ("_count", "_sum", "_bucket"),
 }
+_ESCAPES: Final = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
+_HELP_ESCAPE: Final = re.compile(r"\\[\\n]")
+_LABEL_ESCAPE: Final = re.compile(r'\\[\\n"]')
+_CACHE_LIMIT = 50_000  # line keys and comment lines remembered: cleared when full
+_V = TypeVar("_V")
 
 
-class _Fallback(Exception):
-    """The fast path met something unusual: use the library's parser."""
+def number(text: str) -> float:
+    """A sample value as the text format reads it (an integer where it is one).
+
+    Raises ValueError for anything else, ``1_000`` included (``float`` takes it).
+    """
+    if "_" in text or text != text.strip():
+        raise ValueError(f"not a sample value: {text!r}")
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SampleKey:
+    """What a sample line's key means: the sample's name and labels."""
+
+    name: str
+    labels: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A ``# HELP name doc`` (``is_help``) or ``# TYPE name type`` line."""
+
+    name: str
+    is_help: bool
+    text: str
+
+
+Entry = SampleKey | Header | None  # None: a blank line or another comment
+
+
+@dataclass(slots=True)
+class Lines:
+    """An exposition's lines, classified."""
+
+    entries: list[Entry]
+    #: Per line: the sample's value text ("" for other lines).
+    values: list[str]
+    #: Per line: what every exposition of the same shape starts it with (a regular
+    #: sample's key and a space; the whole of any other line).
+    starts: list[str]
+    #: The sample lines.
+    samples: list[int]
+    #: The sample lines that are not regular, with their timestamp text (or None).
+    irregular: dict[int, str | None] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Family:
+    """A family as prometheus_client names it; its samples are line indices."""
+
+    name: str
+    doc: str
+    type: str
+    members: list[int]
+    #: A counter declared without ``_total``: its samples take the suffix.
+    rename_total: bool = False
 
 
 class ExpositionParser:
-    """Parses expositions into prometheus_client :class:`Metric` families by name."""
+    """Classifies and groups expositions; keep one per target (it remembers)."""
 
-    def __init__(self, max_cached_label_sets: int = 50_000) -> None:
-        self._labels: dict[str, dict[str, str]] = {}
-        self._names: set[str] = set()
-        self._limit = max_cached_label_sets
-        self.fallbacks = 0
+    def __init__(self, max_cached: int = _CACHE_LIMIT) -> None:
+        self._keys: dict[str, SampleKey] = {}
+        self._comments: dict[str, Entry] = {}
+        self._limit = max_cached
+
+    def classify(self, lines: list[str]) -> Lines:
+        """What each line is; raises ValueError where the text format is broken."""
+        keys, comments = self._keys, self._comments
+        out = Lines([], [], [], [])
+        for i, raw in enumerate(lines):
+            key, _, value = raw.rpartition(" ")
+            entry: Entry = keys.get(key) if key else None
+            if entry is not None and _plain(value):
+                out.entries.append(entry)
+                out.values.append(value)
+                out.starts.append(key + " ")
+                out.samples.append(i)
+                continue
+            line = raw.strip()
+            if not line or line[0] == "#":
+                if raw in comments:
+                    entry = comments[raw]
+                else:
+                    entry = _comment(line)
+                    self._remember(comments, raw, entry)
+                out.entries.append(entry)
+                out.values.append("")
+                out.starts.append(raw)
+                continue
+            name, labels, text, stamp = _sample_line(line)
+            entry = SampleKey(name, labels)
+            out.entries.append(entry)
+            out.values.append(text)
+            out.samples.append(i)
+            if stamp is None and key and value == text:
+                self._remember(keys, key, entry)
+                out.starts.append(key + " ")
+            else:
+                out.starts.append(raw)
+                out.irregular[i] = stamp
+        return out
+
+    def _remember(self, cache: dict[str, _V], key: str, entry: _V) -> None:
+        if len(cache) >= self._limit:
+            cache.clear()
+        cache[key] = entry
 
     def parse(
         self, text: str, keep: Callable[[str], bool] | None = None
     ) -> dict[str, Metric]:
-        """Families by name; ``keep(name)`` drops families and samples early.
+        """Families by name as prometheus_client objects (``keep(name)`` drops)."""
+        lines = self.classify(text.split("\n"))
+        families = group(lines, keep)
+        return {name: metric(lines, family) for name, family in families.items()}
 
-        Raises ValueError where prometheus_client's parser would.
-        """
-        try:
-            return self._fast(text, keep)
-        except _Fallback:
-            self.fallbacks += 1
-        families: dict[str, Metric] = {}
-        for family in text_string_to_metric_families(text):
-            if keep is None or keep(family.name):
-                earlier = families.get(family.name)
-                if earlier is not None and {earlier.type, family.type} <= {*_UNTYPED}:
-                    earlier.samples = [*earlier.samples, *family.samples]
+
+def group(lines: Lines, keep: Callable[[str], bool] | None = None) -> dict[str, Family]:
+    """The families of ``lines`` by name, as prometheus_client's parser makes them;
+    ``keep(name)`` False: the family is checked, not made."""
+    families: dict[str, Family] = {}
+    name, doc, typ = "", "", "untyped"
+    members: list[int] = []
+    takes: tuple[str, ...] = ()
+
+    def store(name: str, doc: str, typ: str, members: list[int]) -> None:
+        if typ not in METRIC_TYPES and typ != "untyped":
+            raise ValueError(f"invalid metric type: {typ}")
+        if keep is not None and not keep(name):
+            return
+        rename = False
+        if typ == "counter":
+            if name.endswith("_total"):
+                name = name[:-6]
+            else:
+                rename = True
+        typ = "unknown" if typ == "untyped" else typ
+        earlier = families.get(name)
+        if earlier is not None and typ == "unknown" == earlier.type:
+            earlier.members = [*earlier.members, *members]  # untyped runs, joined
+            return
+        families[name] = Family(name, doc, typ, members, rename)
+
+    for i, entry in enumerate(lines.entries):
+        if isinstance(entry, SampleKey):
+            if entry.name in takes:
+                members.append(i)
+                continue
+            if name:
+                store(name, doc, typ, members)
+            name, doc, typ, members, takes = "", "", "untyped", [], ()
+            store(entry.name, "", "untyped", [i])
+        elif isinstance(entry, Header):
+            if entry.name != name:
+                if name:
+                    store(name, doc, typ, members)
+                name, typ, members = entry.name, "untyped", []
+                if entry.is_help:
+                    takes = (name,)
                 else:
-                    families[family.name] = family
-        return families
+                    doc = ""
+            if entry.is_help:
+                doc = entry.text
+            else:
+                typ = entry.text
+                takes = tuple(name + s for s in _TAKES.get(typ, ("",)))
+    if name:
+        store(name, doc, typ, members)
+    return families
 
-    def _fast(self, text: str, keep: Callable[[str], bool] | None) -> dict[str, Metric]:
-        families: dict[str, Metric] = {}
-        name = ""
-        doc = ""
-        typ = "untyped"
-        samples: list[Sample] = []
-        allowed: tuple[str, ...] = ()
 
-        def flush() -> None:
-            if name and (keep is None or keep(name)):
-                _build(families, name, doc, typ, samples)
+def sample_name(lines: Lines, family: Family, i: int) -> str:
+    """The name of sample line ``i`` in ``family`` (a counter's with ``_total``)."""
+    entry = lines.entries[i]
+    assert isinstance(entry, SampleKey)
+    return entry.name + "_total" if family.rename_total else entry.name
 
-        for raw in text.split("\n"):
-            line = raw.strip()
-            if not line:
-                continue
-            if line[0] == "#":
-                parts = line.split(None, 3)
-                if len(parts) < 2 or parts[1] not in ("HELP", "TYPE"):
-                    continue
-                if len(parts) < 3:
-                    raise _Fallback  # "# TYPE" alone: the library refuses it
-                candidate = parts[2]
-                if '"' in candidate:
-                    raise _Fallback
-                if candidate != name:
-                    flush()
-                    name, doc, typ, samples = candidate, "", "untyped", []
-                    allowed = (candidate,)
-                if parts[1] == "HELP":
-                    doc = parts[3] if len(parts) == 4 else ""
-                    if "\\" in doc:
-                        raise _Fallback
-                else:
-                    if len(parts) < 4:
-                        raise _Fallback
-                    typ = parts[3]
-                    allowed = tuple(name + s for s in _ALLOWED.get(typ, ("",)))
-                continue
-            sample = self._sample(line)
-            if sample.name not in allowed:
-                flush()
-                name, doc, typ, samples, allowed = "", "", "untyped", [], ()
-                if keep is None or keep(sample.name):
-                    _build(families, sample.name, "", "untyped", [sample])
-                continue
-            samples.append(sample)
-        flush()
-        return families
 
-    def _sample(self, line: str) -> Sample:
-        brace = line.find("{")
-        if brace < 0:
-            fields = line.split()
-            if len(fields) != 2:
-                raise _Fallback  # a timestamp, or something odd
-            return Sample(self._name(fields[0]), {}, _number(fields[1]), None)
-        end = line.find("}", brace)
-        if end < 0 or line.find("}", end + 1) >= 0:
-            # No end, or a brace after the label set (an exemplar, a stray one, or
-            # one inside a quoted value): prometheus_client's parser decides.
-            raise _Fallback
-        key = line[brace : end + 1]
-        labels = self._labels.get(key)
-        if labels is None:
-            try:
-                labels = parse_labels(line[brace + 1 : end], False)
-            except ValueError as exc:
-                raise _Fallback from exc
-            if len(self._labels) >= self._limit:
-                self._labels.clear()
-            self._labels[key] = labels
-        fields = line[end + 1 :].split()
-        if len(fields) != 1 or "__name__" in labels:
-            raise _Fallback
-        return Sample(
-            self._name(line[:brace].strip()), labels, _number(fields[0]), None
+def metric(lines: Lines, family: Family) -> Metric:
+    """``family`` as the prometheus_client object its parser makes."""
+    out = Metric(family.name, family.doc, family.type)
+    for i in family.members:
+        entry = lines.entries[i]
+        assert isinstance(entry, SampleKey)
+        stamp = lines.irregular.get(i)
+        out.samples.append(
+            Sample(
+                sample_name(lines, family, i),
+                entry.labels,
+                number(lines.values[i]),
+                None if stamp is None else number(stamp) / 1000,
+            )
         )
-
-    def _name(self, name: str) -> str:
-        """``name`` if it is a valid metric name (remembered), else fall back."""
-        if name not in self._names:
-            if not _METRIC_NAME.fullmatch(name):
-                raise _Fallback
-            if len(self._names) >= self._limit:
-                self._names.clear()
-            self._names.add(name)
-        return name
+    return out
 
 
-def _number(text: str) -> float:
-    if "_" in text:
-        raise _Fallback  # float() takes "1_000"; the exposition format does not
+# -- one line, character by character ----------------------------------------------
+
+
+def _plain(value: str) -> bool:
+    """``value`` reads as a number on its own (no whitespace in it)."""
     try:
-        return float(text)
-    except ValueError as exc:
-        raise _Fallback from exc
+        number(value)
+    except (ValueError, OverflowError):
+        return False
+    return True
 
 
-def _build(
-    families: dict[str, Metric], name: str, doc: str, typ: str, samples: list[Sample]
-) -> None:
-    if typ == "counter":
-        if name.endswith("_total"):
-            name = name[:-6]
-        else:
-            samples = [Sample(s.name + "_total", *s[1:]) for s in samples]
-    earlier = families.get(name)
-    if earlier is not None and typ == "untyped" and earlier.type in _UNTYPED:
-        earlier.samples = [*earlier.samples, *samples]  # untyped singletons, joined
-        return
-    metric = Metric(name, doc, typ)
-    metric.samples = samples
-    families[name] = metric
+def _escaped(text: str, at: int) -> bool:
+    """Whether ``text[at]`` follows an odd number of backslashes."""
+    n = 0
+    while at > n and text[at - 1 - n] == "\\":
+        n += 1
+    return n % 2 == 1
+
+
+def _unquoted(text: str, chars: str, start: int = 0) -> int:
+    """Where the first of ``chars`` outside double quotes is (from ``start``);
+    -1 where there is none."""
+    quoted = False
+    for i in range(start, len(text)):
+        c = text[i]
+        if c == '"' and not _escaped(text, i):
+            quoted = not quoted
+        elif not quoted and c in chars:
+            return i
+    return -1
+
+
+def _unquote(text: str) -> tuple[str, bool]:
+    """``text`` without its double quotes and escapes; whether it was quoted."""
+    quoted = False
+    text = text.strip()
+    if text[:1] == '"':
+        if len(text) == 1 or text[-1] != '"':
+            raise ValueError("missing close quote")
+        text, quoted = text[1:-1], True
+    if "\\" in text:
+        text = _LABEL_ESCAPE.sub(lambda m: _ESCAPES[m.group(0)], text)
+    return text, quoted
+
+
+def _split_comment(line: str) -> list[str]:
+    """A comment line split at whitespace outside quotes: at most three words and
+    the rest of the line."""
+    words: list[str] = []
+    at = 0
+    while at < len(line):
+        end = _unquoted(line, _WHITESPACE, at)
+        if end == at:
+            at += 1
+            continue
+        if len(words) == 3 or end < 0:
+            words.append(line[at:])
+            break
+        words.append(line[at:end])
+        at = end + 1
+    return words
+
+
+def _comment(line: str) -> Entry:
+    """A stripped blank or comment line: a header, or None."""
+    words = _split_comment(line)
+    if len(words) < 2 or (len(words) > 2 and words[1] not in ("HELP", "TYPE")):
+        return None
+    name = ""
+    if len(words) > 2:
+        name, quoted = _unquote(words[2])
+        if not quoted and not _METRIC_NAME.match(name):
+            raise ValueError(f"invalid metric name in {line!r}")
+    if words[1] == "HELP":
+        doc = words[3] if len(words) == 4 else ""
+        if "\\" in doc:
+            doc = _HELP_ESCAPE.sub(lambda m: _ESCAPES[m.group(0)], doc)
+        return Header(name, True, doc)
+    if words[1] == "TYPE":
+        if len(words) < 4:
+            raise ValueError(f"TYPE without a type: {line!r}")
+        return Header(name, False, words[3])
+    return None
+
+
+def _sample_line(line: str) -> tuple[str, dict[str, str], str, str | None]:
+    """A stripped sample line: name, labels, value text and timestamp text."""
+    brace = _unquoted(line, "{")
+    if brace < 0 or " # " in line[:brace]:
+        end = _unquoted(line, " \t")
+        name = line[:end].strip()
+        if not _METRIC_NAME.match(name):
+            raise ValueError(f"invalid metric name in {line!r}")
+        value, stamp = _value_and_timestamp(line[end + 1 :])
+        return name, {}, value, stamp
+    name = line[:brace].strip()
+    end = _unquoted(line[brace:], "}") + brace
+    labels = parse_labels(line[brace + 1 : end], False)
+    if not name:
+        if "__name__" not in labels:
+            raise ValueError(f"a sample without a name: {line!r}")
+        name = labels.pop("__name__")
+    elif "__name__" in labels:
+        raise ValueError(f"metric name given twice: {line!r}")
+    value, stamp = _value_and_timestamp(line[end + 1 :])
+    return name, labels, value, stamp
+
+
+def _value_and_timestamp(text: str) -> tuple[str, str | None]:
+    """The value and timestamp texts after a sample's name and labels (the first
+    and the last word), each checked to be a number."""
+    text = text.lstrip()
+    words = [w.strip() for w in text.split(" " if " " in text else "\t") if w.strip()]
+    if not words:
+        raise ValueError("a sample without a value")
+    stamp = words[-1] if len(words) > 1 else None
+    for word in (words[0], stamp):
+        if word is not None and not _plain(word):
+            raise ValueError(f"not a sample value: {word!r}")
+    return words[0], stamp

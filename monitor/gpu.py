@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ParamSpec, Protocol, TypeVar
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from monitor import names
@@ -500,23 +500,15 @@ class GpuCollector(Collector):
         """The last snapshot as metric families (memory only, no I/O)."""
         snapshot = self._snapshot
         up = snapshot is not None and bool(snapshot.gpus) and self._read_ok
-        yield _family(names.GPU_UP, [({}, 1.0 if up else 0.0)])
+        yield names.GPU_UP.family([({}, 1.0 if up else 0.0)])
         if snapshot is None:
             return
         age = max(0.0, self._clock() - snapshot.taken_s)
-        yield _family(names.GPU_SAMPLE_AGE, [({}, age)])
+        yield names.GPU_SAMPLE_AGE.family([({}, age)])
         yield from _gpu_families(snapshot.gpus)
 
 
 Row = tuple[Mapping[str, str], float]
-
-
-def _family(series: names.Series, rows: Iterable[Row]) -> Metric:
-    cls = CounterMetricFamily if series.kind == "counter" else GaugeMetricFamily
-    family = cls(series.base, series.doc, labels=series.labels)
-    for labels, value in rows:
-        family.add_metric([labels[k] for k in series.labels], value)
-    return family
 
 
 def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
@@ -558,4 +550,4 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
     ]
     for series, rows in families:
         if rows:
-            yield _family(series, rows)
+            yield series.family(rows)

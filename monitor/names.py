@@ -14,8 +14,17 @@ reference lists them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 __all__ = [
     "CLIENT_CURRENT_STAGE",
@@ -110,6 +119,47 @@ class Series:
     def base(self) -> str:
         """The name prometheus_client takes: a counter's name without ``_total``."""
         return self.name.removesuffix("_total") if self.kind == "counter" else self.name
+
+    def family(self, rows: Iterable[tuple[Mapping[str, str], float]] = ()) -> Metric:
+        """This series as a prometheus_client metric family (for a collector): a
+        sample per ``(labels, value)`` row, for a gauge or a counter; a histogram's
+        family comes empty (samples are added to it)."""
+        if self.kind == "histogram":
+            if any(True for _ in rows):
+                raise ValueError(f"{self.name}: a histogram takes no rows")
+            return HistogramMetricFamily(self.base, self.doc, labels=self.labels)
+        family: CounterMetricFamily | GaugeMetricFamily
+        if self.kind == "counter":
+            family = CounterMetricFamily(self.base, self.doc, labels=self.labels)
+        else:
+            family = GaugeMetricFamily(self.base, self.doc, labels=self.labels)
+        for labels, value in rows:
+            family.add_metric([labels[k] for k in self.labels], value)
+        return family
+
+    def counter(self, registry: CollectorRegistry) -> Counter:
+        """This counter series as a prometheus_client ``Counter`` on ``registry``."""
+        self._expect("counter")
+        return Counter(self.base, self.doc, self.labels, registry=registry)
+
+    def gauge(self, registry: CollectorRegistry) -> Gauge:
+        """This gauge series as a prometheus_client ``Gauge`` on ``registry``."""
+        self._expect("gauge")
+        return Gauge(self.base, self.doc, self.labels, registry=registry)
+
+    def histogram(
+        self, registry: CollectorRegistry, buckets: Sequence[float]
+    ) -> Histogram:
+        """This histogram series as a prometheus_client ``Histogram`` on
+        ``registry``, with bucket edges ``buckets``."""
+        self._expect("histogram")
+        return Histogram(
+            self.base, self.doc, self.labels, registry=registry, buckets=buckets
+        )
+
+    def _expect(self, kind: Kind) -> None:
+        if self.kind != kind:
+            raise TypeError(f"{self.name} is a {self.kind}, not a {kind}")
 
 
 _CLIENT = ("target", "model", "stage")

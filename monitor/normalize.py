@@ -1,89 +1,304 @@
-"""One engine exposition in, servemon's schema out.
+"""One engine exposition in, servemon's schema out: the memoized normalizer.
 
-:func:`normalize` parses a target's ``/metrics`` text with prometheus_client's parser,
-works out the engine (``vllm``, ``sglang``, ``tgi``, ``llamacpp``) and the dialect
-(which of vLLM's spellings it uses), and maps every family it recognises to its
-servemon series through the table in :mod:`monitor.names`: the first source of a
-series that is present wins, so a version that exposes a deprecated name beside the
-new one is read once. Gauges stay gauges, counters counters, histograms keep their
-buckets. What it does not recognise is dropped, or passed through unchanged (with a
-``target`` label) when asked, except ``process_*`` and ``servemon_*`` families, which
-the exporter publishes itself.
+:class:`Normalizer` (one per target, kept as long as the exporter runs) turns a
+target's ``/metrics`` text into a :class:`Normalized`. An engine's exposition keeps
+its shape from one scrape to the next (the same lines in the same order; only the
+values move), so the work is done once per shape, as a plan:
 
-Labels: ``target`` (the configured name), ``model`` (the engine's ``model_name``, else
-the model the target lists), ``engine``, and ``rank`` (vLLM's ``engine`` index for
-data-parallel ranks, SGLang's ``dp_rank``; ``"0"`` without one). Other labels are
-dropped, ``finished_reason`` becomes ``reason``. Where dropping labels folds several
-samples into one (SGLang's per-TP-rank copies), gauges are averaged, counters take the
-largest, histograms keep the first.
+- parse (:mod:`monitor.exposition`: lines classified, remembered per line key, and
+  grouped into families), then decide (:mod:`monitor.rules`: which servemon series
+  each family becomes, which labels, what folds);
+- the plan keeps, per line, what it starts with (a sample's ``name{labels}`` and a
+  space, or the whole of any other line) and, per output sample, where its value
+  comes from.
+
+A scrape whose every line starts as the plan expects only reads the values after
+those starts; anything else (a new label set, a new line, a value that is no plain
+number, another target context) makes a new plan, from the remembered lines. Every
+value must read as a number, dropped families' too, so nothing is published from
+an exposition prometheus_client's parser would refuse: such text raises ValueError.
+
+:class:`Normalized` holds a scrape's result as text: its output lines' values
+(``floatToGoString``, remembered by value text) beside the line starts that
+:mod:`monitor.render` has prometheus_client's encoder write once per plan and format.
+It gives the same as prometheus_client families too (:attr:`Normalized.families`).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import Final
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
+from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
+
+from monitor.exposition import ExpositionParser, group, number
+from monitor.render import Encoder, LineStarts, chunk_family, line_starts
+from monitor.rules import (
+    KNOWN_FAMILIES,
+    ZERO,
+    Chunk,
+    Decision,
+    decide,
+    detect_engine,
 )
 
-from monitor import names
-from monitor.exposition import ExpositionParser
-from monitor.names import Series, Source
+__all__ = ["Normalized", "Normalizer", "detect_engine", "normalize"]
 
-__all__ = ["ENGINE_PREFIXES", "Normalized", "detect_engine", "normalize"]
+#: How prometheus_client's encoders write a value (the library leaves it untyped).
+_go: Callable[[float], str] = floatToGoString
 
-#: Families the exporter publishes itself, never passed through (they would clash).
-OWN_PREFIXES = ("process_", "servemon_")
+_ZERO_TEXT: Final = "0.0"  # the value of a histogram's missing _sum
+_TEXTS_LIMIT = 20_000  # value texts: a generation (kept small: looked up per line)
+_FORMATS_LIMIT = 8  # formats (content types) whose line starts are kept
+_Context = tuple[str, str | None, str | None, bool]
 
-ENGINE_PREFIXES = {
-    "vllm": "vllm:",
-    "sglang": "sglang:",
-    "tgi": "tgi_",
-    "llamacpp": "llamacpp:",
-}
+
+class _NotPlain(ValueError):
+    """A value text that is not a plain number: the shape must be parsed again."""
+
+
+def _picker(indices: Sequence[int]) -> Callable[[list[str]], Sequence[str]]:
+    """``itemgetter`` that always answers a sequence."""
+    if not indices:
+        return lambda values: ()
+    if len(indices) == 1:
+        one = indices[0]
+        return lambda values: (values[one],)
+    return itemgetter(*indices)
 
 
 @dataclass(slots=True)
+class _Plan:
+    """What one shape of exposition becomes."""
+
+    context: _Context
+    decision: Decision
+    expect: list[str]  # per line: what it starts with ...
+    rests: list[slice]  # ... and where its value starts
+    tails: tuple[str, ...]  # "" per line that nothing may follow
+    pick_tails: Callable[[list[str]], Sequence[str]]
+    fixed: list[tuple[int, str]]  # irregular sample lines: their value text
+    pick_samples: Callable[[list[str]], Sequence[str]]
+    #: Each slot's text from [sample value texts..., fold texts..., zero].
+    pick_out: Callable[[list[str]], Sequence[str]]
+    #: Each slot's value text from [line values..., fold values..., zero].
+    pick_raw: Callable[[list[str]], Sequence[str]]
+    #: Per format: each output line's start, with a place for its value after it.
+    templates: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _compile(
+    parser: ExpositionParser, text: str, lines: list[str], context: _Context
+) -> _Plan:
+    target, model, engine, passthrough = context
+    parsed = parser.classify(lines)
+    families = group(parsed, None if passthrough else KNOWN_FAMILIES.__contains__)
+    decision = decide(
+        parsed,
+        families,
+        target=target,
+        model=model,
+        engine=engine or detect_engine(text),
+        passthrough=passthrough,
+    )
+    n_lines, n_samples = len(lines), len(parsed.samples)
+    n_folds = len(decision.folds)
+    ordinal = {line: n for n, line in enumerate(parsed.samples)}
+
+    def raw_index(ref: int) -> int:  # into [line values..., folds..., zero]
+        if ref == ZERO:
+            return n_lines + n_folds
+        return ref if ref >= 0 else n_lines + (-2 - ref)
+
+    def out_index(ref: int) -> int:  # into [sample texts..., folds..., zero]
+        if ref == ZERO:
+            return n_samples + n_folds
+        return ordinal[ref] if ref >= 0 else n_samples + (-2 - ref)
+
+    refs = [slot.ref for slot in decision.slots]
+    others = [i for i in range(n_lines) if i not in ordinal or i in parsed.irregular]
+    return _Plan(
+        context=context,
+        decision=decision,
+        expect=parsed.starts,
+        rests=[slice(len(start), None) for start in parsed.starts],
+        tails=("",) * len(others),
+        pick_tails=_picker(others),
+        fixed=[(i, parsed.values[i]) for i in parsed.irregular],
+        pick_samples=_picker(parsed.samples),
+        pick_out=_picker([out_index(r) for r in refs]),
+        pick_raw=_picker([raw_index(r) for r in refs]),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Normalized:
-    """A target's exposition in servemon's schema."""
+    """A target's exposition in servemon's schema (one scrape)."""
 
     engine: str
     dialect: str
-    families: list[Metric]
-    models: set[str]
-    info: dict[str, str] = field(default_factory=dict)
+    models: frozenset[str]
+    info: dict[str, str]
+    _plan: _Plan
+    _values: list[str]  # value text per line, then per fold, then the zero
+    _texts: Sequence[str]  # floatToGoString(value) + newline per slot
+    _known: dict[str, LineStarts]  # the target's line starts, per format
+
+    @property
+    def passthrough(self) -> bool:
+        """Whether other families were passed through (see :attr:`families`)."""
+        return self._plan.context[3]
+
+    @property
+    def families(self) -> list[Metric]:
+        """The same as prometheus_client families: engine series, then any
+        passed-through families."""
+        decision = self._plan.decision
+        raws = self._plan.pick_raw(self._values)
+        out: list[Metric] = []
+        for chunk in decision.chunks:
+            out.append(chunk_family(chunk))
+            out[-1].samples = [
+                Sample(slot.name, dict(slot.labels), number(raws[i]))
+                for i, slot in enumerate(
+                    decision.slots[chunk.start : chunk.end], chunk.start
+                )
+            ]
+        return out
+
+    def chunks(
+        self, encoder: Encoder, content_type: str
+    ) -> list[tuple[Chunk, list[str]]]:
+        """Each published family and its sample lines in ``encoder``'s format, as
+        pieces of text (each line's start, then its value)."""
+        plan = self._plan
+        template = plan.templates.get(content_type)
+        if template is None:
+            if len(plan.templates) >= _FORMATS_LIMIT:
+                plan.templates.clear()
+            if len(self._known) >= _FORMATS_LIMIT and content_type not in self._known:
+                self._known.clear()
+            known = self._known.setdefault(content_type, {})
+            decision = plan.decision
+            template = [""] * (2 * len(decision.slots))
+            template[::2] = line_starts(decision.slots, decision.chunks, encoder, known)
+            plan.templates[content_type] = template
+        pieces = template.copy()
+        pieces[1::2] = self._texts
+        return [(c, pieces[2 * c.start : 2 * c.end]) for c in plan.decision.chunks]
 
 
-def detect_engine(text: str) -> str:
-    """The engine whose prefix starts the most lines of ``text``; else ``unknown``."""
-    text = "\n" + text
-    counts = {
-        engine: text.count("\n" + prefix) for engine, prefix in ENGINE_PREFIXES.items()
-    }
-    best = max(counts, key=lambda k: counts[k])
-    return best if counts[best] else "unknown"
+class Normalizer:
+    """Normalizes one target's expositions; keep one per target (it remembers)."""
 
+    def __init__(self) -> None:
+        self._parser = ExpositionParser()
+        self._plan: _Plan | None = None
+        self._texts: dict[str, str] = {}
+        self._retired: dict[str, str] = {}
+        self._known: dict[str, LineStarts] = {}
+        #: Plans made (1 for an exposition whose shape never changes).
+        self.compiles = 0
 
-#: Family names that some series reads (counters both with and without ``_total``,
-#: as prometheus_client names a counter family without it).
-KNOWN_FAMILIES = frozenset(
-    {src.name for s in names.ENGINE_SERIES for src in s.sources}
-    | {
-        src.name.removesuffix("_total")
-        for s in names.ENGINE_SERIES
-        for src in s.sources
-    }
-    | {"vllm:cache_config_info", "vllm:num_requests_swapped"}
-)
+    def normalize(
+        self,
+        text: str,
+        *,
+        target: str,
+        model: str | None = None,
+        engine: str | None = None,
+        passthrough: bool = False,
+    ) -> Normalized:
+        """``text`` in servemon's schema; raises ValueError if it won't parse."""
+        context = (target, model, engine, passthrough)
+        lines = text.split("\n")
+        plan = self._plan
+        if (
+            plan is None
+            or plan.context != context
+            or len(lines) != len(plan.expect)
+            or not all(map(str.startswith, lines, plan.expect))
+        ):
+            plan = self._make(text, lines, context)
+        values = list(map(str.__getitem__, lines, plan.rests))
+        if plan.pick_tails(values) != plan.tails:
+            plan = self._make(text, lines, context)
+            values = list(map(str.__getitem__, lines, plan.rests))
+        try:
+            return self._result(plan, values)
+        except _NotPlain:
+            plan = self._make(text, lines, context)
+            values = list(map(str.__getitem__, lines, plan.rests))
+            return self._result(plan, values)
 
+    def _make(self, text: str, lines: list[str], context: _Context) -> _Plan:
+        self._plan = plan = _compile(self._parser, text, lines, context)
+        self.compiles += 1
+        return plan
 
-def _known(name: str) -> bool:
-    return name in KNOWN_FAMILIES
+    def _result(self, plan: _Plan, values: list[str]) -> Normalized:
+        for i, text in plan.fixed:
+            values[i] = text
+        texts = self._format(plan.pick_samples(values))
+        folded: list[str] = []
+        for fold in plan.decision.folds:
+            # The values were checked by _format; one with a point is no integer.
+            numbers = [
+                float(v) if "." in v else number(v)
+                for v in map(values.__getitem__, fold.members)
+            ]
+            try:
+                value = (
+                    max(numbers) if fold.op == "max" else sum(numbers) / len(numbers)
+                )
+            except OverflowError as exc:  # integers too large for a float
+                raise ValueError(f"values too large: {exc}") from exc
+            folded.append(repr(value))
+        values += folded
+        values.append(_ZERO_TEXT)
+        texts += self._format(folded)
+        texts.append(_ZERO_TEXT + "\n")
+        decision = plan.decision
+        return Normalized(
+            engine=decision.engine,
+            dialect=decision.dialect,
+            models=decision.models,
+            info=dict(decision.info),
+            _plan=plan,
+            _values=values,
+            _texts=plan.pick_out(texts),
+            _known=self._known,
+        )
+
+    def _format(self, raws: Sequence[str]) -> list[str]:
+        """``_go(number(raw))`` and a newline, per value text.
+
+        Kept in two generations: the current one is retired once it holds more than
+        ``_TEXTS_LIMIT`` texts (new values, say), and what a scrape still uses comes
+        back from the retired one without being formatted again.
+        """
+        texts = self._texts
+        try:
+            return list(map(texts.__getitem__, raws))
+        except KeyError:
+            pass
+        if len(texts) > _TEXTS_LIMIT:
+            self._retired, texts = texts, {}
+            self._texts = texts
+        retired = self._retired
+        for raw in set(raws).difference(texts):
+            found = retired.get(raw)
+            if found is None:
+                try:
+                    found = _go(number(raw)) + "\n"
+                except (ValueError, OverflowError) as exc:
+                    raise _NotPlain(raw) from exc
+            texts[raw] = found
+        return list(map(texts.__getitem__, raws))
 
 
 def normalize(
@@ -93,150 +308,9 @@ def normalize(
     model: str | None = None,
     engine: str | None = None,
     passthrough: bool = False,
-    parser: ExpositionParser | None = None,
 ) -> Normalized:
-    """Map an exposition to servemon's series; raises ValueError if it won't parse.
-
-    Pass the same ``parser`` on every scrape of a target: it remembers label sets.
-    """
-    parser = parser or ExpositionParser()
-    families = parser.parse(text, None if passthrough else _known)
-    engine = engine or detect_engine(text)
-    mapper = _Mapper(target, model, engine)
-    used: set[str] = set()
-    out: list[Metric] = []
-    for series in names.ENGINE_SERIES:
-        for source in series.sources:
-            if source.engine != engine:
-                continue
-            family = _find(families, source)
-            if family is None or not family.samples:
-                continue
-            mapped = mapper.map(series, family)
-            if mapped is None:
-                continue
-            out.append(mapped)
-            used.add(family.name)
-            mapper.chosen[series.name] = source
-            break
-    dialect = _dialect(engine, families)
-    info = _info(engine, families, mapper)
-    if passthrough:
-        out += _passthrough(families.values(), used, target)
-    return Normalized(engine, dialect, out, mapper.models, info)
-
-
-def _find(families: dict[str, Metric], source: Source) -> Metric | None:
-    name = source.name
-    for candidate in (name, name.removesuffix("_total")):
-        family = families.get(candidate)
-        if family is not None:
-            return family
-    return None
-
-
-class _Mapper:
-    def __init__(self, target: str, model: str | None, engine: str) -> None:
-        self.target = target
-        self.model = model
-        self.engine = engine
-        self.models: set[str] = set()
-        self.chosen: dict[str, Source] = {}
-
-    def labels(self, series: Series, sample_labels: dict[str, str]) -> tuple[str, ...]:
-        model = sample_labels.get("model_name") or self.model or "unknown"
-        self.models.add(model)
-        rank = sample_labels.get("engine") or sample_labels.get("dp_rank") or "0"
-        values = [self.target, model, self.engine, rank]
-        if "reason" in series.labels:
-            values.append(sample_labels.get("finished_reason", "stop"))
-        return tuple(values)
-
-    def map(self, series: Series, family: Metric) -> Metric | None:
-        if series.kind == "histogram":
-            return (
-                self._histogram(series, family) if family.type == "histogram" else None
-            )
-        if family.type not in (series.kind, "unknown", "untyped"):
-            return None
-        groups: dict[tuple[str, ...], list[float]] = defaultdict(list)
-        for sample in family.samples:
-            if sample.name.endswith("_created"):
-                continue
-            groups[self.labels(series, sample.labels)].append(sample.value)
-        cls = CounterMetricFamily if series.kind == "counter" else GaugeMetricFamily
-        out = cls(series.base, series.doc, labels=series.labels)
-        for key, values in groups.items():
-            value = (
-                max(values) if series.kind == "counter" else sum(values) / len(values)
-            )
-            out.add_metric(list(key), value)
-        return out
-
-    def _histogram(self, series: Series, family: Metric) -> Metric:
-        buckets: dict[tuple[str, ...], list[tuple[str, float]]] = defaultdict(list)
-        sums: dict[tuple[str, ...], float] = {}
-        origin: dict[tuple[str, ...], frozenset[tuple[str, str]]] = {}
-        for sample in family.samples:
-            plain = {k: v for k, v in sample.labels.items() if k != "le"}
-            key = self.labels(series, plain)
-            ident = frozenset(plain.items())
-            if origin.setdefault(key, ident) != ident:
-                continue  # a second copy folded onto the same labels: keep the first
-            if sample.name.endswith("_bucket"):
-                buckets[key].append((sample.labels["le"], sample.value))
-            elif sample.name.endswith("_sum"):
-                sums[key] = sample.value
-        out = HistogramMetricFamily(series.base, series.doc, labels=series.labels)
-        for key, pairs in buckets.items():
-            out.add_metric(list(key), pairs, sum_value=sums.get(key, 0.0))
-        return out
-
-
-def _dialect(engine: str, families: dict[str, Metric]) -> str:
-    if engine != "vllm":
-        return engine
-    has = families.__contains__
-    if has("vllm:gpu_prefix_cache_hit_rate") or has("vllm:num_requests_swapped"):
-        return "vllm-v0"
-    if has("vllm:kv_cache_usage_perc"):
-        return "vllm-0.10" if has("vllm:gpu_cache_usage_perc") else "vllm"
-    return "vllm-0.8" if has("vllm:gpu_cache_usage_perc") else "vllm"
-
-
-def _info(engine: str, families: dict[str, Metric], mapper: _Mapper) -> dict[str, str]:
-    info: dict[str, str] = {"dialect": _dialect(engine, families)}
-    cache = families.get("vllm:cache_config_info")
-    if cache is not None and cache.samples:
-        labels = cache.samples[0].labels
-        for key, name in (
-            ("block_size", "block_size"),
-            ("num_gpu_blocks", "num_gpu_blocks"),
-            ("enable_prefix_caching", "prefix_caching"),
-        ):
-            if key in labels:
-                info[name] = labels[key]
-    chosen = mapper.chosen.get(names.ENGINE_PREFIX_QUERIES.name)
-    if chosen is not None:
-        family = _find(families, chosen)
-        help_text = family.documentation if family is not None else ""
-        info["prefix_cache_unit"] = "blocks" if "block" in help_text else "tokens"
-    elif engine == "sglang":
-        info["prefix_cache_unit"] = "tokens"
-    return info
-
-
-def _passthrough(
-    families: Iterable[Metric], used: set[str], target: str
-) -> list[Metric]:
-    out: list[Metric] = []
-    for family in families:
-        if family.name in used or family.name.startswith(OWN_PREFIXES):
-            continue
-        copy = Metric(family.name, family.documentation, family.type, family.unit)
-        for sample in family.samples:
-            copy.add_sample(
-                sample.name, {**sample.labels, "target": target}, sample.value
-            )
-        out.append(copy)
-    return out
+    """Map an exposition to servemon's series once; raises ValueError if it won't
+    parse. (Scraping a target again and again: keep a :class:`Normalizer`.)"""
+    return Normalizer().normalize(
+        text, target=target, model=model, engine=engine, passthrough=passthrough
+    )

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 
 import aiohttp
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 
 from monitor import names
 from monitor.buckets import PROBE_BUCKETS
@@ -60,26 +60,9 @@ class Prober:
         self._listed: dict[str, str] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter(
-            names.PROBE_REQUESTS.base,
-            names.PROBE_REQUESTS.doc,
-            names.PROBE_REQUESTS.labels,
-            registry=r,
-        )
-        self.ttft = Histogram(
-            names.PROBE_TTFT.base,
-            names.PROBE_TTFT.doc,
-            names.PROBE_TTFT.labels,
-            registry=r,
-            buckets=PROBE_BUCKETS,
-        )
-        self.e2e = Histogram(
-            names.PROBE_E2E.base,
-            names.PROBE_E2E.doc,
-            names.PROBE_E2E.labels,
-            registry=r,
-            buckets=PROBE_BUCKETS,
-        )
+        self.requests = names.PROBE_REQUESTS.counter(r)
+        self.ttft = names.PROBE_TTFT.histogram(r, PROBE_BUCKETS)
+        self.e2e = names.PROBE_E2E.histogram(r, PROBE_BUCKETS)
 
     async def run(self) -> None:
         """Probe every target each interval until cancelled."""

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.metrics_core import Metric
 
 from monitor import names
-from monitor.normalize import Normalized, detect_engine, normalize
+from monitor.normalize import Normalized, Normalizer, detect_engine, normalize
 
 Key = tuple[str, frozenset[tuple[str, str]]]
 
@@ -697,11 +697,10 @@ def test_model_label_falls_back_to_the_given_model() -> None:
     assert n.models == {"served"}
 
 
-def test_the_same_parser_gives_the_same_result_twice() -> None:
-    from monitor.exposition import ExpositionParser
-
-    parser = ExpositionParser()
-    first = values(normalize(VLLM_010, target="t", parser=parser))
-    second = values(normalize(VLLM_010, target="t", parser=parser))
+def test_the_same_normalizer_gives_the_same_result_twice() -> None:
+    normalizer = Normalizer()
+    first = values(normalizer.normalize(VLLM_010, target="t"))
+    second = values(normalizer.normalize(VLLM_010, target="t"))
+    assert normalizer.compiles == 1  # the second from the plan
     assert first == second
     assert first == values(normalize(VLLM_010, target="t"))
