@@ -33,7 +33,8 @@ async def target_version(session: aiohttp.ClientSession, base_url: str) -> str |
 def local_gpus() -> list[dict[str, Any]] | str:
     """GPU names, driver and memory from NVML where the load generator runs, or
     why there are none (blocking: call through a thread)."""
-    from monitor.gpu import GpuUnavailable, NvmlReader
+    from monitor.gpu import GpuUnavailable
+    from monitor.nvml import NvmlReader
 
     reader = NvmlReader()
     try:

@@ -29,8 +29,9 @@ from prometheus_client.registry import Collector
 
 from monitor.config import Auth, ExporterConfig, load_auth, parse_listen
 from monitor.engine import EngineCollector, Target
-from monitor.gpu import GpuCollector, GpuReader, NvmlReader
+from monitor.gpu import GpuCollector, GpuReader
 from monitor.http import PoolConnector
+from monitor.nvml import NvmlReader
 from monitor.probe import Prober
 
 __all__ = ["Exporter"]

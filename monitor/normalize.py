@@ -6,8 +6,8 @@ its shape from one scrape to the next (the same lines in the same order; only th
 values move), so the work is done once per shape, as a plan:
 
 - parse (:mod:`monitor.exposition`: lines classified, remembered per line key, and
-  grouped into families), then decide (:mod:`monitor.rules`: which servemon series
-  each family becomes, which labels, what folds);
+  grouped into families), then decide (:mod:`monitor.normalize_rules`: which
+  servemon series each family becomes, which labels, what folds);
 - the plan keeps, per line, what it starts with (a sample's ``name{labels}`` and a
   space, or the whole of any other line) and, per output sample, where its value
   comes from.
@@ -36,8 +36,7 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from monitor.exposition import ExpositionParser, group, number
-from monitor.render import Encoder, LineStarts, chunk_family, line_starts
-from monitor.rules import (
+from monitor.normalize_rules import (
     KNOWN_FAMILIES,
     ZERO,
     Chunk,
@@ -45,6 +44,7 @@ from monitor.rules import (
     decide,
     detect_engine,
 )
+from monitor.render import Encoder, LineStarts, chunk_family, line_starts
 
 __all__ = ["Normalized", "Normalizer", "detect_engine", "normalize"]
 

@@ -18,19 +18,40 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from monitor.rules import Chunk, Slot
+from monitor.normalize_rules import Chunk, Slot
 
-if TYPE_CHECKING:
-    from monitor.normalize import Normalized
 
-__all__ = ["Encoder", "LineStarts", "Renderer", "chunk_family", "line_starts"]
+class Normalized(Protocol):
+    """What the renderer needs of one target's normalized exposition
+    (:class:`monitor.normalize.Normalized` is one): the renderer does not import
+    the normalizer, which uses it."""
+
+    @property
+    def passthrough(self) -> bool: ...
+
+    @property
+    def families(self) -> list[Metric]: ...
+
+    def chunks(
+        self, encoder: Encoder, content_type: str
+    ) -> list[tuple[Chunk, list[str]]]: ...
+
+
+__all__ = [
+    "Encoder",
+    "LineStarts",
+    "Normalized",
+    "Renderer",
+    "chunk_family",
+    "line_starts",
+]
 
 #: How prometheus_client's encoders write a value (the library leaves it untyped).
 _go: Callable[[float], str] = floatToGoString

@@ -13,7 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from monitor import names
-from monitor.gpu import THROTTLE_REASONS, GpuCollector, GpuUnavailable, NvmlReader
+from monitor.gpu import THROTTLE_REASONS, GpuCollector, GpuUnavailable
+from monitor.nvml import NvmlReader
 
 pytestmark = pytest.mark.gpu
 

@@ -32,8 +32,8 @@ from monitor.gpu import (
     GpuSample,
     GpuSnapshot,
     GpuUnavailable,
-    NvmlReader,
 )
+from monitor.nvml import NvmlReader
 
 Poll = Callable[..., Awaitable[Any]]
 GiB = 2**30

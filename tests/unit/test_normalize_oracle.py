@@ -1,7 +1,7 @@
 """The normalizer against its oracle: prometheus_client's parser and encoder.
 
 servemon has one parser of the text format (:mod:`monitor.exposition`), one set of
-normalization rules (:mod:`monitor.rules`) and one memoizing writer
+normalization rules (:mod:`monitor.normalize_rules`) and one memoizing writer
 (:mod:`monitor.normalize`, :mod:`monitor.render`). The oracle of each check is
 prometheus_client: its parser (:func:`text_string_to_metric_families`) reads the same
 exposition, the rules are applied to the families it gives, and its encoders write
@@ -64,8 +64,8 @@ from monitor.engine import Scrape
 from monitor.exporter import Exporter
 from monitor.exposition import ExpositionParser, Family, Lines, SampleKey
 from monitor.normalize import Normalized, Normalizer
+from monitor.normalize_rules import ZERO, decide, detect_engine
 from monitor.render import Encoder, Renderer, chunk_family
-from monitor.rules import ZERO, decide, detect_engine
 from simulator.config import DIALECTS
 
 ROOT = Path(__file__).resolve().parents[2]
