@@ -18,7 +18,7 @@ from dashboards.sli import HISTOGRAMS
 from monitor import names
 from monitor.outcomes import FAILED_MATCHER, JUDGED_MATCHER
 
-JSON_DIR = Path(__file__).resolve().parents[2] / "dashboards" / "json"
+JSON_DIR = Path(__file__).resolve().parents[3] / "dashboards" / "json"
 COUNTERS = [s.name for s in names.SCHEMA if s.kind == "counter"]
 #: A selector by recording-rule name (checked against the rules generator below).
 RULE_NAMES = re.compile(r'__name__=~"([^"]*)"')

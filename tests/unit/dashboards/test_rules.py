@@ -34,7 +34,7 @@ from monitor.promql import le_matcher
 from servemon.errors import ConfigError
 from tests.support.rule_tests import promtool_tests, render_template
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = Path("deploy/slos.example.yaml")
 COMMITTED = Path("deploy/rules") / RULES_FILE
 

@@ -9,7 +9,7 @@ import pytest
 from monitor import names
 from monitor.reference import main, render, update
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 
 
 def test_the_committed_reference_is_current() -> None:

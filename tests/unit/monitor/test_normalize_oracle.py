@@ -68,7 +68,7 @@ from monitor.normalize_rules import ZERO, decide, detect_engine
 from monitor.render import Encoder, Renderer, chunk_family
 from simulator.config import DIALECTS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 #: How scrapers ask: Prometheus 3 (OpenMetrics, UTF-8 names allowed), OpenMetrics
 #: plainly, Prometheus 2's text format, text with UTF-8 names, and no preference.
