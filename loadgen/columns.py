@@ -87,6 +87,7 @@ SERVER_COLUMNS: tuple[Column, ...] = (
     Column("queue p95", _ms("server_queue_p95")),
     Column("prefill p50", _ms("server_prefill_p50")),
     Column("prefill p95", _ms("server_prefill_p95")),
+    Column("decode p50", _ms("server_decode_p50")),
     Column("TTFT gap p50", _ms("ttft_gap_p50")),
     Column("TTFT gap p95", _ms("ttft_gap_p95")),
     Column("reconnects", lambda r: str(r.summary.reconnects)),

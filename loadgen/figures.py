@@ -252,6 +252,12 @@ FIGURES: tuple[Figure, ...] = (
         lambda t: t.server_prefill_s,
     ),
     Figure(
+        "server_decode",
+        "decode",
+        "server-reported first to last token",
+        lambda t: t.server_decode_s,
+    ),
+    Figure(
         "ttft_gap",
         "TTFT gap",
         "TTFT minus the server's queue and prefill",

@@ -110,3 +110,37 @@ def test_a_damaged_record_is_one_line_naming_the_field(
     assert "\n" not in text
     assert text.startswith(str(tmp_path / name))
     assert message in text
+
+
+def test_every_figure_reaches_the_json_the_csv_and_back(tmp_path: Path) -> None:
+    """A figure declared in FIGURES is summed, written and read back with nothing
+    else to change: here every one of them, from requests that have them all."""
+    from loadgen.figures import FIGURE_NAMES
+
+    tally = Tally()
+    for i in range(5):
+        t = timing(i, 0)
+        tally.add(
+            RequestTiming(
+                **{
+                    **{f: getattr(t, f) for f in t.__dataclass_fields__},
+                    "server_queue_s": 0.01,
+                    "server_prefill_s": 0.02,
+                    "server_decode_s": 0.2,
+                }
+            )
+        )
+    stages, overall = tally.results([StageResult(0, "1 rps", 1.0, sent=5)], [None])
+    assert set(overall.figures) == set(FIGURE_NAMES)
+    info = RunInfo(kind="ramp", status="completed", clock_origin={}, stages=stages)
+    summary = RunSummary(
+        kind="ramp", status="completed", stages=stages, overall=overall
+    )
+    write_record(tmp_path, info, summary)
+    header = (tmp_path / "summary.csv").read_text().splitlines()[0].split(",")
+    for name in FIGURE_NAMES:
+        assert f"{name}_p95_s" in header
+    back = read_record(tmp_path)[1]
+    assert back is not None
+    assert back.overall == overall
+    assert back.overall.value("server_decode_p50") == pytest.approx(0.2)
