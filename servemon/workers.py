@@ -6,15 +6,18 @@ is split the way shards split it (every N-th arrival of the same seeded schedule
 together (``--start-at``), each with its own event loop and core, each serving its
 live metrics on ``--metrics-port + i`` (Prometheus sums them), and their run
 directories are merged into one (:mod:`loadgen.merge`), whose summary and report are
-those of the whole load. Signals reach the children too (they share the process
-group); their records are merged however they ended.
+those of the whole load. A terminal's Ctrl-C reaches the workers (they share the
+process group) and a SIGTERM to this process is passed on to them; either way this
+process waits for them and merges their records however they ended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -37,6 +40,36 @@ def _worker_config(config: LoadConfig, target: str) -> dict[str, object]:
         data.pop(key, None)
     data["target"] = target
     return data
+
+
+@contextlib.contextmanager
+def _passing_signals_on(
+    procs: Sequence[asyncio.subprocess.Process], console: Console
+) -> Iterator[None]:
+    """While the workers run, a signal to this process reaches them and is not
+    the end of it: it waits for them and merges what they recorded. A terminal's
+    Ctrl-C reaches the whole process group, so the first SIGINT is the workers'
+    already; a SIGTERM (sent to this process alone) is passed on, and so is any
+    later signal (the workers then cancel their requests in flight)."""
+    loop = asyncio.get_running_loop()
+    seen: list[int] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        seen.append(sig)
+        if len(seen) == 1:
+            console.print("servemon: stopping the workers; their records are merged")
+        if sig == signal.SIGTERM or len(seen) > 1:
+            for proc in procs:
+                if proc.returncode is None:
+                    proc.send_signal(signal.SIGTERM)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
 
 
 async def run_workers(config: LoadConfig, target: str, console: Console) -> Path:
@@ -78,7 +111,8 @@ async def run_workers(config: LoadConfig, target: str, console: Console) -> Path
         f"servemon: {n} workers send the schedule together from {start} "
         f"(logs in {shard_dir})"
     )
-    codes = await asyncio.gather(*(p.wait() for p in procs))
+    with _passing_signals_on(procs, console):
+        codes = await asyncio.gather(*(p.wait() for p in procs))
     runs = sorted(p for p in shard_dir.iterdir() if p.is_dir())
     if len(runs) != n:
         raise ServemonError(

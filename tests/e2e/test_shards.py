@@ -184,3 +184,42 @@ def test_three_shards_merged_match_one_unsharded_run(
     report = merged_dir / "report.html"
     assert report.stat().st_size > 0
     assert "<svg" in report.read_text(encoding="utf-8")
+
+
+def test_workers_stopped_by_sigterm_are_merged_however_they_ended(
+    tmp_path: Path,
+) -> None:
+    """``--workers 2`` sent SIGTERM mid-run (as Kubernetes stops a pod): the signal
+    reaches the workers, and their records are still merged into one run that
+    ``servemon report`` reads."""
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "runs"
+    argv = [sys.executable, "-m", "servemon", "ramp", "--sim-profile", "tiny"]
+    argv += ["--stages", "20:60", "--workload", "random:prompt=16,output=4"]
+    argv += ["--metrics-port", "0", "--workers", "2", "--out", str(out)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+
+        def shards_sending() -> bool:
+            files = list(out.glob(".workers-*/*/requests.jsonl"))
+            return len(files) == 2 and all(f.stat().st_size > 0 for f in files)
+
+        poll(shards_sending, 60, "both workers recording requests")
+        proc.send_signal(signal.SIGTERM)
+        _stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stderr.decode()[-2000:]
+    (merged,) = out.glob("*-merged")
+    summary = read_json(merged / "summary.json")
+    assert summary["status"] == "interrupted"
+    shard_lines = sum(
+        len(read_jsonl(f)) for f in out.glob(".workers-*/*/requests.jsonl")
+    )
+    assert summary["overall"]["requests"] == shard_lines > 0
+    assert (merged / "report.html").stat().st_size > 10_000
