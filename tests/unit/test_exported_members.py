@@ -22,7 +22,7 @@ def modules() -> list[str]:
     for name in PACKAGES:
         package = importlib.import_module(name)
         found.append(name)
-        for info in pkgutil.iter_modules(package.__path__, prefix=f"{name}."):
+        for info in pkgutil.walk_packages(package.__path__, prefix=f"{name}."):
             if not info.name.endswith(".__main__"):  # importing it runs the CLI
                 found.append(info.name)
     return sorted(found)
@@ -38,3 +38,15 @@ def test_all_is_defined_and_names_only_what_exists(name: str) -> None:
     missing = [item for item in exported if not hasattr(module, item)]
     assert not missing, f"{name}.__all__ names what it lacks: {missing}"
     assert len(set(exported)) == len(exported), f"{name}.__all__ repeats a name"
+    # Sorted as ruff's RUF022 sorts (constants, classes, then functions: "isort
+    # style"): upper-case names first, then by the name itself.
+    expected = sorted(exported, key=_isort_key)
+    assert list(exported) == expected, f"{name}.__all__ is not sorted: {expected}"
+
+
+def _isort_key(item: str) -> tuple[int, str]:
+    if item.isupper():
+        return (0, item)
+    if item[:1].isupper():
+        return (1, item)
+    return (2, item)
