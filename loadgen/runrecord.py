@@ -218,22 +218,29 @@ class RunInfo:
 
 
 class Tally:
-    """A run's summaries as its requests finish: one :class:`Summarizer` per stage
-    and one over the whole run. The runner, ``merge`` and a rebuild all count
-    through it, so a figure is summed the same way wherever it is summed."""
+    """A run's summaries as its requests finish: one :class:`Summarizer` per
+    stage, merged into the whole run's at the end. The runner, ``merge`` and a
+    rebuild all count through it, so a figure is summed the same way wherever it
+    is summed."""
 
     def __init__(self, slo: Sequence[SloTerm] = ()) -> None:
         self.slo = list(slo)
         self.stages: dict[int, Summarizer] = {}
-        self.overall = Summarizer(self.slo)
 
     def add(self, timing: RequestTiming) -> None:
-        """One finished request."""
+        """One finished request (summed once, into its stage: the overall summary
+        is the stages' merged at the end)."""
         stage = self.stages.get(timing.stage)
         if stage is None:
             stage = self.stages[timing.stage] = Summarizer(self.slo)
         stage.add(timing)
-        self.overall.add(timing)
+
+    def overall(self) -> Summary:
+        """The whole run's summary (the span of all its requests)."""
+        every = Summarizer(self.slo)
+        for index in sorted(self.stages):
+            every.merge(self.stages[index])
+        return every.summary()
 
     def finished(self, stage: int) -> int:
         """Requests of ``stage`` finished so far."""
@@ -252,7 +259,7 @@ class Tally:
             summary = own.summary(duration)
             achieved = stage.sent / summary.duration_s if summary.duration_s else 0.0
             out.append(replace(stage, summary=summary, achieved_rate=achieved))
-        return out, self.overall.summary()
+        return out, self.overall()
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:

@@ -172,6 +172,31 @@ class Summarizer:
         if self.slo and request_meets(t, self.slo):
             self.good += 1
 
+    def merge(self, other: Summarizer) -> None:
+        """Fold ``other``'s requests into these (same SLO): as if each had been
+        added here."""
+        self.requests += other.requests
+        self.outcomes.update(other.outcomes)
+        self.token_sources.update(other.token_sources)
+        for name, stats in self.figures.items():
+            stats.merge(other.figures[name])
+        for key in (
+            "ok",
+            "output_tokens",
+            "prompt_tokens",
+            "prompted",
+            "cache_known_prompt",
+            "cached_tokens",
+            "judged",
+            "failed",
+            "good",
+            "reconnects",
+            "without_done",
+        ):
+            setattr(self, key, getattr(self, key) + getattr(other, key))
+        self.first_sent_s = min(self.first_sent_s, other.first_sent_s)
+        self.last_end_s = max(self.last_end_s, other.last_end_s)
+
     def extend(self, timings: Iterable[RequestTiming]) -> Summarizer:
         """Several more; returns itself."""
         for t in timings:

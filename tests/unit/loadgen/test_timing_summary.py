@@ -215,3 +215,22 @@ def test_empty_input() -> None:
     assert s.request_throughput == s.output_throughput == 0.0
     assert s.mean_prompt_tokens is s.mean_output_tokens is None
     assert s.figures == {}
+
+
+def test_merged_summarizers_sum_up_as_one() -> None:
+    from loadgen.summary import Summarizer
+
+    timings = [
+        timing(
+            request_id=str(i),
+            sent_s=10.0 + i,
+            end_s=10.5 + i,
+            outcome=Outcome.OK if i % 3 else Outcome.TIMEOUT,
+            output_tokens=2,
+            prompt_tokens=4,
+        )
+        for i in range(9)
+    ]
+    left, right = Summarizer().extend(timings[:4]), Summarizer().extend(timings[4:])
+    left.merge(right)
+    assert left.summary() == summarize(timings)
