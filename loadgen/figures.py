@@ -24,7 +24,9 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from ddsketch import DDSketch
+from ddsketch.mapping import LogarithmicMapping
 
 from loadgen.timing import RequestTiming
 
@@ -42,6 +44,8 @@ __all__ = [
 EXACT_LIMIT = 50_000
 #: The sketch's bound on the relative error of a percentile.
 RELATIVE_ACCURACY = 0.01
+#: Values waiting past the exact limit before they are folded into the sketch.
+FOLD_EVERY = 4096
 QUANTILES = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99}
 
 
@@ -75,13 +79,20 @@ class Distribution:
 
 
 class FigureStats:
-    """The values of one figure seen so far (see the module docstring)."""
+    """The values of one figure seen so far (see the module docstring).
 
-    __slots__ = ("_exact", "_limit", "_max", "_sketch", "_sum", "count")
+    Values are appended to an array (a C-level append, no object per value);
+    past the exact limit they wait in that array until :data:`FOLD_EVERY` have
+    come, then are folded into the sketch in bulk (:func:`_fold`), since adding
+    them to a DDSketch one by one costs about 1.2 µs each in Python.
+    """
+
+    __slots__ = ("_limit", "_max", "_pending", "_sketch", "_sum", "count")
 
     def __init__(self, exact_limit: int = EXACT_LIMIT) -> None:
         self._limit = exact_limit
-        self._exact: array[float] | None = array("d")
+        #: Every value while exact; the values not yet folded once sketched.
+        self._pending: array[float] = array("d")
         self._sketch: DDSketch | None = None
         self.count = 0
         self._sum = 0.0
@@ -93,66 +104,71 @@ class FigureStats:
         self._sum += value
         if value > self._max:
             self._max = value
-        exact = self._exact
-        if exact is not None:
-            exact.append(value)
-            if len(exact) > self._limit:
-                self._to_sketch()
-        else:
-            assert self._sketch is not None
-            self._sketch.add(max(value, 0.0))
+        pending = self._pending
+        pending.append(value)
+        if len(pending) > (self._limit if self._sketch is None else FOLD_EVERY):
+            self._fold()
 
     def extend(self, values: Iterable[float]) -> None:
         """Several more values."""
-        for value in values:
-            self.add(value)
+        pending = self._pending
+        before = len(pending)
+        pending.extend(values)
+        added = pending[before:]
+        if not added:
+            return
+        self.count += len(added)
+        self._sum += math.fsum(added)
+        self._max = max(self._max, max(added))
+        if len(pending) > (self._limit if self._sketch is None else FOLD_EVERY):
+            self._fold()
 
     def merge(self, other: FigureStats) -> None:
         """Fold ``other``'s values into these (exact while both fit)."""
         if other.count == 0:
             return
-        if other._exact is not None:
-            self.extend(other._exact)
+        if other._sketch is None:
+            self.extend(other._pending)
             return
-        assert other._sketch is not None
         if self._sketch is None:
-            self._to_sketch()
+            self._fold()
         assert self._sketch is not None
         self._sketch.merge(other._sketch)
+        self._pending.extend(other._pending)
         self.count += other.count
         self._sum += other._sum
         self._max = max(self._max, other._max)
+        self._fold()
 
     @property
     def exact(self) -> bool:
         """Whether the percentiles are exact."""
-        return self._exact is not None
+        return self._sketch is None
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile (0..1) of the values; NaN when there are none."""
-        if self.count == 0:
-            return math.nan
-        if self._exact is not None:
-            return _exact_quantile(sorted(self._exact), q)
-        assert self._sketch is not None
-        value = self._sketch.get_quantile_value(q)
-        return math.nan if value is None else min(float(value), self._max)
+        return self.quantiles([q])[0]
 
     def quantiles(self, qs: Sequence[float]) -> list[float]:
         """Several quantiles at once (one sort of the exact values)."""
         if self.count == 0:
             return [math.nan for _ in qs]
-        if self._exact is not None:
-            ordered = sorted(self._exact)
+        if self._sketch is None:
+            ordered = sorted(self._pending)
             return [_exact_quantile(ordered, q) for q in qs]
-        return [self.quantile(q) for q in qs]
+        self._fold()
+        out = []
+        for q in qs:
+            value = self._sketch.get_quantile_value(q)
+            out.append(math.nan if value is None else min(float(value), self._max))
+        return out
 
     def distribution(self) -> Distribution | None:
         """What the values come to; None when there are none."""
         if self.count == 0:
             return None
-        if self._exact is not None:
-            ordered = sorted(self._exact)
+        if self._sketch is None:
+            ordered = sorted(self._pending)
             if len(ordered) == 1:
                 cuts = dict.fromkeys(QUANTILES, ordered[0])
             else:
@@ -161,7 +177,8 @@ class FigureStats:
                 cuts = {k: every[round(q * 100) - 1] for k, q in QUANTILES.items()}
             error = 0.0
         else:
-            cuts = {k: self.quantile(q) for k, q in QUANTILES.items()}
+            values = self.quantiles(list(QUANTILES.values()))
+            cuts = dict(zip(QUANTILES, values, strict=True))
             error = RELATIVE_ACCURACY
         return Distribution(
             count=self.count,
@@ -171,11 +188,35 @@ class FigureStats:
             **cuts,
         )
 
-    def _to_sketch(self) -> None:
-        sketch = DDSketch(relative_accuracy=RELATIVE_ACCURACY)
-        for value in self._exact or ():
-            sketch.add(max(value, 0.0))
-        self._sketch, self._exact = sketch, None
+    def _fold(self) -> None:
+        """Move the pending values into the sketch (making it if need be)."""
+        if self._sketch is None:
+            self._sketch = DDSketch(relative_accuracy=RELATIVE_ACCURACY)
+        if self._pending:
+            _fold(self._sketch, self._pending)
+            self._pending = array("d")
+
+
+#: The sketch's own mapping of values to buckets (the same for every sketch of
+#: this accuracy), used to fold values in bulk.
+_MAPPING = LogarithmicMapping(RELATIVE_ACCURACY)
+_PER_LOG = 1.0 / math.log(_MAPPING.gamma)
+
+
+def _fold(sketch: DDSketch, values: array[float]) -> None:
+    """Add ``values`` to ``sketch`` as it would add them one by one, but counted
+    per bucket first: each bucket's count is added once, at the value the sketch
+    represents that bucket by (so its key, and the error bound, are the
+    sketch's own). Values too small for a bucket, zero or negative are added
+    one by one."""
+    data = np.frombuffer(values, dtype=np.float64)
+    small = data <= _MAPPING.min_possible
+    for value in data[small]:
+        sketch.add(float(value))
+    keys = np.ceil(np.log(data[~small]) * _PER_LOG)
+    buckets, counts = np.unique(keys, return_counts=True)
+    for key, count in zip(buckets.tolist(), counts.tolist(), strict=True):
+        sketch.add(_MAPPING.value(int(key)), float(count))
 
 
 def _exact_quantile(ordered: list[float], q: float) -> float:
