@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from annotated_types import Ge, Gt, Le
 
 from servemon.errors import ConfigError
-from servemon.fields import FORBID_EXTRA, Secret, merge, read_yaml
+from servemon.fields import FORBID_EXTRA, Secret, read_yaml
 
 __all__ = [
     "Auth",
@@ -86,11 +86,6 @@ def parse_listen(text: str) -> tuple[str, int]:
     if not sep or not host or not 0 <= number <= 65535:
         raise ConfigError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9400")
     return host.strip("[]"), number
-
-
-#: The generic :func:`servemon.fields.merge` under its old name, kept only because
-#: tests/e2e/test_deploy_configs.py imports it; not part of ``__all__``.
-merge_exporter = merge
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,8 +39,9 @@ from typing import Any
 import pytest
 import yaml
 
-from monitor.config import ExporterConfig, merge_exporter, parse_listen, parse_target
+from monitor.config import ExporterConfig, parse_listen, parse_target
 from servemon.cli import cli
+from servemon.fields import merge
 
 pytestmark = pytest.mark.e2e
 
@@ -739,7 +740,7 @@ def test_exporter_daemonset_runs_on_gpu_nodes_with_its_config() -> None:
         if c["metadata"]["name"] == volume["configMap"]["name"]
     ]
     # The exporter itself accepts the file it will read.
-    config = merge_exporter(
+    config = merge(
         ExporterConfig(),
         yaml.safe_load(configmap["data"][config_path.name]),
         "exporter.yaml",

@@ -9,7 +9,6 @@ same name are compared with their samples joined.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.exposition import ExpositionParser
 from simulator.config import DIALECTS
+from tests.support.traffic import prefix_traffic
 
 SampleRow = tuple[str, tuple[tuple[str, str], ...], Any, Any]
 Family = tuple[str, str, list[SampleRow]]
@@ -72,25 +72,6 @@ def assert_agrees(text: str, parser: ExpositionParser | None = None) -> None:
 # -- every simulator dialect's real exposition -----------------------------------------
 
 
-async def _traffic(http: aiohttp.ClientSession, url: str) -> None:
-    """A few requests: distinct prompts at once, then a repeated one."""
-
-    async def one(content: str, max_tokens: int) -> None:
-        body = {
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens,
-            "stream": True,
-        }
-        async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
-            assert resp.status == 200
-            await resp.read()
-
-    prompt = " ".join(f"w{i}" for i in range(80))
-    await asyncio.gather(*(one(f"{prompt} x{i}", 6) for i in range(3)))
-    for _ in range(2):
-        await one(prompt, 3)
-
-
 @pytest.mark.integration
 @pytest.mark.asyncio
 @pytest.mark.parametrize("dialect", DIALECTS)
@@ -98,7 +79,7 @@ async def test_agrees_on_every_simulator_dialect(
     dialect: str, start_sim: Any, http: aiohttp.ClientSession
 ) -> None:
     async with start_sim(metrics_dialect=dialect) as server:
-        await _traffic(http, server.url)
+        await prefix_traffic(http, server.url, repeats=2)
         async with http.get(f"{server.url}/metrics") as resp:
             assert resp.status == 200
             text = await resp.text()

@@ -67,6 +67,7 @@ from monitor.normalize import Normalized, Normalizer
 from monitor.normalize_rules import ZERO, decide, detect_engine
 from monitor.render import Encoder, Renderer, chunk_family
 from simulator.config import DIALECTS
+from tests.support.traffic import prefix_traffic
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -433,25 +434,6 @@ LLAMACPP = (
 # -- every simulator dialect -------------------------------------------------------
 
 
-async def _traffic(http: aiohttp.ClientSession, url: str) -> None:
-    """Distinct prompts at once, then one prompt again and again (prefix hits)."""
-
-    async def one(content: str, max_tokens: int) -> None:
-        body = {
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": max_tokens,
-            "stream": True,
-        }
-        async with http.post(f"{url}/v1/chat/completions", json=body) as resp:
-            assert resp.status == 200
-            await resp.read()
-
-    prompt = " ".join(f"w{i}" for i in range(80))
-    await asyncio.gather(*(one(f"{prompt} x{i}", 6) for i in range(3)))
-    for _ in range(3):
-        await one(prompt, 3)
-
-
 @pytest.mark.integration
 @pytest.mark.asyncio
 @pytest.mark.parametrize("dialect", DIALECTS)
@@ -461,7 +443,7 @@ async def test_every_simulator_dialect(
     async with start_sim(metrics_dialect=dialect) as server:
         texts = []
         for _ in range(2):
-            await _traffic(http, server.url)
+            await prefix_traffic(http, server.url, repeats=3)
             async with http.get(f"{server.url}/metrics") as resp:
                 assert resp.status == 200
                 texts.append(await resp.text())
