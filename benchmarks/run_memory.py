@@ -19,7 +19,6 @@ Prints one Markdown table row per measurement; record them in RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
 import statistics
@@ -27,28 +26,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from loadgen_rate import stream_server  # the same server, pinned to CPU 0
+
 SERVEMON = Path(sys.executable).parent / "servemon"
-
-
-@contextlib.contextmanager
-def stream_server(chunks: int) -> Iterator[str]:
-    """The stream server on CPU 0; yields its base URL."""
-    command = [sys.executable, str(HERE / "_stream_server.py"), "--port", "0"]
-    command += ["--chunks", str(chunks), "--cpu", "0"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        match = re.search(r"http://[\d.]+:\d+", proc.stdout.readline())
-        if not match:
-            raise SystemExit("the stream server did not start")
-        yield match.group(0)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def _status_kb(pid: int, field: str) -> int | None:
@@ -94,7 +76,7 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="servemon-memory-"))
     pin = ["taskset", "-c", "1"] if (os.cpu_count() or 1) > 1 else []
     samples: list[tuple[int, int]] = []
-    with stream_server(args.chunks) as url:
+    with stream_server(args.chunks, None) as (url, _pid):
         command = [
             *pin,
             str(SERVEMON),
