@@ -60,12 +60,16 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+import _vllm_peer
+
 HERE = Path(__file__).resolve().parent
 SERVEMON = Path(sys.executable).parent / "servemon"
 SERVER_CPU = 0
 CLIENT_CPU = 1
 CLIENT_ERRORS = ("timeout", "connect_error", "stream_error")
-PROMPT = " ".join(["word"] * 16)
+#: Seeds of the steps: run r of every client at every rate uses SEED + r, so that
+#: the bare loop and ``vllm bench serve`` send the same schedule.
+SEED = 1000
 #: A step during which other work took this share of the client's core (or the
 #: host stole half of it) is "disturbed": if it fails it is run again, up to
 #: DISTURBED_RERUNS times, before its failure counts.
@@ -96,7 +100,8 @@ async def _bare_request(
     sent = time.monotonic()
     headers: float | None = None
     first: float | None = None
-    outcome, error = "stream_error", "stream ended before data: [DONE]"
+    outcome = "stream_error"
+    error: str | None = "stream ended before data: [DONE]"
     try:
         async with session.post(url, json=body) as resp:
             headers = time.monotonic()
@@ -139,16 +144,31 @@ async def _bare_request(
     )
 
 
-async def bare_loop(url: str, rate: float, duration: float) -> list[dict[str, Any]]:
-    """Constant-rate open loop for ``duration`` seconds; one record per request."""
+def prompt_text(tokens: int) -> str:
+    """A prompt of about ``tokens`` tokens (one word each)."""
+    return " ".join(f"w{i % 2000}" for i in range(tokens))
+
+
+async def bare_loop(
+    url: str,
+    rate: float,
+    duration: float,
+    *,
+    chunks: int,
+    prompt_tokens: int,
+    burstiness: float,
+    seed: int,
+) -> list[dict[str, Any]]:
+    """Open loop for ``duration`` seconds at ``vllm bench serve``'s schedule for
+    this rate, burstiness and seed; one record per request."""
     import aiohttp
 
     connector = aiohttp.TCPConnector(limit=10_000, limit_per_host=10_000)
     timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_read=30)
     body = {
         "model": "bench-stream",
-        "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": 64,
+        "messages": [{"role": "user", "content": prompt_text(prompt_tokens)}],
+        "max_tokens": chunks,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -161,9 +181,10 @@ async def bare_loop(url: str, rate: float, duration: float) -> list[dict[str, An
         async with session.get(url + "/v1/models") as resp:
             await resp.read()
         count = max(1, round(rate * duration))
+        offsets = _vllm_peer.intended_offsets(count, rate, burstiness, seed)
         start = time.monotonic() + 0.05
         for i in range(count):
-            at = start + i / rate
+            at = start + offsets[i]
             delay = at - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -177,9 +198,9 @@ async def bare_loop(url: str, rate: float, duration: float) -> list[dict[str, An
     return records
 
 
-def bare_worker(url: str, rate: float, duration: float, out: Path) -> None:
+def bare_worker(options: dict[str, Any], out: Path) -> None:
     """Entry point of the bare-loop process: write its records to ``out``."""
-    coro = bare_loop(url, rate, duration)
+    coro = bare_loop(**options)
     try:
         import uvloop
     except ImportError:
@@ -363,6 +384,13 @@ class Step:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def cpu_per_request(self) -> float | None:
+        """The client's CPU seconds per request it completed."""
+        if self.client_cpu is None or not self.achieved:
+            return None
+        return self.client_cpu / self.achieved
+
+    @property
     def disturbed(self) -> bool:
         """Something else used the client's core, or the host stole time."""
         other = None
@@ -457,8 +485,15 @@ class Bench:
     quiet: float = 0.15
     scrape_s: float = 0.0
     prefix: tuple[str, ...] = ()
+    prompt_tokens: int = 128
+    #: 1: Poisson arrivals; inf: constant (vllm bench serve's --burstiness).
+    burstiness: float = 1.0
+    peer_venv: Path | None = None
+    tokenizer: Path | None = None
+    #: Client name -> a checkout of servemon to run instead of the installed one.
+    variants: dict[str, Path] = field(default_factory=dict)
 
-    def run(self, client: str, rate: float, duration: float) -> Step:
+    def run(self, client: str, rate: float, duration: float, seed: int = SEED) -> Step:
         step = Step(client, rate, duration, max_lag_s=self.max_lag_s)
         step.show_disturbed = "chrt" not in self.prefix
         if self.quiet < 1:
@@ -471,9 +506,19 @@ class Bench:
             out = Path(tempfile.mkdtemp(prefix=f"{client}-{rate:g}-", dir=self.workdir))
             try:
                 if client == "bare":
-                    records, pid = self._bare(rate, duration, out)
+                    records, pid = self._bare(rate, duration, out, seed)
+                elif client == "vllm":
+                    records, pid = self._vllm(rate, duration, out, seed, step)
                 else:
-                    records, pid = self._servemon(rate, duration, out, step)
+                    records, pid = self._servemon(
+                        rate,
+                        duration,
+                        out,
+                        step,
+                        seed,
+                        workers_of(client),
+                        self.variants.get(client),
+                    )
                 break
             except ClientKilled as exc:
                 if attempt == 2:
@@ -485,6 +530,9 @@ class Bench:
             step.client_cpu = self.cpu.share(pid, start, end)
             step.server_cpu = self.cpu.share(self.server_pid, start, end)
             step.client_core = self.cpu.share(f"busy{CLIENT_CPU}", start, end)
+            if workers_of(client) > 1:  # the workers are the parent's children
+                step.client_cpu = step.client_core
+                step.notes.append("client CPU: all of core 1 (the workers')")
             steal = [self.cpu.share(f"steal{c}", start, end) for c in (0, 1)]
             step.steal = sum(x for x in steal if x is not None)
         if step.server_cpu is not None and step.server_cpu > 0.9:
@@ -492,27 +540,40 @@ class Bench:
         self.log(row(step))
         return step
 
-    def _spawn(self, command: list[str], log: Path) -> tuple[int, int]:
+    def _spawn(
+        self, command: list[str], log: Path, source: Path | None = None
+    ) -> tuple[int, int]:
+        env = None
+        if source is not None:  # another checkout's modules win over ours
+            env = {**os.environ, "PYTHONPATH": str(source)}
         with log.open("w", encoding="utf-8") as handle:
             proc = subprocess.Popen(
                 [*self.prefix, "taskset", "-c", str(CLIENT_CPU), *command],
                 stdout=handle,
                 stderr=subprocess.STDOUT,
+                env=env,
             )
             self.cpu.watch(proc.pid)
             return proc.pid, proc.wait()
 
     def _bare(
-        self, rate: float, duration: float, out: Path
+        self, rate: float, duration: float, out: Path, seed: int
     ) -> tuple[list[dict[str, Any]], int]:
         result = out / "requests.jsonl"
+        options = {
+            "url": self.url,
+            "rate": rate,
+            "duration": duration,
+            "chunks": self.chunks,
+            "prompt_tokens": self.prompt_tokens,
+            "burstiness": self.burstiness,
+            "seed": seed,
+        }
         command = [
             sys.executable,
             str(Path(__file__).resolve()),
             "--bare-worker",
-            self.url,
-            str(rate),
-            str(duration),
+            json.dumps(options),
             str(result),
         ]
         pid, rc = self._spawn(command, out / "log.txt")
@@ -525,20 +586,67 @@ class Bench:
             )
         return _read_jsonl(result), pid
 
+    def _vllm(
+        self, rate: float, duration: float, out: Path, seed: int, step: Step
+    ) -> tuple[list[dict[str, Any]], int]:
+        assert self.peer_venv is not None
+        assert self.tokenizer is not None
+        count = max(1, round(rate * duration))
+        command = _vllm_peer.command(
+            self.peer_venv,
+            self.url,
+            self.tokenizer,
+            rate=rate,
+            count=count,
+            burstiness=self.burstiness,
+            seed=seed,
+            prompt_tokens=self.prompt_tokens,
+            output_tokens=self.chunks,
+            result_dir=out,
+        )
+        pid, rc = self._spawn(command, out / "log.txt")
+        if rc < 0:
+            raise ClientKilled(f"vllm bench serve was killed by signal {-rc}")
+        result = out / "result.json"
+        if rc != 0 or not result.exists():
+            raise SetupError(
+                f"vllm bench serve failed (exit {rc}): "
+                + (out / "log.txt").read_text()[-2000:]
+            )
+        records = _vllm_peer.records(result, rate, self.burstiness, seed)
+        note = _vllm_peer.rebuild_check(
+            [r["sent_s"] - r["scheduled_s"] for r in records], rate
+        )
+        if note:
+            step.notes.append(note)
+        return records, pid
+
     def _servemon(
-        self, rate: float, duration: float, out: Path, step: Step
+        self,
+        rate: float,
+        duration: float,
+        out: Path,
+        step: Step,
+        seed: int,
+        workers: int,
+        source: Path | None = None,
     ) -> tuple[list[dict[str, Any]], int]:
         command = [
-            str(SERVEMON),
+            str(SERVEMON) if source is None else sys.executable,
+            *(() if source is None else ("-m", "servemon")),
             "ramp",
             "--target",
             self.url,
             "--stages",
             f"{rate:g}:{duration:g}",
             "--arrival",
-            "constant",
+            "constant" if math.isinf(self.burstiness) else "poisson",
+            "--seed",
+            str(seed),
+            "--workers",
+            str(workers),
             "--workload",
-            f"random:prompt=16,output={self.chunks}",
+            f"random:prompt={self.prompt_tokens},output={self.chunks}",
             "--metrics-port",
             "0",
             "--out",
@@ -556,7 +664,7 @@ class Bench:
         if self.scrape_s > 0:
             scraper.start()
         try:
-            pid, rc = self._spawn(command, out / "log.txt")
+            pid, rc = self._spawn(command, out / "log.txt", source)
         finally:
             done.set()
             if scraper.is_alive():
@@ -589,6 +697,12 @@ class Bench:
         return records, pid
 
 
+def workers_of(client: str) -> int:
+    """``servemon`` → 1, ``servemon-w2`` → 2."""
+    _, _, n = client.partition("-w")
+    return int(n) if n else 1
+
+
 def _scrape_live(
     out: Path, every_s: float, done: threading.Event, ok: list[int]
 ) -> None:
@@ -618,7 +732,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 HEADER = (
     f"{'client':<9} {'rate':>6} {'sent':>6} {'ok':>6} {'c.err':>5} {'achieved':>8} "
     f"{'lag p50':>7} {'lag p99':>7} {'lag max':>7} {'TTFT p50':>8} {'TTFT p99':>8} "
-    f"{'client':>6} {'core1':>6} {'server':>6}  pass"
+    f"{'client':>6} {'core1':>6} {'server':>6} {'us/req':>6}  pass"
 )
 
 
@@ -630,12 +744,17 @@ def _pc(value: float | None) -> str:
     return f"{'-':>6}" if value is None else f"{value * 100:>5.0f}%"
 
 
+def _us(value: float | None) -> str:
+    return f"{'-':>6}" if value is None else f"{value * 1e6:>6.0f}"
+
+
 def row(s: Step) -> str:
     text = (
         f"{s.client:<9} {s.rate:>6g} {s.sent:>6} {s.ok:>6} {s.client_errors:>5} "
         f"{s.achieved:>8.1f} {_ms(s.lag_p50)} {_ms(s.lag_p99)} {_ms(s.lag_max)} "
         f"{_ms(s.ttft_p50, 8)} {_ms(s.ttft_p99, 8)} {_pc(s.client_cpu)} "
-        f"{_pc(s.client_core)} {_pc(s.server_cpu)}  {'yes' if s.passed else 'no'}"
+        f"{_pc(s.client_core)} {_pc(s.server_cpu)} {_us(s.cpu_per_request)}  "
+        f"{'yes' if s.passed else 'no'}"
     )
     extra = list(s.notes)
     if (
@@ -684,6 +803,7 @@ def search(
     duration: float,
     retries: int,
     rerun_disturbed: bool = True,
+    seed: int = SEED,
 ) -> Found:
     """Highest passing rate: geometric rise, then bisection (geometric midpoints)."""
     steps: list[Step] = []
@@ -691,7 +811,7 @@ def search(
     def attempt(rate: float) -> Step:
         tries, extra = 0, 0
         while True:
-            step = bench.run(client, rate, duration)
+            step = bench.run(client, rate, duration, seed)
             steps.append(step)
             if step.passed:
                 return step
@@ -733,15 +853,49 @@ def search(
 
 
 def main() -> None:
-    if len(sys.argv) == 6 and sys.argv[1] == "--bare-worker":
-        url, rate, duration, out = sys.argv[2:]
-        bare_worker(url, float(rate), float(duration), Path(out))
+    if len(sys.argv) == 4 and sys.argv[1] == "--bare-worker":
+        bare_worker(json.loads(sys.argv[2]), Path(sys.argv[3]))
         return
     parser = argparse.ArgumentParser(
         description=(__doc__ or "").splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--chunks", type=int, choices=(64, 8), default=64)
+    parser.add_argument(
+        "--arrival",
+        choices=("poisson", "constant"),
+        default="poisson",
+        help="arrival process of every client [%(default)s]",
+    )
+    parser.add_argument(
+        "--prompt-tokens", type=int, default=128, help="prompt size [%(default)s]"
+    )
+    parser.add_argument(
+        "--peer",
+        choices=("vllm",),
+        action="append",
+        default=[],
+        help="also run this peer tool as a client (vllm: vllm bench serve, from a "
+        "virtual environment made on first use)",
+    )
+    parser.add_argument(
+        "--peer-venv", type=Path, default=None, help="the peer's virtual environment"
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="also run servemon from the checkout DIR (e.g. an older commit, from "
+        "git worktree add) as the client NAME: before/after in the same run",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of each search (or of each --rates step) per client; figures "
+        "are their medians [%(default)s]",
+    )
     parser.add_argument(
         "--duration", type=float, default=10.0, help="seconds per search step"
     )
@@ -828,8 +982,21 @@ def main() -> None:
     if args.quiet_below is None:
         args.quiet_below = 1.0 if args.rt else 0.15
     clients = [c.strip() for c in args.clients.split(",") if c.strip()]
-    if not set(clients) <= {"bare", "servemon"} or not clients:
-        parser.error("--clients: bare and/or servemon")
+    clients += [p for p in args.peer if p not in clients]
+    variants: dict[str, Path] = {}
+    for item in args.variant:
+        name, _, where = item.partition("=")
+        if not name or not where or not Path(where, "servemon").is_dir():
+            parser.error(f"--variant {item}: NAME=DIR, DIR a servemon checkout")
+        variants[name] = Path(where).resolve()
+        clients.append(name)
+    args.variants = variants
+    known = {"bare", "servemon", "vllm"}
+    if not clients or not all(
+        c in known or c in variants or re.fullmatch(r"servemon-w\d+", c)
+        for c in clients
+    ):
+        parser.error("--clients: bare, vllm, servemon, servemon-wN (N workers)")
     if (os.cpu_count() or 1) < 2:
         print("note: one CPU only: the server and the client share it")
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > SERVER_CPU:
@@ -849,11 +1016,22 @@ def run(args: argparse.Namespace, clients: list[str]) -> None:
         prefix += ("nice", "-n", str(args.nice))
     if args.rt:
         prefix += ("chrt", "-f", str(args.rt))
+    peer_venv: Path | None = None
+    tokenizer: Path | None = None
+    if "vllm" in clients:
+        peer_venv = args.peer_venv or _vllm_peer.VENV
+        try:
+            _vllm_peer.ensure(peer_venv)
+            tokenizer = _vllm_peer.make_tokenizer(workdir / "tokenizer", peer_venv)
+        except (_vllm_peer.PeerError, subprocess.CalledProcessError) as exc:
+            raise SetupError(f"the vllm peer: {exc}") from exc
+        print(f"peer: vllm bench serve {_vllm_peer.version(peer_venv)} ({peer_venv})")
     print(
         f"loadgen_rate {date.today().isoformat()}: {args.chunks} chunks per response; "
+        f"{args.prompt_tokens}-token prompts; {args.arrival} arrivals; "
         f"server on CPU {SERVER_CPU}, client on CPU {CLIENT_CPU}; "
         f"pass = p99 dispatch lag <= {args.max_lag_ms:g} ms, no client errors; "
-        f"{args.duration:g} s steps"
+        f"{args.duration:g} s steps; {args.repeats} runs each, medians"
         + (f"; server and clients at nice {args.nice}" if args.nice else "")
         + (f"; server and clients SCHED_FIFO {args.rt}" if args.rt else "")
     )
@@ -862,6 +1040,8 @@ def run(args: argparse.Namespace, clients: list[str]) -> None:
         "first scheduled)); latencies in ms; CPU in % of one core over the step: "
         "client and server processes, core1 = all busy time on the client's core"
     )
+    found: dict[str, list[Found]] = {c: [] for c in clients}
+    by_rate: dict[tuple[str, float], list[Step]] = {}
     with (
         CpuWatch() as cpu,
         stream_server(args.chunks, args.token_sleep, prefix) as (url, pid),
@@ -878,17 +1058,24 @@ def run(args: argparse.Namespace, clients: list[str]) -> None:
             quiet=args.quiet_below,
             scrape_s=args.scrape_live,
             prefix=prefix,
+            prompt_tokens=args.prompt_tokens,
+            burstiness=math.inf if args.arrival == "constant" else 1.0,
+            peer_venv=peer_venv,
+            tokenizer=tokenizer,
+            variants=args.variants,
         )
         print(f"server {url} (pid {pid})\n")
         print(HEADER)
-        found: list[Found] = []
-        if args.rates:
-            for rate in (float(r) for r in args.rates.split(",")):
-                for client in clients:
-                    bench.run(client, rate, args.duration)
-        else:
+        for repeat in range(args.repeats):
+            seed = SEED + repeat
+            if args.rates:
+                for rate in (float(r) for r in args.rates.split(",")):
+                    for client in clients:
+                        step = bench.run(client, rate, args.duration, seed)
+                        by_rate.setdefault((client, rate), []).append(step)
+                continue
             for client in clients:
-                found.append(
+                found[client].append(
                     search(
                         bench,
                         client,
@@ -900,43 +1087,105 @@ def run(args: argparse.Namespace, clients: list[str]) -> None:
                         duration=args.duration,
                         retries=args.retries,
                         rerun_disturbed=not args.rt,
+                        seed=seed,
                     )
                 )
         ttft: dict[str, list[Step]] = {c: [] for c in clients}
         if args.ttft_rate > 0:
             print(f"\nTTFT at {args.ttft_rate:g} requests/s ({args.ttft_duration:g} s)")
             print(HEADER)
-            for _ in range(args.ttft_repeats):
+            for repeat in range(args.ttft_repeats):
                 for client in clients:
                     ttft[client].append(
-                        bench.run(client, args.ttft_rate, args.ttft_duration)
+                        bench.run(
+                            client, args.ttft_rate, args.ttft_duration, SEED + repeat
+                        )
                     )
-    report(args, found, ttft)
+    if args.rates:
+        report_rates(args, clients, by_rate)
+    else:
+        report(args, found)
+    report_ttft(args, ttft)
     if args.keep:
         print(f"\nrun records kept in {workdir}")
     else:
         subprocess.run(["rm", "-rf", str(workdir)], check=False)
 
 
-def report(
-    args: argparse.Namespace, found: list[Found], ttft: dict[str, list[Step]]
-) -> None:
-    print(f"\nsummary ({args.chunks} chunks per response)")
+def _median_passing(found: list[Found]) -> float | None:
+    rates = [f.best.rate if f.best is not None else 0.0 for f in found]
+    return statistics.median(rates) if rates else None
+
+
+def _ratios(passing: dict[str, float | None]) -> None:
+    mine = {c: v for c, v in passing.items() if c.startswith("servemon") and v}
+    for peer in ("vllm", "bare"):
+        theirs = passing.get(peer)
+        if not theirs:
+            continue
+        for client, value in mine.items():
+            print(f"{client} / {peer}: {value / theirs:.2f}x")
+
+
+def report(args: argparse.Namespace, found: dict[str, list[Found]]) -> None:
+    print(f"\nsummary ({args.chunks} chunks per response, {args.arrival} arrivals)")
     print(
-        f"{'client':<9} {'highest passing rps':>19} {'first failing':>13} "
-        f"{'lag p99 ms':>10} {'TTFT p50 ms':>11} {'client CPU':>10} "
-        f"{'server CPU':>10} {'steps':>5}"
+        f"{'client':<12} {'median highest passing rps':>26}  runs (highest passing; "
+        "lag p99 ms, client CPU there)"
     )
-    for f in found:
-        b = f.best
-        print(
-            f"{f.client:<9} {'< start' if b is None else f'{b.rate:g}':>19} "
-            f"{'none tried' if f.failed_above is None else f'{f.failed_above:g}':>13} "
-            f"{_ms(None if b is None else b.lag_p99, 10)} "
-            f"{_ms(None if b is None else b.ttft_p50, 11)} "
-            f"{_pc(None if b is None else b.client_cpu):>10} "
-            f"{_pc(None if b is None else b.server_cpu):>10} {len(f.steps):>5}"
+    passing: dict[str, float | None] = {}
+    for client, runs in found.items():
+        passing[client] = _median_passing(runs)
+        each = ", ".join(
+            "< start"
+            if f.best is None
+            else f"{f.best.rate:g} ({_ms(f.best.lag_p99, 0).strip()}, "
+            f"{_pc(f.best.client_cpu).strip()})"
+            for f in runs
         )
+        value = passing[client]
+        shown = "-" if value is None else f"{value:g}"
+        print(f"{client:<12} {shown:>26}  {each}")
+    _ratios(passing)
+
+
+def report_rates(
+    args: argparse.Namespace,
+    clients: list[str],
+    by_rate: dict[tuple[str, float], list[Step]],
+) -> None:
+    rates = sorted({rate for _, rate in by_rate})
+    print(
+        f"\nsummary ({args.chunks} chunks per response, {args.arrival} arrivals): "
+        f"median p99 dispatch lag in ms over {args.repeats} runs; * = the median "
+        "run failed (lag over the bound or client errors)"
+    )
+    print(f"{'offered rps':>11} " + " ".join(f"{c:>12}" for c in clients))
+    passing: dict[str, float | None] = dict.fromkeys(clients, 0.0)
+    for rate in rates:
+        cells = []
+        for client in clients:
+            steps = by_rate.get((client, rate), [])
+            lags = [s.lag_p99 if s.lag_p99 is not None else math.inf for s in steps]
+            if not lags:
+                cells.append(f"{'-':>12}")
+                continue
+            lag = statistics.median(lags)
+            ok = sum(s.passed for s in steps) * 2 > len(steps)
+            if ok and passing[client] is not None:
+                passing[client] = rate
+            elif not ok:
+                passing[client] = passing[client] if passing[client] else None
+            cells.append(f"{_ms(lag, 11)}{'' if ok else '*'}")
+        print(f"{rate:>11g} " + " ".join(f"{c:>12}" for c in cells))
+    print(
+        "highest passing rate (median run passes at it): "
+        + ", ".join(f"{c} {v or 0:g}" for c, v in passing.items())
+    )
+    _ratios(passing)
+
+
+def report_ttft(args: argparse.Namespace, ttft: dict[str, list[Step]]) -> None:
     medians: dict[str, float] = {}
     for client, steps in ttft.items():
         values = [s.ttft_p50 for s in steps if s.ttft_p50 is not None]
@@ -950,9 +1199,10 @@ def report(
                 f"{medians[client] * 1000:.2f} ms (runs: {each}; "
                 f"send to headers p50 {head} ms)"
             )
-    if "bare" in medians and "servemon" in medians:
-        extra = (medians["servemon"] - medians["bare"]) * 1000
-        print(f"servemon minus bare: {extra:+.2f} ms")
+    for client in medians:
+        if client.startswith("servemon") and "bare" in medians:
+            extra = (medians[client] - medians["bare"]) * 1000
+            print(f"{client} minus bare: {extra:+.2f} ms")
 
 
 if __name__ == "__main__":
