@@ -6,7 +6,8 @@ async function ``drive(ctx, stop, arrival) -> Driven``. Through the
 ``ctx.url``, appends the stages it runs to ``ctx.stages`` and reads the target's
 recent samples; every finished request goes to :meth:`RunContext.finished`, which
 hands it to the sinks: the run directory, the live metrics, the run's
-:class:`~loadgen.runrecord.Tally`, the progress display, the guard rail, and any
+:class:`~loadgen.runrecord.Tally`, the progress display, the guard rail, the watch
+on the client's own health (:mod:`loadgen.clientwatch`), and any
 sink a driver adds for itself (a capacity step judging its own requests). A driver
 keeps its own state and returns what it found; nothing reaches into another
 driver.
@@ -24,6 +25,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from loadgen.clientwatch import CHECK_S, ClientWatch, Verdict
 from loadgen.config import LoadConfig
 from loadgen.guard import GuardRail
 from loadgen.live import LiveMetrics
@@ -72,6 +74,7 @@ class RunContext:
     stopper: Stopper = field(default_factory=Stopper)
     tally: Tally = field(init=False)
     guard: GuardRail = field(init=False)
+    watch: ClientWatch = field(init=False)
     url: str = field(init=False)
     label: str = field(init=False)
     #: A prefix of this run's request ids (shards of one schedule differ in it).
@@ -96,6 +99,13 @@ class RunContext:
             "/v1/chat/completions" if c.api == "chat" else "/v1/completions"
         )
         self.label = c.target_name or urlsplit(self.base).netloc
+        self.watch = ClientWatch(
+            origin_s=self.rundir.origin_s,
+            stage_of=lambda: self.progress.current,
+            on_limit=self._client_limited,
+            on_check=self._client_checked,
+            open_loop=self.kind != "sweep",
+        )
 
     def body(self, index: int) -> dict[str, Any]:
         """The request body of prompt ``index``."""
@@ -132,9 +142,35 @@ class RunContext:
         self.live.observe(timing)
         self.tally.add(timing)
         self.progress.request_done(timing)
+        self.watch.observe(timing)
         for sink in self.sinks:
             sink(timing)
         self.abort(self.guard.observe(timing))
+
+    def _client_limited(self, stage: int, reason: str, message: str) -> None:
+        """The client's own health tripped a limit the first time in ``stage``."""
+        record = self.stages[stage] if 0 <= stage < len(self.stages) else None
+        label = "" if record is None else f" ({record.label})"
+        self.progress.console.print(
+            f"servemon: warning: stage {stage + 1}{label}: {message}", soft_wrap=True
+        )
+
+    def _client_checked(self, verdict: Verdict) -> None:
+        live = self.live
+        if verdict.cpu is not None:
+            live.cpu.set(verdict.cpu)
+        live.loop_delay.set(verdict.loop_delay)
+        stage = self.progress.current
+        if stage >= 0:
+            for reason in verdict.tripped:
+                live.limited.labels(self.label, self.model, str(stage), reason).inc(
+                    CHECK_S
+                )
+
+    def client_limits(self) -> None:
+        """Put what the client watch found into each stage's record."""
+        for record in self.stages:
+            record.client_limits = self.watch.stage_limits(record.index)
 
     def sampled(self, sample: Mapping[str, Any]) -> None:
         """A sample of the target's metrics: record it, watch the queue."""

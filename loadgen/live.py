@@ -113,6 +113,9 @@ class LiveMetrics:
         self.in_flight = names.CLIENT_IN_FLIGHT.gauge(r).labels(*self._base)
         self.current_stage = names.CLIENT_CURRENT_STAGE.gauge(r).labels(*self._base)
         self.current_stage.set(-1)
+        self.cpu = names.CLIENT_CPU.gauge(r).labels(*self._base)
+        self.loop_delay = names.CLIENT_LOOP_DELAY.gauge(r).labels(*self._base)
+        self.limited = names.CLIENT_LIMITED.counter(r)
         self._runner: web.AppRunner | None = None
         self._children: dict[int, _StageChildren] = {}
         self.url = ""
@@ -127,6 +130,8 @@ class LiveMetrics:
             self.held_back.labels(*labels)
             self.skipped.labels(*labels, "late")
             self.reconnects.labels(*labels)
+            for reason in ("lag", "loop", "cpu"):
+                self.limited.labels(*labels, reason)
 
     def _stage_children(self, stage: int) -> _StageChildren:
         children = self._children.get(stage)

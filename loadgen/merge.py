@@ -45,15 +45,32 @@ def _plan(data: RunData) -> list[tuple[Any, Any]]:
 
 def _combined(first: RunData, shards: Sequence[RunData]) -> list[StageResult]:
     """The stages of the whole load: counts summed, the earliest start, the latest
-    end (on the first shard's clock)."""
+    end, every shard's client limits (on the first shard's clock)."""
     origin_utc = _utc(first.info)
     stages = [
-        replace(s, summary=None, sent=0, held_back=0, skipped=0, achieved_rate=None)
+        replace(
+            s,
+            summary=None,
+            sent=0,
+            held_back=0,
+            skipped=0,
+            achieved_rate=None,
+            client_limits=[],
+        )
         for s in first.summary.stages
     ]
-    for data in shards:
+    for number, data in enumerate(shards):
         offset = _utc(data.info) - origin_utc
         for stage, own in zip(stages, data.summary.stages, strict=True):
+            # Each worker watched its own health: its limits say which one.
+            stage.client_limits += [
+                replace(
+                    x,
+                    message=f"worker {number + 1}: {x.message}",
+                    first_s=x.first_s + offset,
+                )
+                for x in own.client_limits
+            ]
             stage.sent += own.sent
             stage.held_back += own.held_back
             stage.skipped += own.skipped

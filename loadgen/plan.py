@@ -5,13 +5,13 @@ the config as the run record keeps it (secrets redacted)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from loadgen.arrivals import linear_stages, parse_stages
 from loadgen.config import LoadConfig, config_text
-from loadgen.runrecord import StageResult
+from loadgen.runrecord import ClientLimit, StageResult
 from loadgen.target import is_loopback
 from loadgen.workload import check_workload
 from servemon.errors import ConfigError
@@ -49,6 +49,7 @@ class StageRecord:
     sent: int = 0
     held_back: int = 0
     skipped: int = 0
+    client_limits: list[ClientLimit] = field(default_factory=list)
 
     def duration_s(self) -> float | None:
         """What its throughput divides by: the planned length, cut short where the
@@ -72,6 +73,7 @@ class StageRecord:
             sent=self.sent,
             held_back=self.held_back,
             skipped=self.skipped,
+            client_limits=list(self.client_limits),
         )
 
 

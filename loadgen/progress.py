@@ -46,6 +46,11 @@ class Progress:
         #: The stages are not known up front (a capacity search adds them).
         self.growing = False
 
+    @property
+    def current(self) -> int:
+        """The index of the stage running (-1 before the first)."""
+        return self._current
+
     def start(self, stages: Sequence[StageRecord]) -> None:
         """The run begins."""
         self._stages = stages

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from loadgen.clientwatch import limit_lines
 from loadgen.columns import SERVER_COLUMNS, STAGE_COLUMNS, Column, cells, table_rows
 from loadgen.plots import (
     plot_cdf,
@@ -150,6 +151,15 @@ def render_report(data: RunData) -> str:
         _columns_table(STAGE_COLUMNS, record, overall=True),
         "<p>Latencies in ms; goodput in requests/s meeting every SLO term.</p>",
     ]
+    limits = limit_lines(record.stages)
+    if limits:
+        parts += [
+            "<h2 id='client-limits'>The client was the limit</h2>",
+            "<p>In these stages the load generator itself could not keep up, so "
+            "their figures measure the client as much as the target: send from "
+            "more processes (<code>--workers</code>) or a bigger machine.</p>",
+            "<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in limits) + "</ul>",
+        ]
     if record.stages:
         parts += ["<h2>Against offered load</h2>", plot_vs_load(info, record)]
     if found.cdf:

@@ -220,6 +220,7 @@ async def _execute(
         interval_s=ctx.config.sample_interval,
     )
     sampling = asyncio.create_task(sampler.run())
+    watching = asyncio.create_task(ctx.watch.run())
     # What exists now lives as long as the run: keep the collector off it.
     gc.freeze()
     ctx.progress.growing = ctx.kind == "capacity"
@@ -235,8 +236,9 @@ async def _execute(
         status = "interrupted"
         raise
     finally:
-        sampling.cancel()
-        await asyncio.gather(sampling, return_exceptions=True)
+        for task in (sampling, watching):
+            task.cancel()
+        await asyncio.gather(sampling, watching, return_exceptions=True)
         ctx.live.stage(-1, 0.0)
         ctx.progress.stop()
         result = _finish(ctx, info, status, sampler, driven.capacity)
@@ -252,6 +254,7 @@ def _finish(
     capacity: CapacityResult | None,
 ) -> RunResult:
     origin = ctx.rundir.origin_s
+    ctx.client_limits()
     records: list[StageRecord] = ctx.stages
     stages, overall = ctx.tally.results(
         [r.result(origin) for r in records], [r.duration_s() for r in records]

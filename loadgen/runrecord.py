@@ -35,6 +35,7 @@ from servemon.errors import ConfigError
 __all__ = [
     "RECORD_VERSION",
     "CapacityResult",
+    "ClientLimit",
     "RunInfo",
     "RunSummary",
     "StageResult",
@@ -62,6 +63,23 @@ class StepVerdict:
     saturated: str | None = None
     early_stop: str | None = None
     judged_requests: int = 0
+
+
+@dataclass(slots=True)
+class ClientLimit:
+    """A stretch of a stage in which the load generator itself was the limit
+    (:mod:`loadgen.clientwatch`): ``reason`` is ``lag``, ``loop`` or ``cpu``."""
+
+    __pydantic_config__ = _LENIENT
+
+    reason: str
+    message: str
+    #: When it first tripped, seconds since the run's clock origin.
+    first_s: float
+    #: Seconds of checks during which it stayed tripped.
+    seconds: float
+    #: The worst value seen: seconds of lag or of loop delay, or a share of a core.
+    worst: float
 
 
 @dataclass(slots=True)
@@ -102,6 +120,7 @@ class StageResult:
     skipped: int = 0
     achieved_rate: float | None = None
     summary: Summary | None = None
+    client_limits: list[ClientLimit] = field(default_factory=list)
 
     @property
     def load_label(self) -> str:
@@ -113,6 +132,7 @@ class StageResult:
     def to_json(self, *, with_summary: bool = True) -> dict[str, Any]:
         """The JSON form (``run.json`` keeps stages without their summaries)."""
         data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["client_limits"] = [asdict(x) for x in self.client_limits]
         summary = data.pop("summary")
         if with_summary:
             data["summary"] = None if summary is None else summary.to_json()
@@ -162,6 +182,7 @@ class RunSummary:
         for stage in self.stages:
             meta = stage.to_json(with_summary=False)
             meta.pop("label")
+            meta["client_limits"] = " ".join(x["reason"] for x in meta["client_limits"])
             rows.append({**meta, **flat_row(stage.summary or _EMPTY)})
         rows.append({"stage": "all", **flat_row(self.overall)})
         return rows

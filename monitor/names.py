@@ -27,12 +27,15 @@ from prometheus_client.core import (
 )
 
 __all__ = [
+    "CLIENT_CPU",
     "CLIENT_CURRENT_STAGE",
     "CLIENT_DISPATCH_LAG",
     "CLIENT_E2E",
     "CLIENT_HELD_BACK",
     "CLIENT_IN_FLIGHT",
     "CLIENT_ITL",
+    "CLIENT_LIMITED",
+    "CLIENT_LOOP_DELAY",
     "CLIENT_OUTPUT_TOKENS",
     "CLIENT_PROMPT_TOKENS",
     "CLIENT_REQUESTS",
@@ -287,6 +290,30 @@ CLIENT_TTFT_GAP = Series(
     "Client TTFT minus the server-reported queue and prefill time: network, HTTP "
     "and the server's front end (llama.cpp: the wait for a slot too).",
     _CLIENT,
+)
+CLIENT_CPU = Series(
+    "servemon_client_cpu_ratio",
+    "gauge",
+    "cores",
+    "CPU the load generator's process used over the last check (about a second), in "
+    "cores; its event loop has one, so near 1 it is the limit.",
+    ("target", "model"),
+)
+CLIENT_LOOP_DELAY = Series(
+    "servemon_client_event_loop_delay_seconds",
+    "gauge",
+    "seconds",
+    "How late the load generator's event loop woke at worst over the last check: "
+    "streams read meanwhile got late timestamps.",
+    ("target", "model"),
+)
+CLIENT_LIMITED = Series(
+    "servemon_client_limited_seconds_total",
+    "counter",
+    "seconds",
+    "Seconds during which the load generator itself was the limit, by reason: lag "
+    "(behind its schedule), loop (event loop blocked), cpu (its core full).",
+    (*_CLIENT, "reason"),
 )
 
 
@@ -774,6 +801,9 @@ CLIENT_SERIES: tuple[Series, ...] = (
     CLIENT_RECONNECTS,
     CLIENT_SERVER_QUEUE,
     CLIENT_TTFT_GAP,
+    CLIENT_CPU,
+    CLIENT_LOOP_DELAY,
+    CLIENT_LIMITED,
 )
 
 SCHEMA: tuple[Series, ...] = (

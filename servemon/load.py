@@ -11,6 +11,7 @@ from typing import Literal
 from rich.console import Console
 from rich.table import Table
 
+from loadgen.clientwatch import limit_lines
 from loadgen.columns import STAGE_COLUMNS, cells, table_rows
 from loadgen.config import LoadConfig
 from loadgen.progress import Progress
@@ -74,6 +75,8 @@ async def run_command(
                 embedded=embedded,
             )
     console.print(summary_table(kind, result))
+    for line in limit_lines(result.stages):
+        console.print(f"warning: {line}", soft_wrap=True)
     if result.stop_reason:
         console.print(f"stopped early: {result.stop_reason}")
     if result.capacity is not None:
@@ -138,6 +141,8 @@ async def _run_workers(config: LoadConfig, console: Console) -> RunResult:
         merged = await run_workers(config, url, console)
     result = load_result(merged)
     console.print(summary_table("ramp", result))
+    for line in limit_lines(result.stages):
+        console.print(f"warning: {line}", soft_wrap=True)
     console.print(f"run directory: {merged} ({result.status})")
     console.print(f"report: {merged / 'report.html'}")
     return result
