@@ -100,7 +100,9 @@ class LoadConfig:
     late_tolerance: Annotated[float, Ge(0)] = 1.0
     max_requests: Annotated[int, Ge(1)] | None = None
     shard: ShardSpec | None = None
-    workers: Annotated[int, Ge(1), Le(64)] = 1
+    #: Processes sending the ramp; ``auto``: from the peak rate and the cost of a
+    #: request (:mod:`loadgen.clientcost`).
+    workers: Annotated[int, Ge(1), Le(64)] | Literal["auto"] = 1
     start_at: StartAt | None = None
     # guard rails (every load command)
     abort_error_rate: Annotated[float, Ge(0), Le(1)] = 0.2

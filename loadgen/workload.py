@@ -72,6 +72,7 @@ __all__ = [
     "build_workload",
     "chat_body",
     "check_workload",
+    "output_ceiling",
     "random_prompt",
     "request_body",
 ]
@@ -86,6 +87,14 @@ def check_workload(spec: str) -> None:
     kind, options = _parse(spec, default_output=1)
     if kind == "file":
         read_entries(options["path"])
+
+
+def output_ceiling(spec: str, default_output: int = 128) -> int:
+    """The most output tokens a request of ``spec`` asks for (a ``file:`` without
+    ``output=``: ``default_output``)."""
+    _, options = _parse(spec, default_output=default_output)
+    budget = options.get("output")
+    return budget.high if isinstance(budget, OutputBudget) else default_output
 
 
 async def build_workload(

@@ -11,7 +11,7 @@ imports nothing of servemon's own but the errors.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -56,11 +56,23 @@ def load(cls: type[T], data: Mapping[str, Any], source: str) -> T:
     try:
         return pydantic.TypeAdapter(cls).validate_python(dict(data))
     except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        errors = exc.errors()
+        first = errors[0]
+        loc = _field_path(first["loc"])
+        where = ".".join(str(part) for part in loc) or "(top level)"
+        # A value that fits no member of a union (``4`` or ``auto``): every
+        # member's complaint, in one line.
+        messages = [e["msg"] for e in errors if _field_path(e["loc"]) == loc]
+        message = " or ".join(dict.fromkeys(messages))
         got = first.get("input")
         shown = "" if isinstance(got, dict) else f" (got {got!r})"
-        raise ConfigError(f"{source}: {where}: {first['msg']}{shown}") from None
+        raise ConfigError(f"{source}: {where}: {message}{shown}") from None
+
+
+def _field_path(loc: Sequence[int | str]) -> tuple[int | str, ...]:
+    """A validation error's location without pydantic's union-member tags
+    (``constrained-int``, ``literal['auto']``): field names and indices only."""
+    return tuple(p for p in loc if isinstance(p, int) or p.isidentifier())
 
 
 def merge(

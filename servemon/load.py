@@ -6,18 +6,22 @@ import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Literal
 
 from rich.console import Console
 from rich.table import Table
 
+from loadgen.clientcost import WorkerChoice, workers_for
 from loadgen.clientwatch import limit_lines
 from loadgen.columns import STAGE_COLUMNS, cells, table_rows
 from loadgen.config import LoadConfig
+from loadgen.plan import plan_stages
 from loadgen.progress import Progress
 from loadgen.report import write_report
 from loadgen.runner import RunResult, Stopper, check_load_config, run_load
 from loadgen.runrecord import CapacityResult
+from loadgen.workload import output_ceiling
 from servemon.embedded import embedded_simulator
 from servemon.lifecycle import stop_on_signals
 
@@ -47,7 +51,11 @@ async def run_command(
     # In a thread: a file: workload is read whole to check every line.
     await asyncio.to_thread(check_load_config, kind, config)
     console = console or console_for()
-    if kind == "ramp" and config.workers > 1:
+    if kind == "ramp" and config.workers == "auto":
+        choice = auto_workers(config)
+        console.print(f"servemon: {choice.explain()}", soft_wrap=True)
+        config = replace(config, workers=choice.workers)
+    if kind == "ramp" and config.workers != "auto" and config.workers > 1:
         return await _run_workers(config, console)  # the workers get signals
     stop = Stopper()
 
@@ -131,6 +139,14 @@ def capacity_lines(found: CapacityResult) -> str:
             f"  saturated first: {found.saturated_first or 'nothing'}",
         ]
     )
+
+
+def auto_workers(config: LoadConfig) -> WorkerChoice:
+    """``--workers auto``: the workers the ramp's peak rate needs."""
+    stages = plan_stages("ramp", config)
+    peak = max((s.target_rate or 0.0 for s in stages), default=0.0)
+    chunks = output_ceiling(config.workload) if config.stream else 1
+    return workers_for(peak, chunks)
 
 
 async def _run_workers(config: LoadConfig, console: Console) -> RunResult:

@@ -75,6 +75,8 @@ def _passing_signals_on(
 async def run_workers(config: LoadConfig, target: str, console: Console) -> Path:
     """Run the ramp as ``config.workers`` processes; return the merged run directory."""
     n = config.workers
+    if n == "auto":
+        raise ValueError("run_workers: resolve --workers auto first")
     out = Path(config.out)
     shard_dir = out / f".workers-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S-%f')}"
     shard_dir.mkdir(parents=True)

@@ -94,9 +94,9 @@ def _int_list(
 )
 @click.option(
     "--workers",
-    type=int,
     help="Send the schedule from this many processes (shards merged at the end), "
-    "when one cannot keep up. [default: 1]",
+    "when one cannot keep up; auto: as many as the peak rate needs at the measured "
+    "CPU cost of a request, up to the CPUs here. [default: 1]",
 )
 def ramp(config_file: Path | None, **flags: Any) -> None:
     """Open-loop load: requests at scheduled times, whatever is in flight."""
