@@ -2,13 +2,14 @@
 
 Batched histogram updates against prometheus_client's own ``observe``; SSE event
 parsing by orjson with the standard library behind it; the dispatcher's thread hop
-that never sends early and ends with its run.
+that never sends early, on a kernel timer or a thread, and leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import os
 import threading
 import time
 
@@ -19,7 +20,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from loadgen.arrivals import Due
 from loadgen.client import parse_event
-from loadgen.dispatch import OpenLoop
+from loadgen.dispatch import KernelTimer, OpenLoop
 from loadgen.live import observe_many
 
 EDGES = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]
@@ -73,14 +74,22 @@ def test_sse_events_parse_fast_and_still_read_what_orjson_refuses() -> None:
         parse_event("[" * 100_000 + "]" * 100_000)
 
 
+@pytest.mark.parametrize("kernel_timer", [True, False])
 @pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
-def test_the_dispatcher_never_sends_early_and_its_pacing_thread_ends(
-    loop_name: str,
+def test_the_dispatcher_never_sends_early_and_leaves_nothing_behind(
+    loop_name: str, kernel_timer: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if kernel_timer and not KernelTimer.available():
+        pytest.skip("no timerfd here (not Linux)")
+    if not kernel_timer:  # the thread that ends waits elsewhere
+        monkeypatch.setattr(KernelTimer, "available", staticmethod(lambda: False))
     factory = asyncio.new_event_loop
     if loop_name == "uvloop":
         uvloop = pytest.importorskip("uvloop")
         factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as warm:  # the loop's own fds, once
+        warm.run(asyncio.sleep(0))
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
     sent: list[tuple[float, float]] = []
 
     async def send(due: Due, at: float) -> None:
@@ -98,6 +107,8 @@ def test_the_dispatcher_never_sends_early_and_its_pacing_thread_ends(
         runner.run(go())
     assert len(sent) == 8
     assert all(actual >= at for at, actual in sent)  # never early
+    if fds:
+        assert len(os.listdir("/proc/self/fd")) == fds  # the timer's fd closed
     deadline = time.monotonic() + 5
     while any(t.name == "servemon-pacer" for t in threading.enumerate()):
         assert time.monotonic() < deadline, "the pacing thread outlived its run"
