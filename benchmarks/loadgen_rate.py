@@ -1,40 +1,46 @@
-"""The highest open-loop rate servemon's load generator sustains, next to a bare loop.
+"""The highest open-loop rate servemon's load generator sustains, next to its peers.
 
 A minimal streaming server (``_stream_server.py``: every answer at once, ``--chunks``
-content chunks in vLLM's shape) runs pinned to CPU 0; the client under test runs
-pinned to CPU 1. Two clients are compared:
+content chunks in vLLM's shape, each written on its own) runs pinned to CPU 0; the
+client under test runs pinned to CPU 1. The clients, side by side in the same run:
 
 - ``bare``: an open loop of this script's own (one process, uvloop where installed,
   one aiohttp session with a large connection limit and ``trust_env`` off) that
   starts each request as a task at its absolute monotonic time and reads the stream
-  to ``[DONE]``, parsing every event, as ``vllm bench serve`` does;
-- ``servemon``: ``servemon ramp --stages R:D --arrival constant`` against the same
-  server, recording everything and serving its live ``/metrics`` as in real use;
-  figures are read back from its ``requests.jsonl``.
+  to ``[DONE]``, parsing every event; it sends ``vllm bench serve``'s schedule;
+- ``vllm`` (``--peer vllm``): ``vllm bench serve`` 0.33, the tool a user would pick
+  instead, from a virtual environment of its own made on first use
+  (``_vllm_peer.py`` says how its send lag is rebuilt from its seed);
+- ``servemon``: ``servemon ramp --stages R:D --arrival poisson|constant`` against the
+  same server, recording everything and serving its live ``/metrics`` (scraped every
+  ``--scrape-live`` seconds) as in real use; figures read back from its
+  ``requests.jsonl``. ``servemon-wN`` runs it with ``--workers N`` (all on CPU 1);
+  ``--variant NAME=DIR`` adds servemon from another checkout (a before/after).
 
-For each client a search finds the highest constant rate at which p99 dispatch lag
-(actual minus scheduled send) is at most ``--max-lag-ms`` and no request failed on
-the client's side (timeout, connect or stream error; requests the client cancelled
-itself are counted and shown, and do not fail a step): rates rise geometrically from
-``--start`` until a step fails, then the gap is bisected. The machine is shared and
-noisy, so each step first waits for both cores to be quiet, a step that failed
-narrowly (no errors, p99 lag under ten times the limit) is run once more before it
-counts, and a failed step during which other processes used the client's core is run
-up to twice more; every run is printed. Then both clients run
-at ``--ttft-rate`` (60 rps) and their TTFT p50 are compared: the server answers at
-once, so TTFT there is client and loopback overhead. Each row also shows the CPU
-used by the client and the server over the step (from /proc), so that a server near
-100 % would show it was the limit.
+Every client sends ``--prompt-tokens`` (128) prompts, Poisson arrivals by default
+(``--arrival constant`` for fixed gaps); run ``r`` of every client uses seed
+1000 + r. A step passes when p99 dispatch lag (actual minus scheduled send) is at
+most ``--max-lag-ms`` and no request failed on the client's side (timeout, connect
+or stream error; requests the client cancelled itself are counted and shown, and do
+not fail a step). ``--rates`` runs the listed rates ``--repeats`` times per client,
+interleaved, and a rate passes for a client when its median run passes; without it
+a search per client and run finds the highest passing rate (geometric rise from
+``--start``, then bisection), and the median of the runs is reported. The machine is
+shared and noisy, so each step first waits for both cores to be quiet. Then the
+clients run at ``--ttft-rate`` (60 rps) and their TTFT p50 are compared: the server
+answers at once, so TTFT there is client and loopback overhead. Each row also shows
+the CPU used by the client and the server over the step (from /proc) and the
+client's CPU per request it completed, so that a server near 100 % would show it was
+the limit.
 
     .venv/bin/python benchmarks/loadgen_rate.py [--chunks 64|8] [--duration 10]
-        [--quick] [--clients bare,servemon] [--rates 100,200] [--rt 10]
+        [--arrival poisson|constant] [--clients bare,servemon] [--peer vllm]
+        [--rates 500,600] [--repeats 3] [--variant before=../old] [--rt 10]
 
-On a shared machine, ``--rt 10`` (root) runs the server and both clients under
-SCHED_FIFO so that other processes' CPU use cannot delay them: the figures then
-measure the clients, not the neighbours (benchmarks/RESULTS.md says which were used).
-
-``--rates`` runs the listed rates once per client instead of the search. Exit status
-is non-zero only when the setup is broken (server or client did not start, no run
+On a shared machine, ``--rt 10`` (root) runs the server and the clients under
+SCHED_FIFO so that other processes' CPU use cannot delay them (not what a user
+gets: benchmarks/RESULTS.md reports the default conditions first). Exit status is
+non-zero only when the setup is broken (server or client did not start, no run
 record).
 """
 
@@ -673,7 +679,10 @@ class Bench:
             step.notes.append(f"live /metrics scraped {len(scrapes)} times")
         if rc < 0:
             raise ClientKilled(f"servemon ramp was killed by signal {-rc}")
-        runs = sorted(out.glob("*-ramp*/summary.json"))
+        # --workers N merges its shards into a run directory of kind "merged"
+        runs = sorted(
+            [*out.glob("*-ramp*/summary.json"), *out.glob("*-merged*/summary.json")]
+        )
         if not runs:
             raise SetupError(
                 f"servemon ramp left no summary (exit {rc}): "
@@ -713,7 +722,10 @@ def _scrape_live(
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     url = None
     while url is None and not done.wait(0.05):
-        for run_json in out.glob("*-ramp*/run.json"):
+        for run_json in [
+            *out.glob("*-ramp*/run.json"),
+            *out.glob(".workers-*/*/run.json"),
+        ]:
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                 url = json.loads(run_json.read_text())["client"]["live_metrics"]
     while url and not done.wait(every_s):

@@ -42,6 +42,25 @@ def ramp() -> g.Dashboard:
     )
     lay.add(
         timeseries(
+            "Is the client the limit?",
+            "percentunit",
+            (
+                current(n.CLIENT_CPU, agg="max"),
+                "client CPU (busiest worker, of a core)",
+            ),
+            (rate(n.CLIENT_LIMITED, by=("reason",)), "time limited: {{reason}}"),
+            (current(n.CLIENT_LOOP_DELAY, agg="max"), "event loop delay"),
+            overrides=[right_axis("event loop delay", "s")],
+            description="The load generator's own health (servemon's client watch): "
+            "its CPU, how late its event loop wakes, and the share of time it was "
+            "flagged as the limit (lag: behind its schedule; loop: event loop "
+            "late; cpu: core full). While any is up, the figures measure the "
+            "client as much as the target.",
+        ),
+        width=12,
+    )
+    lay.add(
+        timeseries(
             "TTFT against waiting requests",
             "s",
             *percentiles(n.CLIENT_TTFT, "TTFT"),
