@@ -104,6 +104,12 @@ class LoadConfig:
     #: request (:mod:`loadgen.clientcost`).
     workers: Annotated[int, Ge(1), Le(64)] | Literal["auto"] = 1
     start_at: StartAt | None = None
+    # replay of a trace (servemon replay; the trace is the workload's trace:PATH)
+    time_scale: Positive = 1.0
+    rate_scale: Positive = 1.0
+    trace_from: Annotated[float, Ge(0)] | None = None
+    trace_to: Positive | None = None
+    loops: Annotated[int, Ge(1), Le(1000)] = 1
     # guard rails (every load command)
     abort_error_rate: Annotated[float, Ge(0), Le(1)] = 0.2
     abort_waiting: Annotated[float, Gt(0)] = 5000.0

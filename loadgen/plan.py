@@ -11,9 +11,11 @@ from urllib.parse import urlsplit
 
 from loadgen.arrivals import linear_stages, parse_stages
 from loadgen.config import LoadConfig, config_text
+from loadgen.replayplan import ReplayPlan, replay_plan
 from loadgen.runrecord import ClientLimit, StageResult
 from loadgen.target import is_loopback
-from loadgen.workload import check_workload
+from loadgen.tracefile import read_trace
+from loadgen.workload import check_workload, trace_path
 from servemon.errors import ConfigError
 
 __all__ = [
@@ -25,11 +27,12 @@ __all__ = [
     "plan_stages",
     "recorded_config",
     "redact_argv",
+    "replay_of",
     "step_seconds",
 ]
 
 DEFAULT_STAGES = "1:10,2:10,4:10"
-Kind = Literal["ramp", "sweep", "capacity"]
+Kind = Literal["ramp", "sweep", "capacity", "replay"]
 #: A capacity search's step length when ``--step-seconds`` is not given.
 DEFAULT_STEP_S = 20.0
 
@@ -112,6 +115,9 @@ def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
     steps as it goes)."""
     if kind == "capacity":
         return []
+    if kind == "replay":
+        plan = replay_of(config)
+        return [StageRecord(0, "trace", plan.rate, None, plan.duration_s)]
     if kind == "ramp":
         if config.stages is not None:
             stages = list(config.stages)
@@ -140,6 +146,25 @@ def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
         StageRecord(i, f"parallel {p}", None, p, None)
         for i, p in enumerate(config.parallel)
     ]
+
+
+def replay_of(config: LoadConfig) -> ReplayPlan:
+    """The sends of ``servemon replay``: the workload's trace, scaled and windowed."""
+    path = trace_path(config.workload)
+    if path is None:
+        raise ConfigError(
+            f"--workload {config.workload}: replay sends a trace (trace:PATH)"
+        )
+    if config.trace_to is not None and config.trace_to <= (config.trace_from or 0):
+        raise ConfigError(f"--to {config.trace_to:g}: must be after --from")
+    return replay_plan(
+        read_trace(path),
+        time_scale=config.time_scale,
+        rate_scale=config.rate_scale,
+        start_s=config.trace_from,
+        end_s=config.trace_to,
+        loops=config.loops,
+    )
 
 
 def check_rate_bound(

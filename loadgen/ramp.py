@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from loadgen.arrivals import Arrival, Due, Shard, Stage
@@ -19,7 +20,7 @@ from loadgen.context import Driven, RunContext
 from loadgen.dispatch import OpenLoop
 from loadgen.stopping import Stopper, grace, until_stopped
 
-__all__ = ["drive_ramp", "open_loop"]
+__all__ = ["drive_ramp", "open_loop", "wait_for_start"]
 
 
 async def drive_ramp(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
@@ -32,7 +33,7 @@ async def drive_ramp(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven
         offset += duration
     c = ctx.config
     shard = c.shard
-    start = await _wait_for_start(ctx, stop)
+    start = await wait_for_start(ctx, stop)
     if start is None:
         return Driven(interrupted=True)
     interrupted = await open_loop(
@@ -48,7 +49,7 @@ async def drive_ramp(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven
     return Driven(interrupted)
 
 
-async def _wait_for_start(ctx: RunContext, stop: Stopper) -> float | None:
+async def wait_for_start(ctx: RunContext, stop: Stopper) -> float | None:
     """The monotonic start of the schedule: ``--start-at`` (shared by shards) or
     now; None if the run was stopped while waiting."""
     c = ctx.config
@@ -77,8 +78,12 @@ async def open_loop(
     halt: asyncio.Event | None = None,
     shard: Shard | None = None,
     start_s: float | None = None,
+    sends: Iterable[Due] | None = None,
 ) -> bool:
     """Send ``plan`` open loop; True if the run was stopped meanwhile.
+
+    ``sends`` is the schedule when it is given (a replay's, from its trace);
+    otherwise the seeded arrival process draws it for ``plan``.
 
     Setting ``halt`` ends this dispatch early (a capacity step judged already):
     sending stops and the requests in flight get the grace period.
@@ -126,7 +131,11 @@ async def open_loop(
         on_hold=on_hold,
     )
     ctx.progress.open_loop = loop
-    due = make_schedule(plan, arrival, seed, limit=limit, shard=shard)
+    due = (
+        make_schedule(plan, arrival, seed, limit=limit, shard=shard)
+        if sends is None
+        else sends
+    )
     dispatching = asyncio.create_task(loop.run(due, start))
     ending = (stop.requested,) if halt is None else (stop.requested, halt)
     try:

@@ -40,6 +40,7 @@ from loadgen.plan import (
 from loadgen.progress import Progress
 from loadgen.ramp import drive_ramp
 from loadgen.record import RunDirectory
+from loadgen.replay import drive_replay
 from loadgen.runrecord import (
     CapacityResult,
     RunInfo,
@@ -72,6 +73,7 @@ DRIVERS: dict[Kind, Driver] = {
     "ramp": drive_ramp,
     "sweep": drive_sweep,
     "capacity": drive_capacity,
+    "replay": drive_replay,
 }
 
 

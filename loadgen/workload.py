@@ -31,6 +31,12 @@ Specs (every key optional; defaults as shown, output defaults to ``default_outpu
     skipped; anything else malformed is an error naming the line (in an array, the
     item). Every entry is counted when the workload is built, one count a message
     (and reply); ``prompt_tokens`` of messages is the sum of their contents.
+``trace:PATH[,output=O]``
+    A trace (:mod:`loadgen.tracefile`: Mooncake JSONL with ``hash_ids``, plain
+    JSONL/CSV of lengths, or timed real prompts): request ``i`` sends entry
+    ``i % entries``, built with the trace's lengths and prefix structure
+    (:mod:`loadgen.traceprompts`). A ramp sends them at its own rates; ``servemon
+    replay`` at the trace's times.
 
 Output ``O`` is ``N`` (fixed) or ``A:B``: a uniform integer in ``[A, B]`` drawn per
 request index from the seed. Given on ``file:``, it overrides the file's budgets.
@@ -64,6 +70,8 @@ from loadgen.prompts import (
 )
 from loadgen.synthetic import build_random, build_shared_prefix
 from loadgen.tokens import TokenCounter
+from loadgen.tracefile import read_trace
+from loadgen.traceprompts import build_trace
 from servemon.errors import ConfigError
 
 __all__ = [
@@ -75,6 +83,7 @@ __all__ = [
     "output_ceiling",
     "random_prompt",
     "request_body",
+    "trace_path",
 ]
 
 _OPTION = re.compile(r"[A-Za-z_][\w-]*=")
@@ -87,6 +96,14 @@ def check_workload(spec: str) -> None:
     kind, options = _parse(spec, default_output=1)
     if kind == "file":
         read_entries(options["path"])
+    if kind == "trace":
+        read_trace(options["path"])
+
+
+def trace_path(spec: str) -> Path | None:
+    """The file of a ``trace:`` spec; None for another kind."""
+    kind, options = _parse(spec, default_output=1)
+    return options["path"] if kind == "trace" else None
 
 
 def output_ceiling(spec: str, default_output: int = 128) -> int:
@@ -115,7 +132,8 @@ async def build_workload(
         return await build_random(spec, counter, seed, pool_size, **options)
     if kind == "shared-prefix":
         return await build_shared_prefix(spec, counter, seed, **options)
-    return await build_file(
+    build = build_trace if kind == "trace" else build_file
+    return await build(
         spec, counter, seed, options["path"], options["output"], default_output
     )
 
@@ -139,13 +157,13 @@ def _parse(spec: str, *, default_output: int) -> tuple[str, dict[str, Any]]:
             "suffix": _int(kind, "suffix", options.get("suffix", "64"), minimum=0),
             "output": _output(kind, options.get("output", str(default_output))),
         }
-    if kind == "file":
-        path, options = _file_options(rest)
+    if kind in ("file", "trace"):
+        path, options = _file_options(rest, kind)
         override = _output(kind, options["output"]) if "output" in options else None
         return kind, {"path": Path(path), "output": override}
     raise ConfigError(
         f"--workload: unknown kind {kind!r} in {spec!r} "
-        "(known: random, shared-prefix, file)"
+        "(known: random, shared-prefix, file, trace)"
     )
 
 
@@ -171,7 +189,7 @@ def _options(kind: str, text: str, known: Sequence[str]) -> dict[str, str]:
     return options
 
 
-def _file_options(text: str) -> tuple[str, dict[str, str]]:
+def _file_options(text: str, kind: str = "file") -> tuple[str, dict[str, str]]:
     path = text
     options: dict[str, str] = {}
     while True:
@@ -180,11 +198,11 @@ def _file_options(text: str) -> tuple[str, dict[str, str]]:
             break
         key = tail.strip().partition("=")[0]
         if key in options:
-            raise ConfigError(f"--workload: file: {key!r} given twice")
-        options.update(_options("file", tail, ("output",)))
+            raise ConfigError(f"--workload: {kind}: {key!r} given twice")
+        options.update(_options(kind, tail, ("output",)))
         path = head
     if not path.strip():
-        raise ConfigError("--workload: file: needs a path (file:PATH[,output=N])")
+        raise ConfigError(f"--workload: {kind}: needs a path ({kind}:PATH[,output=N])")
     return path.strip(), options
 
 

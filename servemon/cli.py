@@ -19,9 +19,10 @@ from servemon import __version__
 from servemon.commands.demo import demo
 from servemon.commands.exporter import exporter
 from servemon.commands.generate import dashboards, rules
-from servemon.commands.load import capacity, ramp, sweep
+from servemon.commands.load import capacity, ramp, replay, sweep
 from servemon.commands.runs import compare, merge_command, report
 from servemon.commands.sim import sim
+from servemon.commands.trace import trace
 from servemon.errors import ServemonError
 
 __all__ = ["ServemonGroup", "cli", "join_multi_values", "main"]
@@ -63,10 +64,12 @@ for _command in (
     exporter,
     merge_command,
     ramp,
+    replay,
     report,
     rules,
     sim,
     sweep,
+    trace,
 ):
     cli.add_command(_command)
 

@@ -7,7 +7,6 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
-from typing import Literal
 
 from rich.console import Console
 from rich.table import Table
@@ -16,7 +15,7 @@ from loadgen.clientcost import WorkerChoice, workers_for
 from loadgen.clientwatch import limit_lines
 from loadgen.columns import STAGE_COLUMNS, cells, table_rows
 from loadgen.config import LoadConfig
-from loadgen.plan import plan_stages
+from loadgen.plan import Kind, plan_stages
 from loadgen.progress import Progress
 from loadgen.report import write_report
 from loadgen.runner import RunResult, Stopper, check_load_config, run_load
@@ -37,7 +36,7 @@ def console_for() -> Console:
 
 
 async def run_command(
-    kind: Literal["ramp", "sweep", "capacity"],
+    kind: Kind,
     config: LoadConfig,
     argv: Sequence[str],
     *,

@@ -1,4 +1,5 @@
-"""The load commands: ``ramp`` (open loop), ``sweep`` (closed loop), ``capacity``.
+"""The load commands: ``ramp`` (open loop), ``sweep`` (closed loop), ``capacity``,
+``replay`` (a trace at its own times).
 
 Each option is a field of :class:`loadgen.config.LoadConfig`; the options all three
 take are :func:`servemon.commands.options.load_options`. The run itself, its
@@ -19,9 +20,9 @@ from servemon.errors import ConfigError
 from servemon.fields import layer_config
 from servemon.lifecycle import run_async
 
-__all__ = ["capacity", "load_config", "ramp", "sweep"]
+__all__ = ["capacity", "load_config", "ramp", "replay", "sweep"]
 
-Kind = Literal["ramp", "sweep", "capacity"]
+Kind = Literal["ramp", "sweep", "capacity", "replay"]
 
 
 def load_config(config_file: Path | None, flags: dict[str, Any]) -> LoadConfig:
@@ -153,3 +154,37 @@ def sweep(config_file: Path | None, **flags: Any) -> None:
 def capacity(config_file: Path | None, **flags: Any) -> None:
     """Find the highest request rate that meets the SLO, and what saturates first."""
     _run("capacity", config_file, flags)
+
+
+@click.command()
+@click.argument("trace", type=click.Path(path_type=Path))
+@options.load_options()
+@click.option(
+    "--time-scale",
+    type=float,
+    help="Multiply the trace's gaps by this (2: twice as long). [default: 1]",
+)
+@click.option(
+    "--rate-scale",
+    type=float,
+    help="Send this many times as fast (2: twice the rate). [default: 1]",
+)
+@click.option(
+    "--from", "trace_from", type=float, help="Start at this second of the trace."
+)
+@click.option("--to", "trace_to", type=float, help="Stop at this second of the trace.")
+@click.option("--loops", type=int, help="Send the window this many times. [default: 1]")
+@click.option(
+    "--max-inflight",
+    type=int,
+    help="Safety cap on requests in flight; what it holds back is counted. "
+    "[default: 1000]",
+)
+@click.option("--max-requests", type=int, help="Stop after this many requests.")
+def replay(trace: Path, config_file: Path | None, **flags: Any) -> None:
+    """Send a trace (Mooncake JSONL, JSONL/CSV of lengths, timed prompts) open
+    loop at its own times, with its lengths and prefix structure."""
+    if flags.get("workload"):
+        raise ConfigError("--workload: replay takes its trace as TRACE, not both")
+    flags["workload"] = f"trace:{trace}"
+    _run("replay", config_file, flags)

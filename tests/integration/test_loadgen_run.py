@@ -9,7 +9,6 @@ the load generator measured.
 from __future__ import annotations
 
 import asyncio
-import io
 import itertools
 import json
 import os
@@ -23,47 +22,16 @@ from typing import Any
 
 import aiohttp
 import pytest
-from rich.console import Console
 from scipy import stats
 
 from loadgen.arrivals import Arrival, Due, parse_stages, schedule
-from loadgen.config import LoadConfig
-from loadgen.progress import Progress
 from loadgen.report import write_report
-from loadgen.runner import RunResult, Stopper, run_load
+from loadgen.runner import RunResult, Stopper
 from simulator.config import SimConfig
 from simulator.server import SimServer
+from tests.support.runs import config_for, run
 
 pytestmark = pytest.mark.integration
-
-#: Short prompts and answers: the tiny simulator keeps up with hundreds a second.
-SMALL = "random:prompt=16,output=4"
-
-
-def config_for(server: Any, tmp_path: Path, **fields: Any) -> LoadConfig:
-    """A run against ``server`` with a free live-metrics port and bounded waits."""
-    base: dict[str, Any] = {
-        "target": server.url,
-        "out": str(tmp_path / "runs"),
-        "metrics_port": 0,
-        "workload": SMALL,
-        "timeout": 10.0,
-        "grace": 1.0,
-    }
-    return LoadConfig(**{**base, **fields})
-
-
-async def run(kind: str, config: LoadConfig, stop: Stopper | None = None) -> RunResult:
-    assert config.target is not None
-    return await run_load(
-        kind,  # type: ignore[arg-type]
-        config,
-        config.target,
-        argv=["servemon", kind, "(test)"],
-        stop=Stopper() if stop is None else stop,
-        env={},
-        progress=Progress(Console(file=io.StringIO()), live=False),
-    )
 
 
 def read_json(path: Path) -> Any:

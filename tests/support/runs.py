@@ -1,13 +1,51 @@
-"""Reading a run directory back in tests: its requests as timings."""
+"""Load runs in tests: one in-process run as the CLI makes it, and its run directory
+read back."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
+from typing import Any
 
+from rich.console import Console
+
+from loadgen.config import LoadConfig
+from loadgen.progress import Progress
 from loadgen.record import read_jsonl, timing_from_line
+from loadgen.runner import RunResult, Stopper, run_load
 from loadgen.timing import RequestTiming
 
-__all__ = ["requests_of"]
+__all__ = ["SMALL", "config_for", "requests_of", "run"]
+
+#: Short prompts and answers: the tiny simulator keeps up with hundreds a second.
+SMALL = "random:prompt=16,output=4"
+
+
+def config_for(server: Any, tmp_path: Path, **fields: Any) -> LoadConfig:
+    """A run against ``server`` with a free live-metrics port and bounded waits."""
+    base: dict[str, Any] = {
+        "target": server.url,
+        "out": str(tmp_path / "runs"),
+        "metrics_port": 0,
+        "workload": SMALL,
+        "timeout": 10.0,
+        "grace": 1.0,
+    }
+    return LoadConfig(**{**base, **fields})
+
+
+async def run(kind: str, config: LoadConfig, stop: Stopper | None = None) -> RunResult:
+    """``run_load`` as ``servemon KIND`` calls it, its output kept quiet."""
+    assert config.target is not None
+    return await run_load(
+        kind,  # type: ignore[arg-type]
+        config,
+        config.target,
+        argv=["servemon", kind, "(test)"],
+        stop=Stopper() if stop is None else stop,
+        env={},
+        progress=Progress(Console(file=io.StringIO()), live=False),
+    )
 
 
 def requests_of(run_dir: Path, stage: int | None = None) -> list[RequestTiming]:

@@ -1,0 +1,39 @@
+"""``servemon replay``: a trace sent open loop at its own times.
+
+The schedule is the trace's (:mod:`loadgen.replayplan`: scaled, windowed, looped),
+one stage long; the prompts are the trace's (:mod:`loadgen.traceprompts`). Each
+request goes out at its time whatever is in flight, through the ramp's dispatcher,
+so dispatch lag, ``held_back`` and the from-scheduled figures mean what they mean
+for a ramp.
+"""
+
+from __future__ import annotations
+
+from loadgen.arrivals import Arrival, Due, Stage
+from loadgen.context import Driven, RunContext
+from loadgen.plan import replay_of
+from loadgen.ramp import open_loop, wait_for_start
+from loadgen.stopping import Stopper
+
+__all__ = ["drive_replay"]
+
+
+async def drive_replay(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
+    """Send the trace's requests at their (scaled) times."""
+    c = ctx.config
+    plan = replay_of(c)
+    sends = plan.sends[: c.max_requests] if c.max_requests else plan.sends
+    start = await wait_for_start(ctx, stop)
+    if start is None:
+        return Driven(interrupted=True)
+    stage = Stage(0, plan.rate, plan.duration_s, 0.0)
+    interrupted = await open_loop(
+        ctx,
+        [stage],
+        stop,
+        arrival,
+        seed=c.seed,
+        start_s=start,
+        sends=(Due(index, 0, offset) for index, offset in sends),
+    )
+    return Driven(interrupted)
