@@ -14,7 +14,7 @@ from loadgen.prompts import OutputBudget, Prompt, Workload
 from loadgen.tokens import TokenCounter, count_each
 from servemon.errors import ConfigError
 
-__all__ = ["build_file", "read_entries"]
+__all__ = ["build_file", "read_entries", "read_text"]
 
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 _HUMAN = frozenset({"human", "user"})
@@ -76,14 +76,19 @@ async def build_file(
     return _FileWorkload(spec, counter.source, seed, tuple(prompts), output)
 
 
-def read_entries(path: Path) -> list[_Entry]:
-    where = f"--workload: file: {path}"
+def read_text(path: Path, where: str) -> str:
+    """A workload or trace file's text; one line naming it if it cannot be read."""
     try:
-        content = path.expanduser().read_text(encoding="utf-8")
+        return path.expanduser().read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{where}: not UTF-8 text") from None
+
+
+def read_entries(path: Path) -> list[_Entry]:
+    where = f"--workload: file: {path}"
+    content = read_text(path, where)
     found: list[_Entry | None] = []
     if content.lstrip().startswith("["):
         try:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from loadgen.promptfile import read_text
 from servemon.errors import ConfigError
 
 __all__ = [
@@ -64,12 +65,7 @@ class TraceEntry:
 def read_trace(path: Path) -> list[TraceEntry]:
     """Read and check a trace file (``.csv``: CSV, else JSONL)."""
     where = f"--workload: trace: {path}"
-    try:
-        content = path.expanduser().read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{where}: not UTF-8 text") from None
+    content = read_text(path, where)
     return parse_trace(content, where, csv_format=path.suffix.lower() == ".csv")
 
 

@@ -31,15 +31,14 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from loadgen.config import LoadConfig
-from loadgen.progress import Progress
-from loadgen.runner import RunResult, Stopper, run_load
+from loadgen.runner import RunResult
 from loadgen.slo import parse_slo
 from loadgen.summary import summarize
 from servemon.cli import cli
 from servemon.errors import ConfigError
 from servemon.load import run_command
 from simulator.profiles import load_profile
-from tests.support.runs import requests_of
+from tests.support.runs import requests_of, run
 
 pytestmark = pytest.mark.integration
 
@@ -72,20 +71,6 @@ def config_for(target: str, tmp_path: Path, **fields: Any) -> LoadConfig:
         "max_duration": 60.0,
     }
     return LoadConfig(**{**base, **fields})
-
-
-async def run(kind: str, config: LoadConfig) -> RunResult:
-    """``run_load`` as the CLI calls it, with a silent progress display."""
-    assert config.target is not None
-    return await run_load(
-        kind,  # type: ignore[arg-type]
-        config,
-        config.target,
-        argv=["servemon", kind, "(test)"],
-        stop=Stopper(),
-        env={},
-        progress=Progress(Console(file=io.StringIO()), live=False),
-    )
 
 
 def read_json(path: Path) -> Any:
