@@ -14,7 +14,7 @@ from loadgen.config import LoadConfig, config_text
 from loadgen.replayplan import ReplayPlan, replay_plan
 from loadgen.runrecord import ClientLimit, StageResult
 from loadgen.target import is_loopback
-from loadgen.tracefile import read_trace
+from loadgen.tracefile import TraceEntry, read_trace
 from loadgen.workload import check_workload, trace_path
 from servemon.errors import ConfigError
 
@@ -28,6 +28,7 @@ __all__ = [
     "recorded_config",
     "redact_argv",
     "replay_of",
+    "replay_plan_of",
     "step_seconds",
 ]
 
@@ -155,10 +156,15 @@ def replay_of(config: LoadConfig) -> ReplayPlan:
         raise ConfigError(
             f"--workload {config.workload}: replay sends a trace (trace:PATH)"
         )
+    return replay_plan_of(config, read_trace(path))
+
+
+def replay_plan_of(config: LoadConfig, entries: Sequence[TraceEntry]) -> ReplayPlan:
+    """The sends of a replay of ``entries`` with ``config``'s scaling and window."""
     if config.trace_to is not None and config.trace_to <= (config.trace_from or 0):
         raise ConfigError(f"--to {config.trace_to:g}: must be after --from")
     return replay_plan(
-        read_trace(path),
+        entries,
         time_scale=config.time_scale,
         rate_scale=config.rate_scale,
         start_s=config.trace_from,

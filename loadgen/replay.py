@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from loadgen.arrivals import Arrival, Due, Stage
 from loadgen.context import Driven, RunContext
-from loadgen.plan import replay_of
+from loadgen.plan import replay_of, replay_plan_of
 from loadgen.ramp import open_loop, wait_for_start
 from loadgen.stopping import Stopper
+from loadgen.traceprompts import TraceWorkload
 
 __all__ = ["drive_replay"]
 
@@ -21,7 +22,12 @@ __all__ = ["drive_replay"]
 async def drive_replay(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
     """Send the trace's requests at their (scaled) times."""
     c = ctx.config
-    plan = replay_of(c)
+    # The workload read the trace already (off the loop): plan from its entries.
+    workload = ctx.workload
+    if isinstance(workload, TraceWorkload):
+        plan = replay_plan_of(c, workload.entries)
+    else:
+        plan = replay_of(c)
     sends = plan.sends[: c.max_requests] if c.max_requests else plan.sends
     start = await wait_for_start(ctx, stop)
     if start is None:

@@ -130,7 +130,8 @@ async def run_load(
     """Run a load command of ``kind`` against ``target`` (a base URL)."""
     check_load_config(kind, config)
     slo = list(config.slo)
-    stages = plan_stages(kind, config)
+    # In a thread: a replay's plan reads its trace file.
+    stages = await asyncio.to_thread(plan_stages, kind, config)
     check_rate_bound(kind, config, target, stages)
     arrival = config.arrival
     headers = {k: v.reveal() for k, v in auth_headers(config, env).items()}
