@@ -18,10 +18,11 @@ import orjson
 
 from loadgen.timing import Outcome, RequestTiming, TokenSource
 from monitor.http import NotAnswered, PoolConnector, post
-from monitor.sse import EventTooLarge, choice_text, is_done, iter_events
+from monitor.sse import EventTooLarge, answer_text, choice_text, is_done, iter_events
 
 __all__ = [
     "ClientSettings",
+    "RequestTags",
     "make_session",
     "parse_event",
     "send_request",
@@ -62,6 +63,8 @@ async def send_request(
     cancel_after_s: float | None = None,
     cancel_after_tokens: int | None = None,
     record_interruption: bool = False,
+    keep_text: bool = False,
+    tags: RequestTags | None = None,
 ) -> RequestTiming:
     """POST ``body`` to ``url`` and time it; streaming if ``body["stream"]``.
 
@@ -69,10 +72,14 @@ async def send_request(
     the send, or after that many content chunks, and record ``cancelled``: a client
     walking away. With ``record_interruption``, cancelling the calling task (a run
     being stopped) also returns a ``cancelled`` record with what was measured so far,
-    instead of raising.
+    instead of raising. ``keep_text`` keeps the answer's text on the record (a
+    session sends it back in its next turn); ``tags`` go on the record as they are.
     """
     probe = _Probe(request_id, time.monotonic() if scheduled_s is None else scheduled_s)
     probe.stage = stage
+    probe.tags = tags
+    if keep_text:
+        probe.text = []
     probe.cancel_after_tokens = cancel_after_tokens
     sent_headers = {"X-Request-Id": request_id, **(headers or {})}
     resends = [0]
@@ -127,6 +134,17 @@ async def send_request(
     return probe.result()
 
 
+@dataclass(frozen=True, slots=True)
+class RequestTags:
+    """What the caller knows about a request that the wire does not say: the model
+    of a mix it asked for, and its place in a conversation."""
+
+    model: str | None = None
+    session: str | None = None
+    turn: int | None = None
+    history_tokens: int | None = None
+
+
 class _Probe:
     """Mutable state while one request is in flight."""
 
@@ -140,6 +158,9 @@ class _Probe:
         self.first_chunk_s: float | None = None
         self.done_s: float | None = None
         self.content_s: list[float] = []
+        self.first_answer_s: float | None = None
+        self.text: list[str] | None = None  # the answer's pieces, when kept
+        self.tags: RequestTags | None = None
         self.status: int | None = None
         self.usage: dict[str, Any] | None = None
         self.finish_reason: str | None = None
@@ -216,6 +237,13 @@ class _Probe:
                 continue
             if choice_text(choice):
                 self.content_s.append(now)
+                if self.first_answer_s is None or self.text is not None:
+                    answer = answer_text(choice)
+                    if answer is not None:
+                        if self.first_answer_s is None:
+                            self.first_answer_s = now
+                        if self.text is not None:
+                            self.text.append(answer)
             if choice.get("finish_reason"):
                 self.finish_reason = str(choice["finish_reason"])
                 self.finished = True
@@ -245,6 +273,7 @@ class _Probe:
         else:
             tokens, source = len(self.content_s), TokenSource.CHUNKS
         facts = server_facts(usage, self.metrics, self.timings)
+        tags = self.tags or _NO_TAGS
         return RequestTiming(
             request_id=self.request_id,
             stage=self.stage,
@@ -263,8 +292,17 @@ class _Probe:
             error=self.error,
             done_sentinel=self.done_sentinel,
             reconnects=self.reconnects,
+            first_answer_s=self.first_answer_s,
+            model=tags.model,
+            session=tags.session,
+            turn=tags.turn,
+            history_tokens=tags.history_tokens,
+            text=None if self.text is None else "".join(self.text),
             **facts,
         )
+
+
+_NO_TAGS = RequestTags()
 
 
 def parse_event(data: str) -> Any:
@@ -288,7 +326,8 @@ def server_facts(
 ) -> dict[str, Any]:
     """What the server reported about the request, as RequestTiming fields.
 
-    ``usage.prompt_tokens_details.cached_tokens`` (vLLM with
+    ``usage.completion_tokens_details.reasoning_tokens`` (OpenAI's, and servers
+    that follow it); ``usage.prompt_tokens_details.cached_tokens`` (vLLM with
     ``--enable-prompt-tokens-details``, llama.cpp, OpenAI); vLLM's ``metrics``
     (``--enable-per-request-metrics``: ``queue_time_ms`` = scheduled - queued,
     ``time_to_first_token_ms`` = first token - scheduled, ``generation_time_ms`` =
@@ -303,6 +342,10 @@ def server_facts(
         cached = timings.get("cache_n")
     if _is_count(cached):
         facts["cached_tokens"] = cached
+    details = usage.get("completion_tokens_details")
+    reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    if _is_count(reasoning):
+        facts["reasoning_tokens"] = reasoning
     if metrics is not None:
         queue = _ms(metrics.get("queue_time_ms"))
         prefill = _ms(metrics.get("time_to_first_token_ms"))

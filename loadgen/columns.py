@@ -16,12 +16,16 @@ from loadgen.summary import Summary
 
 __all__ = [
     "COMPARED",
+    "GROUP_COLUMNS",
+    "REASONING_COLUMNS",
     "SERVER_COLUMNS",
     "STAGE_COLUMNS",
     "Column",
     "Compared",
     "Row",
     "cells",
+    "group_rows",
+    "reasons",
     "table_rows",
 ]
 
@@ -95,6 +99,60 @@ SERVER_COLUMNS: tuple[Column, ...] = (
 )
 
 
+def _tokens(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+#: A group of a run's requests: a conversation's turn index, or a model of a mix.
+GROUP_COLUMNS: tuple[Column, ...] = (
+    Column("group", lambda r: r.name),
+    Column("requests", lambda r: str(r.summary.requests)),
+    Column("ok", lambda r: str(r.summary.ok)),
+    Column("TTFT p50", _ms("ttft_p50")),
+    Column("TTFT p95", _ms("ttft_p95")),
+    Column("TTFA p50", _ms("ttfa_p50")),
+    Column("ITL p95", _ms("itl_p95")),
+    Column("E2E p95", _ms("e2e_p95")),
+    Column("cached prompt", lambda r: _share(r.summary.cached_fraction)),
+    Column("history tok", lambda r: _tokens(r.summary.mean_history_tokens)),
+    Column("prompt tok", lambda r: _tokens(r.summary.mean_prompt_tokens)),
+    Column("reasoning tok", lambda r: _tokens(r.summary.mean_reasoning_tokens)),
+)
+
+#: Reasoning: the first token of any kind against the first token of the answer.
+REASONING_COLUMNS: tuple[Column, ...] = (
+    Column("stage", lambda r: r.name),
+    Column("load", lambda r: r.load),
+    Column("TTFT p50", _ms("ttft_p50")),
+    Column("TTFT p95", _ms("ttft_p95")),
+    Column("TTFA p50", _ms("ttfa_p50")),
+    Column("TTFA p95", _ms("ttfa_p95")),
+    Column("reasoning tok", lambda r: _tokens(r.summary.mean_reasoning_tokens)),
+    Column("output tok", lambda r: _tokens(r.summary.mean_output_tokens)),
+)
+
+
+def group_rows(record: RunSummary, key: str) -> list[Row]:
+    """A row per group of ``record.by_turn`` (``key="turn"``) or ``by_model``."""
+    groups = (record.by_turn if key == "turn" else record.by_model) or {}
+    return [
+        Row(f"{key} {name}", "", summary.requests, summary.request_throughput, summary)
+        for name, summary in groups.items()
+    ]
+
+
+def reasons(record: RunSummary) -> bool:
+    """Whether any request of the run reported reasoning tokens, or had its answer
+    start after its first token."""
+    for summary in (*record.summaries, record.overall):
+        if summary.mean_reasoning_tokens:
+            return True
+        ttft, ttfa = summary.figure("ttft"), summary.figure("ttfa")
+        if ttft and ttfa and ttfa.mean - ttft.mean > 1e-4:
+            return True
+    return False
+
+
 def table_rows(record: RunSummary, *, overall: bool = True) -> list[Row]:
     """A row per stage, then (``overall``) one for the whole run."""
     rows = [
@@ -141,6 +199,7 @@ COMPARED: tuple[Compared, ...] = (
     Compared("requests/s", lambda s: s.request_throughput, True),
     Compared("TTFT mean ms", _scaled("ttft_mean", 1000.0)),
     Compared("TTFT p95 ms", _scaled("ttft_p95", 1000.0)),
+    Compared("TTFA p95 ms", _scaled("ttfa_p95", 1000.0)),
     Compared("TPOT mean ms", _scaled("tpot_mean", 1000.0)),
     Compared("ITL p95 ms", _scaled("itl_p95", 1000.0)),
     Compared("E2E mean s", _scaled("e2e_mean", 1.0)),

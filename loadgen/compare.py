@@ -54,8 +54,15 @@ def compare(paths: Sequence[Path]) -> Comparison:
     runs = [load_run(p) for p in paths]
     per_run = [
         {
-            _level_key(r, s): summary
-            for s, summary in zip(r.summary.stages, r.summary.summaries, strict=True)
+            **{
+                _level_key(r, s): summary
+                for s, summary in zip(
+                    r.summary.stages, r.summary.summaries, strict=True
+                )
+            },
+            # The whole run's requests of each model of a mix, and of each turn.
+            **{f"model {m}": v for m, v in (r.summary.by_model or {}).items()},
+            **{f"turn {k}": v for k, v in (r.summary.by_turn or {}).items()},
         }
         for r in runs
     ]

@@ -120,7 +120,8 @@ class LoadConfig:
     settle: Annotated[float, Ge(0)] = 5.0
     precision: Annotated[float, Gt(0), Le(1)] = 0.05
     # closed loop (sweep)
-    parallel: tuple[Annotated[int, Ge(1)], ...] = (1, 2, 4, 8)
+    #: None: ``users=N`` of a sessions workload, else 1 2 4 8.
+    parallel: tuple[Annotated[int, Ge(1)], ...] | None = None
     number: tuple[Annotated[int, Ge(1)], ...] = (16,)
     warmup: Annotated[int, Ge(0)] = 0
     # the built-in simulator, when there is no target
@@ -138,7 +139,7 @@ def config_text(config: LoadConfig) -> dict[str, Any]:
     data["shard"] = None if config.shard is None else str(config.shard)
     data["start_at"] = None if config.start_at is None else config.start_at.isoformat()
     for key in ("header", "parallel", "number", "sim_args"):
-        data[key] = list(data[key])
+        data[key] = None if data[key] is None else list(data[key])
     return data
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 import secrets
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from loadgen.client import RequestTags
 from loadgen.clientwatch import CHECK_S, ClientWatch, Verdict
 from loadgen.config import LoadConfig
 from loadgen.guard import GuardRail
@@ -36,7 +37,7 @@ from loadgen.runrecord import CapacityResult, Tally
 from loadgen.slo import SloTerm
 from loadgen.stopping import Stopper
 from loadgen.timing import RequestTiming
-from loadgen.workload import Workload, request_body
+from loadgen.workload import Prompt, Workload, request_body
 from monitor import names
 
 __all__ = ["Driven", "RunContext", "Sink"]
@@ -71,6 +72,10 @@ class RunContext:
     slo: list[SloTerm]
     stages: list[StageRecord]
     progress: Progress
+    #: The model of each request (or session) index, when requests differ in it:
+    #: a ``--model`` mix's seeded draw, or the models a trace names. ``model`` is
+    #: then the names the run uses, comma-joined.
+    pick_model: Callable[[int], str] | None = None
     stopper: Stopper = field(default_factory=Stopper)
     tally: Tally = field(init=False)
     guard: GuardRail = field(init=False)
@@ -88,6 +93,9 @@ class RunContext:
         default_factory=lambda: deque(maxlen=3600)
     )
     sinks: list[Sink] = field(default_factory=list)
+    #: A sessions workload's turns sent and sessions cut short, by stage.
+    turns_sent: Counter[int] = field(default_factory=Counter)
+    sessions_cut: Counter[int] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         c = self.config
@@ -109,24 +117,40 @@ class RunContext:
 
     def body(self, index: int) -> dict[str, Any]:
         """The request body of prompt ``index``."""
+        return self.body_of(self.workload.prompt(index), self.model_of(index))
+
+    def body_of(self, prompt: Prompt, model: str) -> dict[str, Any]:
+        """The request body of ``prompt``, asking for ``model``."""
         c = self.config
         return request_body(
-            self.workload.prompt(index),
+            prompt,
             api=c.api,
-            model=self.model,
+            model=model,
             stream=c.stream,
             ignore_eos=c.ignore_eos,
             extra_body=c.extra_body,
         )
 
-    def cancel_options(self, index: int) -> dict[str, Any]:
-        """Whether request ``index`` is one the client walks away from (seeded)."""
+    def model_of(self, index: int) -> str:
+        """The model request (or session) ``index`` asks for: a ``--model`` mix's
+        seeded draw, else the run's model."""
+        pick = self.pick_model
+        return self.model if pick is None else pick(index)
+
+    def request_options(self, index: int) -> dict[str, Any]:
+        """Keyword arguments of :func:`~loadgen.client.send_request` for request
+        ``index``: whether the client walks away from it (seeded), and the model
+        of a mix it asked for."""
         c = self.config
+        options: dict[str, Any] = {}
+        if self.pick_model is not None:
+            options["tags"] = RequestTags(model=self.pick_model(index))
         if c.cancel_fraction <= 0:
-            return {}
+            return options
         if random.Random(f"cancel:{c.seed}:{index}").random() >= c.cancel_fraction:
-            return {}
+            return options
         return {
+            **options,
             "cancel_after_s": c.cancel_after,
             "cancel_after_tokens": c.cancel_after_tokens,
         }

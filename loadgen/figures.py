@@ -253,6 +253,12 @@ FIGURES: tuple[Figure, ...] = (
     Figure("ttft", "TTFT", "first content chunk minus send", lambda t: t.ttft),
     Figure("ttfc", "TTFC", "first chunk of any kind minus send", _first_chunk),
     Figure(
+        "ttfa",
+        "TTFA",
+        "first answer chunk (after any reasoning) minus send",
+        lambda t: t.ttfa,
+    ),
+    Figure(
         "itl",
         "ITL",
         "gaps between content chunks, pooled",

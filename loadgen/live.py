@@ -81,6 +81,7 @@ class _StageChildren:
     e2e: Histogram
     output_tokens: Counter
     prompt_tokens: Counter
+    labels: tuple[str, str, str]
     outcomes: dict[str, Counter] = field(default_factory=dict)
 
 
@@ -117,7 +118,7 @@ class LiveMetrics:
         self.loop_delay = names.CLIENT_LOOP_DELAY.gauge(r).labels(*self._base)
         self.limited = names.CLIENT_LIMITED.counter(r)
         self._runner: web.AppRunner | None = None
-        self._children: dict[int, _StageChildren] = {}
+        self._children: dict[tuple[int, str | None], _StageChildren] = {}
         self.url = ""
 
     def stage(self, index: int, rate: float) -> None:
@@ -133,10 +134,11 @@ class LiveMetrics:
             for reason in ("lag", "loop", "cpu"):
                 self.limited.labels(*labels, reason)
 
-    def _stage_children(self, stage: int) -> _StageChildren:
-        children = self._children.get(stage)
+    def _stage_children(self, stage: int, model: str | None) -> _StageChildren:
+        children = self._children.get((stage, model))
         if children is None:
-            labels = (*self._base, str(stage))
+            target, default = self._base
+            labels = (target, model or default, str(stage))
             children = _StageChildren(
                 lag=self.lag.labels(*labels),
                 reconnects=self.reconnects.labels(*labels),
@@ -149,17 +151,19 @@ class LiveMetrics:
                 e2e=self.e2e.labels(*labels),
                 output_tokens=self.output_tokens.labels(*labels),
                 prompt_tokens=self.prompt_tokens.labels(*labels),
+                labels=labels,
             )
-            self._children[stage] = children
+            self._children[stage, model] = children
         return children
 
     def observe(self, timing: RequestTiming) -> None:
-        """Count one finished request."""
-        c = self._stage_children(timing.stage)
+        """Count one finished request (under the model it asked for, where it
+        says; else the run's)."""
+        c = self._stage_children(timing.stage, timing.model)
         outcome = str(timing.outcome)
         counter = c.outcomes.get(outcome)
         if counter is None:
-            counter = self.requests.labels(*self._base, str(timing.stage), outcome)
+            counter = self.requests.labels(*c.labels, outcome)
             c.outcomes[outcome] = counter
         counter.inc()
         c.lag.observe(max(0.0, timing.dispatch_lag))

@@ -121,6 +121,7 @@ def merge_runs(dirs: Sequence[Path], out_parent: Path) -> Path:
         overall=overall,
         slo=[str(t) for t in slo],
         merged_from=[str(d) for d in dirs],
+        **tally.groups(),
     )
     info = replace(
         first.info,

@@ -11,8 +11,10 @@ from urllib.parse import urlsplit
 
 from loadgen.arrivals import linear_stages, parse_stages
 from loadgen.config import LoadConfig, config_text
+from loadgen.modelmix import parse_model
 from loadgen.replayplan import ReplayPlan, replay_plan
 from loadgen.runrecord import ClientLimit, StageResult
+from loadgen.sessions import sessions_options
 from loadgen.target import is_loopback
 from loadgen.tracefile import TraceEntry, read_trace
 from loadgen.workload import check_workload, trace_path
@@ -33,6 +35,7 @@ __all__ = [
 ]
 
 DEFAULT_STAGES = "1:10,2:10,4:10"
+DEFAULT_PARALLEL = (1, 2, 4, 8)
 Kind = Literal["ramp", "sweep", "capacity", "replay"]
 #: A capacity search's step length when ``--step-seconds`` is not given.
 DEFAULT_STEP_S = 20.0
@@ -54,6 +57,11 @@ class StageRecord:
     held_back: int = 0
     skipped: int = 0
     client_limits: list[ClientLimit] = field(default_factory=list)
+    #: A sessions workload's sessions started in the stage, and those of them
+    #: cut short (a turn due past the schedule's end, or a failed turn); ``sent``
+    #: then counts turns.
+    sessions: int | None = None
+    sessions_cut: int | None = None
 
     def duration_s(self) -> float | None:
         """What its throughput divides by: the planned length, cut short where the
@@ -78,6 +86,8 @@ class StageRecord:
             held_back=self.held_back,
             skipped=self.skipped,
             client_limits=list(self.client_limits),
+            sessions=self.sessions,
+            sessions_cut=self.sessions_cut,
         )
 
 
@@ -104,6 +114,9 @@ def check_load_config(kind: Kind, config: LoadConfig) -> None:
             "--cancel-fraction: give --cancel-after or --cancel-after-tokens"
         )
     check_workload(config.workload)
+    _check_sessions(kind, config)
+    if config.model:
+        parse_model(config.model)
 
 
 def step_seconds(config: LoadConfig) -> float:
@@ -131,22 +144,54 @@ def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
             )
         else:
             stages = parse_stages(DEFAULT_STAGES)
+        unit = "rps" if sessions_options(config.workload, 1) is None else "sessions/s"
         return [
-            StageRecord(s.index, f"{s.rate:g} rps", s.rate, None, s.duration_s)
+            StageRecord(s.index, f"{s.rate:g} {unit}", s.rate, None, s.duration_s)
             for s in stages
         ]
+    levels = sweep_levels(config)
     numbers = list(config.number)
     if len(numbers) == 1:
-        numbers *= len(config.parallel)
-    if len(numbers) != len(config.parallel):
+        numbers *= len(levels)
+    if len(numbers) != len(levels):
         raise ConfigError(
-            f"--number: {len(numbers)} values for {len(config.parallel)} --parallel "
+            f"--number: {len(numbers)} values for {len(levels)} --parallel "
             "levels (give one, or one per level)"
         )
+    users = sessions_options(config.workload, 1) is not None
     return [
-        StageRecord(i, f"parallel {p}", None, p, None)
-        for i, p in enumerate(config.parallel)
+        StageRecord(i, f"{p} users" if users else f"parallel {p}", None, p, None)
+        for i, p in enumerate(levels)
     ]
+
+
+def sweep_levels(config: LoadConfig) -> tuple[int, ...]:
+    """A sweep's levels: ``--parallel``, else a sessions workload's ``users=N``,
+    else 1 2 4 8."""
+    spec = sessions_options(config.workload, 1)
+    users = None if spec is None else spec.users
+    if config.parallel is not None:
+        if users is not None and config.parallel != (users,):
+            raise ConfigError(
+                f"--parallel and the workload's users={users} both set the users: "
+                "give one"
+            )
+        return config.parallel
+    return DEFAULT_PARALLEL if users is None else (users,)
+
+
+def _check_sessions(kind: Kind, config: LoadConfig) -> None:
+    spec = sessions_options(config.workload, 1)
+    if spec is None:
+        return
+    if spec.users is not None and kind != "sweep":
+        raise ConfigError(
+            f"--workload: sessions: users={spec.users} is N users in a closed loop: "
+            "run it with servemon sweep (or drop users= to start sessions at the "
+            f"{kind}'s rates)"
+        )
+    if kind == "sweep" and config.warmup:
+        raise ConfigError("--warmup: not with a sessions workload (turns are whole)")
 
 
 def replay_of(config: LoadConfig) -> ReplayPlan:

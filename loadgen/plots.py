@@ -4,6 +4,7 @@ one scan of the run (:mod:`loadgen.scan`): no JavaScript, no external URL.
 - throughput and latency percentiles against the offered load, sorted by load (a
   capacity search visits rates out of order);
 - latency distributions: the CDF of TTFT, ITL and E2E per stage;
+- TTFT by a conversation's turn, with the share of the prompt the cache served;
 - TTFT of each (sampled) request against when it was sent, so a queue building up
   shows as a rising band;
 - where TTFT went: the server-reported queue and prefill and the client-side rest;
@@ -27,6 +28,7 @@ from loadgen.scan import CDF_FIGURES, WINDOW_S, RunScan
 from monitor import names
 
 __all__ = [
+    "plot_by_turn",
     "plot_cdf",
     "plot_timeline",
     "plot_ttft_parts",
@@ -110,6 +112,46 @@ def plot_vs_load(info: RunInfo, record: RunSummary) -> str:
     for axis in (left, right):
         axis.grid(alpha=0.3)
     fig.subplots_adjust(wspace=0.55)
+    return svg(fig)
+
+
+def plot_by_turn(record: RunSummary) -> str | None:
+    """TTFT by a conversation's turn index, with the share of the prompt the
+    server's prefix cache served: what the cache buys later turns."""
+    groups = record.by_turn or {}
+    turns = sorted((int(k), v) for k, v in groups.items() if v.figure("ttft"))
+    if not turns:
+        return None
+    x = [k for k, _ in turns]
+    fig, left = plt.subplots(figsize=(7, 3.2))
+    for key, style in (("ttft_p50", "o-"), ("ttft_p95", "s--")):
+        values = [s.value(key) for _, s in turns]
+        left.plot(
+            x,
+            [float("nan") if v is None else v * 1000 for v in values],
+            style,
+            label=key.replace("_", " ").upper().replace(" P", " p"),
+        )
+    left.set_xlabel("turn of the conversation")
+    left.set_ylabel("TTFT (ms)")
+    left.set_xticks(x)
+    left.set_ylim(bottom=0)
+    left.grid(alpha=0.3)
+    cached = [s.cached_fraction for _, s in turns]
+    if any(c is not None for c in cached):
+        twin = left.twinx()
+        twin.plot(
+            x,
+            [float("nan") if c is None else c * 100 for c in cached],
+            "^:",
+            color="tab:green",
+            label="cached prompt (%)",
+        )
+        twin.set_ylabel("prompt served from cache (%)")
+        twin.set_ylim(0, 100)
+        twin.legend(loc="lower right")
+    left.legend(loc="upper right")
+    left.set_title("TTFT by turn")
     return svg(fig)
 
 

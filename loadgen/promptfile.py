@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,14 @@ from loadgen.prompts import OutputBudget, Prompt, Workload
 from loadgen.tokens import TokenCounter, count_each
 from servemon.errors import ConfigError
 
-__all__ = ["build_file", "read_entries", "read_text"]
+__all__ = [
+    "Conversation",
+    "build_file",
+    "json_items",
+    "read_conversations",
+    "read_entries",
+    "read_text",
+]
 
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 _HUMAN = frozenset({"human", "user"})
@@ -88,8 +96,16 @@ def read_text(path: Path, where: str) -> str:
 
 def read_entries(path: Path) -> list[_Entry]:
     where = f"--workload: file: {path}"
-    content = read_text(path, where)
-    found: list[_Entry | None] = []
+    found = [_entry(item, at) for item, at in json_items(read_text(path, where), where)]
+    entries = [entry for entry in found if entry is not None]
+    if not entries:
+        raise ConfigError(f"{where}: no prompts in the file")
+    return entries
+
+
+def json_items(content: str, where: str) -> Iterator[tuple[object, str]]:
+    """Each item of a JSONL text, or of a whole-text JSON array, with where it is
+    (``WHERE: line N`` or ``WHERE: item N``); invalid JSON is a one-line error."""
     if content.lstrip().startswith("["):
         try:
             items = json.loads(content)
@@ -97,21 +113,20 @@ def read_entries(path: Path) -> list[_Entry]:
             raise ConfigError(
                 f"{where}: line {exc.lineno}: invalid JSON: {exc.msg}"
             ) from None
-        found = [_entry(item, f"{where}: item {n}") for n, item in enumerate(items, 1)]
-    else:
-        for number, line in enumerate(content.split("\n"), 1):
-            if not line.strip():
-                continue
-            line_where = f"{where}: line {number}"
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{line_where}: invalid JSON: {exc.msg}") from None
-            found.append(_entry(item, line_where))
-    entries = [entry for entry in found if entry is not None]
-    if not entries:
-        raise ConfigError(f"{where}: no prompts in the file")
-    return entries
+        for n, item in enumerate(items, 1):
+            yield item, f"{where}: item {n}"
+        return
+    for number, line in enumerate(content.split("\n"), 1):
+        if not line.strip():
+            continue
+        line_where = f"{where}: line {number}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{line_where}: invalid JSON: {exc.msg}") from None
+        except RecursionError:
+            raise ConfigError(f"{line_where}: JSON nested too deeply") from None
+        yield item, line_where
 
 
 def _entry(item: object, where: str) -> _Entry | None:
@@ -196,6 +211,51 @@ def _sharegpt(item: dict[str, Any], budget: int | None, where: str) -> _Entry | 
     if system:
         messages.insert(0, {"role": "system", "content": system})
     return _Entry(None, tuple(messages), budget, reply or None)
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A multi-turn conversation of a ShareGPT-style file."""
+
+    system: str | None
+    turns: tuple[tuple[str, str | None], ...]  # (human message, recorded reply)
+
+
+def read_conversations(path: Path) -> list[Conversation]:
+    """The multi-turn conversations of a ShareGPT-style file, every line checked."""
+    where = f"--workload: sessions: {path}"
+    found: list[Conversation] = []
+    for item, item_where in json_items(read_text(path, where), where):
+        if not isinstance(item, dict) or not isinstance(
+            item.get("conversations"), list
+        ):
+            raise ConfigError(
+                f"{item_where}: expected an object with 'conversations' (ShareGPT)"
+            )
+        system = item.get("system") if isinstance(item.get("system"), str) else None
+        turns: list[tuple[str, str | None]] = []
+        for i, turn in enumerate(item["conversations"]):
+            if not (
+                isinstance(turn, dict)
+                and isinstance(turn.get("from"), str)
+                and isinstance(turn.get("value"), str)
+            ):
+                raise ConfigError(
+                    f"{item_where}: conversations[{i}] must be an object with "
+                    "string 'from' and 'value'"
+                )
+            who, value = turn["from"].lower(), turn["value"]
+            if who == "system" and not turns:
+                system = value
+            elif who in _HUMAN and value.strip():
+                turns.append((value, None))
+            elif who in _REPLY and turns and turns[-1][1] is None:
+                turns[-1] = (turns[-1][0], value)
+        if turns:
+            found.append(Conversation(system, tuple(turns)))
+    if not found:
+        raise ConfigError(f"{where}: no conversation with a human turn in the file")
+    return found
 
 
 def _kind(value: object) -> str:

@@ -8,6 +8,7 @@ sent, held back, skipped); the capacity search sends its steps through it too.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import gc
 import time
 from collections.abc import Iterable
@@ -17,7 +18,9 @@ from loadgen.arrivals import Arrival, Due, Shard, Stage
 from loadgen.arrivals import schedule as make_schedule
 from loadgen.client import send_request
 from loadgen.context import Driven, RunContext
+from loadgen.conversation import run_session
 from loadgen.dispatch import OpenLoop
+from loadgen.sessions import SessionWorkload
 from loadgen.stopping import Stopper, grace, until_stopped
 
 __all__ = ["drive_ramp", "open_loop", "wait_for_start"]
@@ -104,8 +107,20 @@ async def open_loop(
     def on_hold(due: Due) -> None:
         ctx.live.held_back.labels(ctx.label, ctx.model, str(due.stage)).inc()
 
+    sessions = isinstance(ctx.workload, SessionWorkload)
+    ends = [start + p.end_s for p in plan]
+    until = max(ends, default=start)
+
+    def stage_at(t: float) -> int:
+        return plan[min(bisect.bisect_left(ends, t), len(plan) - 1)].index
+
     async def send(due: Due, at: float) -> None:
         index = first_index + due.index
+        if sessions:
+            ended = await run_session(ctx, index, at, stage_at=stage_at, until_s=until)
+            if ended.cut:
+                ctx.sessions_cut[due.stage] += 1
+            return
         ctx.started()
         timing = await send_request(
             ctx.session,
@@ -117,7 +132,7 @@ async def open_loop(
             headers=ctx.headers,
             timeout_s=c.timeout,
             record_interruption=True,
-            **ctx.cancel_options(index),
+            **ctx.request_options(index),
         )
         ctx.finished(timing)
 
@@ -157,6 +172,9 @@ async def open_loop(
         record.sent = loop.counts.sent[stage.index]
         record.held_back = loop.counts.held_back[stage.index]
         record.skipped = loop.counts.skipped[stage.index]
+        if sessions:
+            record.sessions = record.sent
+            record.sent = ctx.turns_sent[stage.index]
         if record.start_s is not None:
             planned_end = start + stage.end_s
             if interrupted:
@@ -167,6 +185,11 @@ async def open_loop(
     waited = await until_stopped(_all_done(loop), *ending)
     if waited or interrupted:
         await grace(set(loop.tasks), c.grace, stop.hurry)
+    if sessions:  # the turns sent after the schedule's end, by sessions still going
+        for stage in plan:
+            record = ctx.stages[stage.index]
+            record.sent = ctx.turns_sent[stage.index]
+            record.sessions_cut = ctx.sessions_cut[stage.index]
     return stop.requested.is_set()
 
 

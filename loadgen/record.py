@@ -80,6 +80,13 @@ def request_line(t: RequestTiming) -> dict[str, Any]:
         "server_decode_s": t.server_decode_s,
         "server_ttft_s": t.server_ttft,
         "ttft_gap_s": t.ttft_gap,
+        "first_answer_s": t.first_answer_s,
+        "ttfa_s": t.ttfa,
+        "reasoning_tokens": t.reasoning_tokens,
+        "model": t.model,
+        "session": t.session,
+        "turn": t.turn,
+        "history_tokens": t.history_tokens,
     }
 
 
@@ -122,6 +129,12 @@ def timing_from_line(line: dict[str, Any], shift_s: float = 0.0) -> RequestTimin
         server_queue_s=line.get("server_queue_s"),
         server_prefill_s=line.get("server_prefill_s"),
         server_decode_s=line.get("server_decode_s"),
+        first_answer_s=at("first_answer_s"),
+        reasoning_tokens=line.get("reasoning_tokens"),
+        model=line.get("model"),
+        session=line.get("session"),
+        turn=line.get("turn"),
+        history_tokens=line.get("history_tokens"),
     )
 
 
@@ -250,4 +263,5 @@ def rebuild_summary(run_dir: Path, info: RunInfo) -> RunSummary:
         slo=[str(t) for t in slo],
         stop_reason=UNFINISHED,
         rebuilt_from="requests.jsonl",
+        **tally.groups(),
     )

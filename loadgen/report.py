@@ -20,8 +20,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loadgen.clientwatch import limit_lines
-from loadgen.columns import SERVER_COLUMNS, STAGE_COLUMNS, Column, cells, table_rows
+from loadgen.columns import (
+    GROUP_COLUMNS,
+    REASONING_COLUMNS,
+    SERVER_COLUMNS,
+    STAGE_COLUMNS,
+    Column,
+    cells,
+    group_rows,
+    reasons,
+    table_rows,
+)
 from loadgen.plots import (
+    plot_by_turn,
     plot_cdf,
     plot_timeline,
     plot_ttft_parts,
@@ -162,6 +173,7 @@ def render_report(data: RunData) -> str:
         ]
     if record.stages:
         parts += ["<h2>Against offered load</h2>", plot_vs_load(info, record)]
+    parts += _groups(record)
     if found.cdf:
         parts += ["<h2>Latency distributions</h2>", plot_cdf(found, record)]
     if found.scatter:
@@ -187,6 +199,42 @@ def render_report(data: RunData) -> str:
         )
     parts += [plot_timeline(found, record), "</body></html>"]
     return "\n".join(parts)
+
+
+def _groups(record: RunSummary) -> list[str]:
+    """The sections on conversations' turns, a mix's models and reasoning."""
+    parts = []
+    if record.by_turn:
+        parts += [
+            "<h2 id='by-turn'>By turn of the conversation</h2>",
+            "<p>Each turn sends the whole conversation so far; the prefix cache can "
+            "serve its history, so a later turn's TTFT against turn 1's shows what "
+            "the cache buys. History tokens: what came before the new message.</p>",
+            _table(
+                [c.header for c in GROUP_COLUMNS],
+                cells(GROUP_COLUMNS, group_rows(record, "turn")),
+            ),
+        ]
+        plot = plot_by_turn(record)
+        if plot:
+            parts.append(plot)
+    if record.by_model:
+        parts += [
+            "<h2 id='by-model'>By model</h2>",
+            _table(
+                [c.header for c in GROUP_COLUMNS],
+                cells(GROUP_COLUMNS, group_rows(record, "model")),
+            ),
+        ]
+    if reasons(record):
+        parts += [
+            "<h2 id='reasoning'>Reasoning</h2>",
+            "<p>TTFT is the first token of any kind, reasoning included; TTFA the "
+            "first token of the answer after it. Reasoning tokens as the server's "
+            "usage reported them.</p>",
+            _columns_table(REASONING_COLUMNS, record, overall=True),
+        ]
+    return parts
 
 
 def write_report(run_dir: Path) -> Path:

@@ -28,6 +28,7 @@ from loadgen.client import ClientSettings, make_session
 from loadgen.config import LoadConfig, auth_headers
 from loadgen.context import Driven, RunContext
 from loadgen.live import LiveMetrics
+from loadgen.modelmix import ModelMix, parse_model
 from loadgen.plan import (
     Kind,
     StageRecord,
@@ -52,9 +53,10 @@ from loadgen.sampler import ServerSampler
 from loadgen.stopping import Stopper
 from loadgen.summary import Summary
 from loadgen.sweep import drive_sweep
-from loadgen.target import discover_model, local_gpus, target_version
+from loadgen.target import check_served, discover_model, local_gpus, target_version
 from loadgen.tokens import pick_counter
-from loadgen.workload import build_workload
+from loadgen.traceprompts import TraceWorkload
+from loadgen.workload import Workload, build_workload
 from servemon.errors import ConfigError
 
 __all__ = [
@@ -139,8 +141,14 @@ async def run_load(
         max_connections=config.max_connections, timeout_s=config.timeout
     )
     base = target.rstrip("/")
+    mix = parse_model(config.model) if config.model else None
     async with make_session(settings) as session:
-        model, listing = await discover_model(session, base, config.model)
+        model, listing = await discover_model(
+            session, base, None if mix else config.model
+        )
+        if mix is not None:
+            check_served(base, listing, mix.names)
+            model = ",".join(mix.names)
         version, gpus = await asyncio.gather(
             target_version(session, base), asyncio.to_thread(local_gpus)
         )
@@ -158,6 +166,7 @@ async def run_load(
             workload = await build_workload(
                 config.workload, counter=counter, seed=config.seed
             )
+            pick_model = _model_picker(config, mix, model, workload)
             rundir = RunDirectory.create(Path(config.out), kind)
             ctx = RunContext(
                 kind=kind,
@@ -173,6 +182,7 @@ async def run_load(
                 stages=stages,
                 progress=progress,
                 stopper=stop,
+                pick_model=pick_model,
             )
             info = RunInfo(
                 kind=kind,
@@ -270,6 +280,7 @@ def _finish(
         slo=[str(t) for t in ctx.slo],
         stop_reason=ctx.stop_reason,
         capacity=capacity,
+        **ctx.tally.groups(),
     )
     info = replace(
         info,
@@ -290,6 +301,21 @@ def _finish(
     )
     write_record(ctx.rundir.path, info, summary)
     return RunResult(ctx.rundir.path, info, summary)
+
+
+def _model_picker(
+    config: LoadConfig, mix: ModelMix | None, model: str, workload: Workload
+) -> Callable[[int], str] | None:
+    """How each request's model is chosen, where requests differ in it: a
+    ``--model`` mix, else the models a trace names (its requests that name none
+    ask for the run's model)."""
+    if mix is not None:
+        seed = config.seed
+        return lambda index: mix.draw(seed, index)
+    if isinstance(workload, TraceWorkload) and workload.models:
+        of = workload.model_of
+        return lambda index: of(index) or model
+    return None
 
 
 def _version() -> str:

@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pydantic
 
@@ -121,12 +121,20 @@ class StageResult:
     achieved_rate: float | None = None
     summary: Summary | None = None
     client_limits: list[ClientLimit] = field(default_factory=list)
+    #: Sessions started (sessions workloads; ``sent`` counts their turns) and
+    #: those cut short.
+    sessions: int | None = None
+    sessions_cut: int | None = None
 
     @property
     def load_label(self) -> str:
-        """The offered load: ``4 rps`` or ``parallel 8``."""
+        """The offered load: ``4 rps``, ``parallel 8``, ``4 sessions/s`` or
+        ``8 users``."""
         if self.target_rate:
-            return f"{self.target_rate:g} rps"
+            unit = "sessions/s" if self.sessions is not None else "rps"
+            return f"{self.target_rate:g} {unit}"
+        if self.sessions is not None:
+            return f"{self.parallel} users"
         return f"parallel {self.parallel}"
 
     def to_json(self, *, with_summary: bool = True) -> dict[str, Any]:
@@ -154,6 +162,11 @@ class RunSummary:
     capacity: CapacityResult | None = None
     merged_from: list[str] | None = None
     rebuilt_from: str | None = None
+    #: The run's requests by a conversation's turn index (sessions workloads)
+    #: and by the model of a ``--model`` mix: keys are the turn (``"1"``...) or
+    #: the model's name.
+    by_turn: dict[str, Summary] | None = None
+    by_model: dict[str, Summary] | None = None
 
     @property
     def summaries(self) -> list[Summary]:
@@ -174,6 +187,10 @@ class RunSummary:
         for key in ("merged_from", "rebuilt_from"):
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
+        for key in ("by_turn", "by_model"):
+            groups = getattr(self, key)
+            if groups is not None:
+                data[key] = {k: v.to_json() for k, v in groups.items()}
         return data
 
     def csv_rows(self) -> list[dict[str, Any]]:
@@ -185,6 +202,9 @@ class RunSummary:
             meta["client_limits"] = " ".join(x["reason"] for x in meta["client_limits"])
             rows.append({**meta, **flat_row(stage.summary or _EMPTY)})
         rows.append({"stage": "all", **flat_row(self.overall)})
+        for key, name in (("by_turn", "turn"), ("by_model", "model")):
+            for value, summary in (getattr(self, key) or {}).items():
+                rows.append({"stage": f"{name} {value}", **flat_row(summary)})
         return rows
 
 
@@ -238,6 +258,13 @@ class RunInfo:
         return data
 
 
+class Groups(TypedDict):
+    """The grouped summaries of a run (fields of :class:`RunSummary`)."""
+
+    by_turn: dict[str, Summary] | None
+    by_model: dict[str, Summary] | None
+
+
 class Tally:
     """A run's summaries as its requests finish: one :class:`Summarizer` per
     stage, merged into the whole run's at the end. The runner, ``merge`` and a
@@ -247,14 +274,38 @@ class Tally:
     def __init__(self, slo: Sequence[SloTerm] = ()) -> None:
         self.slo = list(slo)
         self.stages: dict[int, Summarizer] = {}
+        #: The whole run's requests by a conversation's turn index and by the
+        #: model of a mix they asked for (only requests that say so).
+        self.turns: dict[int, Summarizer] = {}
+        self.models: dict[str, Summarizer] = {}
 
     def add(self, timing: RequestTiming) -> None:
         """One finished request (summed once, into its stage: the overall summary
-        is the stages' merged at the end)."""
+        is the stages' merged at the end; and into its turn and its model)."""
         stage = self.stages.get(timing.stage)
         if stage is None:
             stage = self.stages[timing.stage] = Summarizer(self.slo)
         stage.add(timing)
+        if timing.turn is not None:
+            self._group(self.turns, timing.turn).add(timing)
+        if timing.model is not None:
+            self._group(self.models, timing.model).add(timing)
+
+    def _group(self, groups: dict[Any, Summarizer], key: Any) -> Summarizer:
+        found = groups.get(key)
+        if found is None:
+            found = groups[key] = Summarizer(self.slo)
+        return found
+
+    def groups(self) -> Groups:
+        """``by_turn`` and ``by_model`` of a :class:`RunSummary` (None: no request
+        said; throughput over each group's own span)."""
+        return {
+            "by_turn": {str(k): self.turns[k].summary() for k in sorted(self.turns)}
+            or None,
+            "by_model": {k: self.models[k].summary() for k in sorted(self.models)}
+            or None,
+        }
 
     def overall(self) -> Summary:
         """The whole run's summary (the span of all its requests)."""
@@ -344,7 +395,12 @@ def _summary_input(data: dict[str, Any]) -> dict[str, Any]:
             {**s, "summary": one(s.get("summary"))} if isinstance(s, dict) else s
             for s in stages
         ]
-    return {**data, "stages": stages, "overall": one(data.get("overall"))}
+    out = {**data, "stages": stages, "overall": one(data.get("overall"))}
+    for key in ("by_turn", "by_model"):
+        groups = data.get(key)
+        if isinstance(groups, dict):
+            out[key] = {k: one(v) for k, v in groups.items()}
+    return out
 
 
 def read_info(run_dir: Path) -> RunInfo:

@@ -64,6 +64,10 @@ class Summary:
     reconnects: int = 0
     #: Ok answers that ended without ``data: [DONE]`` (every non-streamed one).
     without_done: int = 0
+    #: Mean reasoning tokens of the ok answers whose usage reported them.
+    mean_reasoning_tokens: float | None = None
+    #: Mean tokens of history a conversation's turn sent (sessions workloads).
+    mean_history_tokens: float | None = None
     #: The distribution of each figure of FIGURES that any request had.
     figures: dict[str, Distribution] = field(default_factory=dict)
 
@@ -134,6 +138,10 @@ class Summarizer:
         self.good = 0
         self.reconnects = 0
         self.without_done = 0
+        self.reasoned = 0
+        self.reasoning_tokens = 0
+        self.historied = 0
+        self.history_tokens = 0
         self.first_sent_s = math.inf
         self.last_end_s = -math.inf
 
@@ -169,6 +177,12 @@ class Summarizer:
                 self.cached_tokens += t.cached_tokens
         if t.first_chunk_s is not None and not t.done_sentinel:
             self.without_done += 1
+        if t.reasoning_tokens is not None:
+            self.reasoned += 1
+            self.reasoning_tokens += t.reasoning_tokens
+        if t.history_tokens is not None:
+            self.historied += 1
+            self.history_tokens += t.history_tokens
         if self.slo and request_meets(t, self.slo):
             self.good += 1
 
@@ -192,6 +206,10 @@ class Summarizer:
             "good",
             "reconnects",
             "without_done",
+            "reasoned",
+            "reasoning_tokens",
+            "historied",
+            "history_tokens",
         ):
             setattr(self, key, getattr(self, key) + getattr(other, key))
         self.first_sent_s = min(self.first_sent_s, other.first_sent_s)
@@ -235,6 +253,12 @@ class Summarizer:
             else None,
             reconnects=self.reconnects,
             without_done=self.without_done,
+            mean_reasoning_tokens=self.reasoning_tokens / self.reasoned
+            if self.reasoned
+            else None,
+            mean_history_tokens=self.history_tokens / self.historied
+            if self.historied
+            else None,
             figures=figures,
         )
         if not self.slo:
@@ -277,6 +301,8 @@ def flat_row(summary: Summary) -> dict[str, Any]:
         "cached_fraction": summary.cached_fraction,
         "reconnects": summary.reconnects,
         "without_done": summary.without_done,
+        "mean_reasoning_tokens": summary.mean_reasoning_tokens,
+        "mean_history_tokens": summary.mean_history_tokens,
     }
     for name in FIGURE_NAMES:
         dist = summary.figures.get(name)

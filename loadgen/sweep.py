@@ -1,15 +1,20 @@
 """``servemon sweep``: the closed-loop driver — each level keeps ``--parallel N``
-requests in flight until ``--number`` have finished (after ``--warmup``)."""
+requests in flight until ``--number`` have finished (after ``--warmup``). With a
+sessions workload a level is ``N`` users, each running conversations back to back,
+until ``--number`` turns have been sent (:func:`loadgen.sessions.run_users`)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import Any
 
 from loadgen.arrivals import Arrival
 from loadgen.closedloop import run_closed_loop
 from loadgen.context import Driven, RunContext
+from loadgen.conversation import run_users
+from loadgen.sessions import SessionWorkload
 from loadgen.stopping import Stopper, grace, until_stopped
 
 __all__ = ["drive_sweep"]
@@ -19,8 +24,9 @@ async def drive_sweep(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Drive
     """Run the levels in order (``arrival`` is not used: a closed loop sends when a
     request finishes)."""
     c = ctx.config
-    numbers = list(c.number) * (len(c.parallel) if len(c.number) == 1 else 1)
+    numbers = list(c.number) * (len(ctx.stages) if len(c.number) == 1 else 1)
     first = 0  # each level's prompts follow the last level's: none sent twice
+    sessions = itertools.count()  # and so do its sessions
     for record, number in zip(ctx.stages, numbers, strict=True):
         if stop.requested.is_set():
             return Driven(interrupted=True)
@@ -30,12 +36,25 @@ async def drive_sweep(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Drive
         record.start_s = time.monotonic()
         ctx.live.stage(record.index, 0.0)
         ctx.progress.stage_started(record.index)
+        if isinstance(ctx.workload, SessionWorkload):
+            users = run_users(
+                ctx, record.parallel, number, record.index, sessions, stop.requested
+            )
+            running = asyncio.create_task(users)
+            interrupted = await _level(ctx, running, stop)
+            record.end_s = time.monotonic()
+            record.sent = ctx.turns_sent[record.index]
+            if running.done() and not running.cancelled() and not running.exception():
+                record.sessions, record.sessions_cut = running.result()
+            if interrupted:
+                return Driven(interrupted=True)
+            continue
 
         def body(index: int, offset: int = offset) -> dict[str, Any]:
             return ctx.body(offset + index)
 
         def options(index: int, offset: int = offset) -> dict[str, Any]:
-            return ctx.cancel_options(offset + index)
+            return ctx.request_options(offset + index)
 
         level = asyncio.create_task(
             run_closed_loop(
@@ -55,15 +74,20 @@ async def drive_sweep(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Drive
                 options=options,
             )
         )
-        try:
-            interrupted = await until_stopped(level, stop.requested)
-        finally:
-            if not level.done():
-                await grace(
-                    {level}, c.grace if stop.requested.is_set() else 0.0, stop.hurry
-                )
+        interrupted = await _level(ctx, level, stop)
         record.end_s = time.monotonic()
         record.sent = ctx.tally.finished(record.index)
         if interrupted:
             return Driven(interrupted=True)
     return Driven(interrupted=False)
+
+
+async def _level(ctx: RunContext, level: asyncio.Task[Any], stop: Stopper) -> bool:
+    """Wait for a level's task; True if the run was stopped meanwhile (its
+    requests in flight then get the grace period)."""
+    try:
+        return await until_stopped(level, stop.requested)
+    finally:
+        if not level.done():
+            wait = ctx.config.grace if stop.requested.is_set() else 0.0
+            await grace({level}, wait, stop.hurry)

@@ -5,6 +5,7 @@ this machine."""
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -12,7 +13,13 @@ import aiohttp
 
 from servemon.errors import TargetError
 
-__all__ = ["discover_model", "is_loopback", "local_gpus", "target_version"]
+__all__ = [
+    "check_served",
+    "discover_model",
+    "is_loopback",
+    "local_gpus",
+    "target_version",
+]
 
 
 async def target_version(session: aiohttp.ClientSession, base_url: str) -> str | None:
@@ -76,6 +83,22 @@ async def discover_model(
             raise TargetError(f"{url}: no models listed; give --model")
         model = ids[0]
     return model, listing
+
+
+def check_served(base_url: str, listing: Any, names: Sequence[str]) -> None:
+    """Every model of ``names`` is one the target lists (base models and LoRA
+    adapters alike), or a one-line :class:`TargetError` naming the first that is
+    not. A target that lists nothing is taken at its word."""
+    data = listing.get("data") if isinstance(listing, dict) else None
+    ids = {m.get("id") for m in data or () if isinstance(m, dict)}
+    if not ids:
+        return
+    for name in names:
+        if name not in ids:
+            served = ", ".join(sorted(str(i) for i in ids))
+            raise TargetError(
+                f"--model {name}: not served by {base_url} (it lists: {served})"
+            )
 
 
 def is_loopback(url: str) -> bool:

@@ -5,6 +5,8 @@ All times are ``time.monotonic()`` seconds. Definitions (see ``docs/metrics.md``
 - TTFT: first chunk carrying non-empty content (or reasoning content) minus the
   actual send. A role-only or empty chunk is not content; its time is kept as
   ``first_chunk_s`` and reported as time to first chunk.
+- TTFA: the first chunk of the answer itself (content that is not reasoning) minus
+  the actual send; equal to TTFT for a model that does not reason.
 - ITL: each gap between consecutive content chunks.
 - TPOT: (E2E - TTFT) / (output tokens - 1).
 - dispatch lag: actual send minus scheduled send.
@@ -75,6 +77,20 @@ class RequestTiming:
     #: Which report those came from: ``vllm`` (per-request metrics), ``llamacpp``
     #: (timings), or None.
     server_source: str | None = None
+    #: When the first answer chunk (content that is not reasoning) arrived.
+    first_answer_s: float | None = None
+    #: Reasoning tokens, as ``usage.completion_tokens_details`` gave them.
+    reasoning_tokens: int | None = None
+    #: The model the request asked for (one of a ``--model`` mix); None: the run's.
+    model: str | None = None
+    #: The conversation a turn belongs to (sessions workloads), its 1-based turn
+    #: index, and the tokens of history it sent before the new user message.
+    session: str | None = None
+    turn: int | None = None
+    history_tokens: int | None = None
+    #: The answer's text, when the caller asked for it (a session's next turn
+    #: sends it back); never written to the run record.
+    text: str | None = None
 
     @property
     def first_content_s(self) -> float | None:
@@ -85,6 +101,12 @@ class RequestTiming:
     def ttft(self) -> float | None:
         """Time to first token: first content chunk minus actual send."""
         first = self.first_content_s
+        return None if first is None else first - self.sent_s
+
+    @property
+    def ttfa(self) -> float | None:
+        """Time to the first answer token (after any reasoning) minus actual send."""
+        first = self.first_answer_s
         return None if first is None else first - self.sent_s
 
     @property

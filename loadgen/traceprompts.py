@@ -50,6 +50,15 @@ class TraceWorkload:
         default_factory=dict, init=False, repr=False, compare=False
     )
 
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The models the trace names, in order of first use (empty: none)."""
+        return tuple(dict.fromkeys(e.model for e in self.entries if e.model))
+
+    def model_of(self, index: int) -> str | None:
+        """The model request ``index`` asks for in the trace, if it names one."""
+        return self.entries[index % len(self.entries)].model
+
     def prompt(self, index: int) -> Prompt:
         loop, at = divmod(index, len(self.entries))
         entry = self.entries[at]

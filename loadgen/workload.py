@@ -31,6 +31,9 @@ Specs (every key optional; defaults as shown, output defaults to ``default_outpu
     skipped; anything else malformed is an error naming the line (in an array, the
     item). Every entry is counted when the workload is built, one count a message
     (and reply); ``prompt_tokens`` of messages is the sum of their contents.
+``sessions:turns=2:6,think=exp:2,system=0,user=64,output=O,answer=own[,users=N][,file=PATH]``
+    Multi-turn conversations, each turn sent with the whole history after a think
+    time (:mod:`loadgen.sessions`); ``prompt(i)`` is session ``i``'s first turn.
 ``trace:PATH[,output=O]``
     A trace (:mod:`loadgen.tracefile`: Mooncake JSONL with ``hash_ids``, plain
     JSONL/CSV of lengths, or timed real prompts): request ``i`` sends entry
@@ -59,7 +62,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen.promptfile import build_file, read_entries
+from loadgen.promptfile import build_file, read_conversations, read_entries
 from loadgen.prompts import (
     OutputBudget,
     Prompt,
@@ -68,6 +71,7 @@ from loadgen.prompts import (
     random_prompt,
     request_body,
 )
+from loadgen.sessions import build_sessions, parse_sessions
 from loadgen.synthetic import build_random, build_shared_prefix
 from loadgen.tokens import TokenCounter
 from loadgen.tracefile import read_trace
@@ -98,6 +102,8 @@ def check_workload(spec: str) -> None:
         read_entries(options["path"])
     if kind == "trace":
         read_trace(options["path"])
+    if kind == "sessions" and options["spec"].file is not None:
+        read_conversations(options["spec"].file)
 
 
 def trace_path(spec: str) -> Path | None:
@@ -132,6 +138,10 @@ async def build_workload(
         return await build_random(spec, counter, seed, pool_size, **options)
     if kind == "shared-prefix":
         return await build_shared_prefix(spec, counter, seed, **options)
+    if kind == "sessions":
+        return await build_sessions(
+            spec, counter, seed, options["spec"], default_output
+        )
     build = build_trace if kind == "trace" else build_file
     return await build(
         spec, counter, seed, options["path"], options["output"], default_output
@@ -157,13 +167,15 @@ def _parse(spec: str, *, default_output: int) -> tuple[str, dict[str, Any]]:
             "suffix": _int(kind, "suffix", options.get("suffix", "64"), minimum=0),
             "output": _output(kind, options.get("output", str(default_output))),
         }
+    if kind == "sessions":
+        return kind, {"spec": parse_sessions(rest, default_output)}
     if kind in ("file", "trace"):
         path, options = _file_options(rest, kind)
         override = _output(kind, options["output"]) if "output" in options else None
         return kind, {"path": Path(path), "output": override}
     raise ConfigError(
         f"--workload: unknown kind {kind!r} in {spec!r} "
-        "(known: random, shared-prefix, file, trace)"
+        "(known: random, shared-prefix, sessions, file, trace)"
     )
 
 

@@ -21,8 +21,10 @@ from collections.abc import AsyncIterator
 from aiohttp import StreamReader
 
 __all__ = [
+    "ANSWER_KEYS",
     "CONTENT_KEYS",
     "EventTooLarge",
+    "answer_text",
     "choice_text",
     "ends_answer",
     "is_done",
@@ -31,6 +33,10 @@ __all__ = [
 
 #: Fields of a streamed choice (or its ``delta``) that carry generated text.
 CONTENT_KEYS = ("content", "reasoning_content", "reasoning", "text")
+#: Those that carry the answer itself; the others carry reasoning (vLLM sent it as
+#: ``reasoning_content`` until its rename of November 2025, vllm-project/vllm#27752,
+#: and as ``reasoning`` since; llama.cpp and SGLang as ``reasoning_content``).
+ANSWER_KEYS = ("content", "text")
 
 
 class EventTooLarge(ValueError):
@@ -87,6 +93,17 @@ def choice_text(choice: dict[str, object]) -> str | None:
     delta = choice.get("delta")
     part = delta if isinstance(delta, dict) else choice
     for key in CONTENT_KEYS:
+        value = part.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def answer_text(choice: dict[str, object]) -> str | None:
+    """The answer text (not reasoning) a streamed choice carries, if any."""
+    delta = choice.get("delta")
+    part = delta if isinstance(delta, dict) else choice
+    for key in ANSWER_KEYS:
         value = part.get(key)
         if isinstance(value, str) and value:
             return value

@@ -13,7 +13,15 @@ from rich.table import Table
 
 from loadgen.clientcost import WorkerChoice, workers_for
 from loadgen.clientwatch import limit_lines
-from loadgen.columns import STAGE_COLUMNS, cells, table_rows
+from loadgen.columns import (
+    GROUP_COLUMNS,
+    STAGE_COLUMNS,
+    Column,
+    Row,
+    cells,
+    group_rows,
+    table_rows,
+)
 from loadgen.config import LoadConfig
 from loadgen.plan import Kind, plan_stages
 from loadgen.progress import Progress
@@ -82,6 +90,10 @@ async def run_command(
                 embedded=embedded,
             )
     console.print(summary_table(kind, result))
+    for key in ("turn", "model"):
+        rows = group_rows(result.record, key)
+        if rows:
+            console.print(_table(f"by {key}", GROUP_COLUMNS, rows))
     for line in limit_lines(result.stages):
         console.print(f"warning: {line}", soft_wrap=True)
     if result.stop_reason:
@@ -112,12 +124,18 @@ async def _target(
 def summary_table(kind: str, result: RunResult) -> Table:
     """The end-of-run table: one row per stage or level, then all (the columns of
     :data:`loadgen.columns.STAGE_COLUMNS`, as the report shows them)."""
-    table = Table(title=f"servemon {kind}: {result.status}", title_justify="left")
-    for column in STAGE_COLUMNS:
-        table.add_column(column.header, justify="right")
-    for row in cells(STAGE_COLUMNS, table_rows(result.record)):
-        table.add_row(*row)
+    title = f"servemon {kind}: {result.status}"
+    table = _table(title, STAGE_COLUMNS, table_rows(result.record))
     table.caption = "latencies in ms; goodput in requests/s meeting every --slo term"
+    return table
+
+
+def _table(title: str, columns: Sequence[Column], rows: Sequence[Row]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column.header, justify="right")
+    for row in cells(columns, rows):
+        table.add_row(*row)
     return table
 
 

@@ -127,6 +127,7 @@ def test_every_figure_reaches_the_json_the_csv_and_back(tmp_path: Path) -> None:
                     "server_queue_s": 0.01,
                     "server_prefill_s": 0.02,
                     "server_decode_s": 0.2,
+                    "first_answer_s": t.first_content_s,
                 }
             )
         )
