@@ -4,7 +4,8 @@ The schedule is the trace's (:mod:`loadgen.replayplan`: scaled, windowed, looped
 one stage long; the prompts are the trace's (:mod:`loadgen.traceprompts`). Each
 request goes out at its time whatever is in flight, through the ramp's dispatcher,
 so dispatch lag, ``held_back`` and the from-scheduled figures mean what they mean
-for a ramp.
+for a ramp. ``--shard I/N`` sends every N-th entry (by index), so N processes given
+the same ``--start-at`` send the whole trace between them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ async def drive_replay(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driv
     else:
         plan = replay_of(c)
     sends = plan.sends[: c.max_requests] if c.max_requests else plan.sends
+    shard = c.shard
+    if shard is not None:  # every N-th entry, as a ramp's shards split arrivals
+        sends = tuple(s for s in sends if s[0] % shard.count == shard.index)
     start = await wait_for_start(ctx, stop)
     if start is None:
         return Driven(interrupted=True)

@@ -65,12 +65,7 @@ def _int_list(
 @click.option("--rps-step", type=float, help="Rate increment. [default: 1]")
 @options.step_seconds(shown="30")
 @options.arrival()
-@click.option(
-    "--max-inflight",
-    type=int,
-    help="Safety cap on requests in flight; what it holds back is counted. "
-    "[default: 1000]",
-)
+@options.open_loop()
 @click.option(
     "--late",
     type=click.Choice(["send", "skip"]),
@@ -81,17 +76,6 @@ def _int_list(
     "--late-tolerance",
     type=float,
     help="Seconds late before --late skip applies. [default: 1]",
-)
-@click.option("--max-requests", type=int, help="Stop the schedule after this many.")
-@click.option(
-    "--shard",
-    help="Run shard I of N (0-based): every N-th arrival of the same seeded "
-    "schedule; merge the shards with servemon merge.",
-)
-@click.option(
-    "--start-at",
-    help="Start the schedule at this UTC time (ISO 8601), so that shards start "
-    "together.",
 )
 @click.option(
     "--workers",
@@ -174,13 +158,7 @@ def capacity(config_file: Path | None, **flags: Any) -> None:
 )
 @click.option("--to", "trace_to", type=float, help="Stop at this second of the trace.")
 @click.option("--loops", type=int, help="Send the window this many times. [default: 1]")
-@click.option(
-    "--max-inflight",
-    type=int,
-    help="Safety cap on requests in flight; what it holds back is counted. "
-    "[default: 1000]",
-)
-@click.option("--max-requests", type=int, help="Stop after this many requests.")
+@options.open_loop()
 def replay(trace: Path, config_file: Path | None, **flags: Any) -> None:
     """Send a trace (Mooncake JSONL, JSONL/CSV of lengths, timed prompts) open
     loop at its own times, with its lengths and prefix structure."""

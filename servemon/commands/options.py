@@ -117,6 +117,30 @@ def max_duration(**how: Any) -> Decorator:
     )
 
 
+def open_loop() -> Callable[[F], F]:
+    """What every open-loop schedule takes (``ramp``, ``replay``): the in-flight
+    cap, a truncation, sharding and a shared start."""
+    return compose(
+        _option(
+            "--max-inflight",
+            type=int,
+            help="Safety cap on requests in flight; what it holds back is counted.",
+            shown="1000",
+        ),
+        _option("--max-requests", type=int, help="Stop the schedule after this many."),
+        _option(
+            "--shard",
+            help="Run shard I of N (0-based): every N-th request of the same "
+            "schedule; merge the shards with servemon merge.",
+        ),
+        _option(
+            "--start-at",
+            help="Start the schedule at this UTC time (ISO 8601), so that shards "
+            "start together.",
+        ),
+    )
+
+
 def arrival() -> Decorator:
     """``--arrival`` (``ramp``, ``capacity``)."""
     return _option("--arrival", help="constant | poisson | gamma:CV.", shown="poisson")

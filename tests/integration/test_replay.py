@@ -103,3 +103,31 @@ def test_a_replay_sends_the_traces_times_and_its_prefix_sharing(
     assert served == pytest.approx(expected, abs=0.03)
     summary = json.loads((result.path / "summary.json").read_text())
     assert summary["stages"][0]["label"] == "trace"
+
+
+def test_shards_of_a_replay_send_the_whole_trace_between_them(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    rows = [f"{i * 0.02:.2f},8,2" for i in range(40)]
+    trace.write_text("timestamp,prompt_tokens,output_tokens\n" + "\n".join(rows))
+
+    async def go(shard: str) -> Any:
+        config = SimConfig(host="127.0.0.1", port=0, profile="tiny")
+        async with SimServer(config) as server:
+            return await run(
+                "replay",
+                config_for(
+                    server,
+                    tmp_path / shard.replace("/", "-"),
+                    workload=f"trace:{trace}",
+                    shard=shard,
+                ),
+            )
+
+    sent: list[set[int]] = []
+    for shard in ("0/2", "1/2"):
+        result = asyncio.run(asyncio.wait_for(go(shard), 60))
+        assert result.status == "completed"
+        records = read_jsonl(result.path / "requests.jsonl")
+        sent.append({int(r["id"].rsplit("-", 1)[1]) for r in records})
+    assert sent[0] == set(range(0, 40, 2))
+    assert sent[1] == set(range(1, 40, 2))
