@@ -9,14 +9,22 @@ for the server).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-from annotated_types import Ge, Gt, Le
+from annotated_types import Ge, Gt, Le, Len
+from pydantic import BeforeValidator
 
 from servemon.fields import FORBID_EXTRA, merge
 
-__all__ = ["DIALECTS", "WIRE_DIALECTS", "Faults", "SimConfig", "merge"]
+__all__ = [
+    "DIALECTS",
+    "WIRE_DIALECTS",
+    "Faults",
+    "SimConfig",
+    "merge",
+]
 
 Fraction = Annotated[float, Ge(0), Le(1)]
 Seconds = Annotated[float, Ge(0)]
@@ -34,6 +42,34 @@ DIALECTS: tuple[str, ...] = (
 WireDialect = Literal["vllm", "transformers", "llamacpp"]
 WIRE_DIALECTS: tuple[str, ...] = ("vllm", "transformers", "llamacpp")
 MetricsFault = Literal["ok", "garbage", "hang", "503"]
+
+_NAME = re.compile(r"[^\s,=]+")
+
+
+def _names(value: object) -> object:
+    """One name or several (a YAML list, a repeated flag) as a tuple of names."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value) if isinstance(value, list | tuple) else value
+
+
+def _adapter_name(value: object) -> object:
+    """A LoRA module as vLLM's ``--lora-modules`` takes it, ``name=path`` (the path
+    is ignored here), or a bare name."""
+    if isinstance(value, str):
+        name = value.split("=", 1)[0].strip()
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"expected name or name=path, got {value!r}")
+        return name
+    return value
+
+
+ModelNames = Annotated[
+    tuple[Annotated[str, Len(min_length=1)], ...], BeforeValidator(_names)
+]
+AdapterName = Annotated[str, BeforeValidator(_adapter_name)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,7 +100,19 @@ class SimConfig:
     host: str = "127.0.0.1"
     port: Annotated[int, Ge(0), Le(65535)] = 8000
     profile: str = "qwen3-0.6b-eager"
-    served_model_name: str | None = None
+    #: The names the model answers to, all aliases of one model (vLLM's
+    #: ``--served-model-name NAME [NAME ...]``); the first names it in responses
+    #: and metrics. Empty: the profile's model.
+    served_model_name: ModelNames = ()
+    #: LoRA adapters served on top of the model (vLLM's ``--lora-modules
+    #: name=path``; the path is ignored). Any adapter turns LoRA on.
+    lora_modules: tuple[AdapterName, ...] = ()
+    #: Most distinct adapters in one batch (vLLM's ``--max-loras``, default 1).
+    max_loras: Annotated[int, Ge(1)] = 1
+    #: Adapters kept loaded (vLLM's ``--max-cpu-loras``; default ``max_loras``).
+    max_cpu_loras: Annotated[int, Ge(1)] | None = None
+    #: Seconds a step takes longer for each adapter it must load first.
+    lora_load_s: Seconds = 0.02
     max_num_seqs: Annotated[int, Ge(1)] = 256
     max_num_batched_tokens: Annotated[int, Ge(1)] = 2048
     num_gpu_blocks: Annotated[int, Ge(1)] | None = None
@@ -84,3 +132,14 @@ class SimConfig:
     seed: int = 0
     trace: str | None = None
     faults: Faults = field(default_factory=Faults)
+
+    def __post_init__(self) -> None:
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
+                f"({self.max_loras})"
+            )
+        names = set(self.served_model_name)
+        clash = next((a for a in self.lora_modules if a in names), None)
+        if clash is not None:
+            raise ValueError(f"lora_modules: {clash!r} is also a served model name")

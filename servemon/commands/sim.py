@@ -18,7 +18,12 @@ import click
 from servemon.commands import options
 from servemon.fields import layer_config
 from servemon.lifecycle import stop_on_signals, stop_when_orphaned
-from simulator.config import DIALECTS, WIRE_DIALECTS, Faults, SimConfig
+from simulator.config import (
+    DIALECTS,
+    WIRE_DIALECTS,
+    Faults,
+    SimConfig,
+)
 
 __all__ = ["sim", "sim_config"]
 
@@ -30,7 +35,32 @@ sim_options = options.compose(
     click.option("--port", type=int, help="Port; 0 picks a free one. [default: 8000]"),
     options.profile(shown="qwen3-0.6b-eager"),
     click.option(
-        "--served-model-name", help="Model id to serve. [default: the profile's]"
+        "--served-model-name",
+        multiple=True,
+        help="Model id to serve; repeat for aliases (the first names the model in "
+        "responses and metrics). [default: the profile's]",
+    ),
+    click.option(
+        "--lora-modules",
+        multiple=True,
+        help="A LoRA adapter to serve, NAME or NAME=PATH (the path is ignored); "
+        "repeat for more.",
+    ),
+    click.option(
+        "--max-loras",
+        type=int,
+        help="Most distinct LoRA adapters in one batch. [default: 1]",
+    ),
+    click.option(
+        "--max-cpu-loras",
+        type=int,
+        help="LoRA adapters kept loaded. [default: --max-loras]",
+    ),
+    click.option(
+        "--lora-load",
+        "lora_load_s",
+        type=float,
+        help="Seconds a step takes longer per adapter it must load. [default: 0.02]",
     ),
     options.max_num_seqs(shown="256"),
     click.option(

@@ -1,0 +1,140 @@
+"""LoRA adapters in the engine, stepped by hand (no event loop).
+
+vLLM's V1 scheduler skips a waiting request whose adapter would take the batch past
+``max_loras`` distinct adapters, and tries the next; the worker loads an adapter that
+is not loaded (least recently used out) before the step that needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from simulator.engine import Engine, EngineArgs
+from simulator.lora import AdapterCache
+from simulator.profiles import load_profile
+
+TINY = load_profile("tiny")
+ARGS = EngineArgs(
+    max_num_seqs=256,
+    max_num_batched_tokens=2048,
+    num_gpu_blocks=4096,
+    block_size=16,
+    max_model_len=4096,
+    enable_prefix_caching=True,
+    eos_probability=0.0,
+    seed=0,
+    lora_modules=("a", "b", "c"),
+    max_loras=1,
+    max_cpu_loras=1,
+    lora_load_s=0.5,
+)
+
+
+def make_engine(**overrides: object) -> Engine:
+    return Engine(TINY, dataclasses.replace(ARGS, **overrides))
+
+
+def prompt(offset: int) -> list[int]:
+    return list(range(offset, offset + 8))
+
+
+def step(engine: Engine) -> list[str]:
+    plan = engine.schedule()
+    engine.apply(plan, time.monotonic())
+    return [req.request_id for req, _ in plan]
+
+
+# -- the adapter cache -------------------------------------------------------------
+
+
+def test_the_cache_preloads_in_order_and_evicts_the_least_recently_used() -> None:
+    cache = AdapterCache(2, preload=["a", "b", "c"])
+    assert cache.loaded == ("b", "c")  # a was loaded, then pushed out
+    assert cache.loads == 0
+    assert cache.activate(["b"]) == 0
+    assert cache.loaded == ("c", "b")
+    assert cache.activate(["a"]) == 1  # evicts c, the least recently used
+    assert cache.loaded == ("b", "a")
+    assert cache.activate(["a", "b"]) == 0
+    assert cache.loads == 1
+
+
+def test_a_cache_holds_at_least_one() -> None:
+    with pytest.raises(ValueError, match="capacity"):
+        AdapterCache(0)
+
+
+# -- scheduling under max_loras ----------------------------------------------------
+
+
+def test_a_second_adapter_waits_while_the_first_runs() -> None:
+    engine = make_engine()
+    engine.add_request("a1", prompt(0), max_tokens=3, lora="a")
+    engine.add_request("b1", prompt(100), max_tokens=3, lora="b")
+    engine.add_request("base", prompt(200), max_tokens=3)
+    engine.add_request("a2", prompt(300), max_tokens=3, lora="a")
+    # b1 is skipped, not a barrier: the base model and a's second request go on.
+    assert step(engine) == ["a1", "base", "a2"]
+    assert [req.request_id for req in engine.waiting] == ["b1"]
+    assert engine.lora_state() == (["a"], ["b"])
+    while engine.running:
+        step(engine)
+    # Only once a's requests are done does b get the batch.
+    assert [req.request_id for req in engine.running] == []
+    assert step(engine) == ["b1"]
+    assert engine.lora_state() == (["b"], [])
+
+
+def test_max_loras_two_runs_two_adapters_at_once() -> None:
+    engine = make_engine(max_loras=2, max_cpu_loras=2)
+    for name in ("a", "b", "c"):
+        engine.add_request(name, prompt(ord(name)), max_tokens=2, lora=name)
+    assert step(engine) == ["a", "b"]
+    assert engine.lora_state() == (["a", "b"], ["c"])
+
+
+def test_a_step_that_must_load_an_adapter_takes_lora_load_s_longer() -> None:
+    engine = make_engine()  # a, b, c preloaded into one place: c is loaded
+    engine.add_request("c", prompt(0), max_tokens=2, lora="c")
+    plan = engine.schedule()
+    assert engine.step_load_s == 0.0
+    base = engine.step_seconds(plan)
+    engine.apply(plan, time.monotonic())
+    while engine.running:
+        step(engine)
+    engine.add_request("a", prompt(50), max_tokens=2, lora="a")
+    plan = engine.schedule()
+    assert engine.step_load_s == pytest.approx(0.5)
+    assert engine.step_seconds(plan) == pytest.approx(base + 0.5, rel=0.2)
+    engine.apply(plan, time.monotonic())
+    plan = engine.schedule()  # a is loaded now: the next step pays nothing
+    assert engine.step_load_s == 0.0
+    assert engine.adapters.loaded == ("a",)
+
+
+def test_the_lora_info_keeps_every_state_with_its_last_time() -> None:
+    engine = make_engine()
+    engine.add_request("a1", prompt(0), max_tokens=2, lora="a")
+    engine.add_request("b1", prompt(100), max_tokens=2, lora="b")
+    before = time.time()
+    step(engine)
+    info = engine.stats.lora_info
+    assert list(info) == [("a", "b")]
+    assert info[("a", "b")] >= before
+    while engine.running or engine.waiting:
+        step(engine)
+    # a done and b not yet scheduled, b running, then nothing.
+    assert list(info) == [("a", "b"), ("", "b"), ("b", ""), ("", "")]
+    newest = max(info, key=info.__getitem__)
+    assert newest == ("", "")
+
+
+def test_without_adapters_nothing_is_recorded() -> None:
+    engine = make_engine(lora_modules=())
+    engine.add_request("x", prompt(0), max_tokens=2)
+    step(engine)
+    assert not engine.lora_enabled
+    assert engine.stats.lora_info == {}
