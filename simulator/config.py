@@ -20,10 +20,12 @@ from servemon.fields import FORBID_EXTRA, merge
 
 __all__ = [
     "DIALECTS",
+    "REASONING_FIELDS",
     "WIRE_DIALECTS",
     "Faults",
     "SimConfig",
     "merge",
+    "parse_reasoning_tokens",
 ]
 
 Fraction = Annotated[float, Ge(0), Le(1)]
@@ -42,6 +44,11 @@ DIALECTS: tuple[str, ...] = (
 WireDialect = Literal["vllm", "transformers", "llamacpp"]
 WIRE_DIALECTS: tuple[str, ...] = ("vllm", "transformers", "llamacpp")
 MetricsFault = Literal["ok", "garbage", "hang", "503"]
+#: Where a chat answer's reasoning goes: vLLM <= 0.11.0 and llama.cpp
+#: ``reasoning_content``; vLLM 0.11.1-0.15 both (``reasoning`` and the deprecated
+#: copy); vLLM >= 0.16 ``reasoning`` only.
+ReasoningField = Literal["reasoning_content", "reasoning", "both"]
+REASONING_FIELDS: tuple[str, ...] = ("reasoning_content", "reasoning", "both")
 
 _NAME = re.compile(r"[^\s,=]+")
 
@@ -66,10 +73,39 @@ def _adapter_name(value: object) -> object:
     return value
 
 
+def parse_reasoning_tokens(text: str | int) -> tuple[int, int]:
+    """``"0"`` (off), ``"N"`` or ``"A:B"`` (uniform from A to B, both included) as
+    ``(low, high)``."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        low = high = text
+    elif isinstance(text, str):
+        parts = text.split(":")
+        try:
+            if len(parts) == 1:
+                low = high = int(parts[0])
+            elif len(parts) == 2:
+                low, high = int(parts[0]), int(parts[1])
+            else:
+                raise ValueError(text)
+        except ValueError:
+            raise ValueError(f"expected N or A:B, got {text!r}") from None
+    else:
+        raise ValueError(f"expected N or A:B, got {text!r}")
+    if low < 0 or high < low:
+        raise ValueError(f"expected 0 <= A <= B, got {text!r}")
+    return low, high
+
+
 ModelNames = Annotated[
     tuple[Annotated[str, Len(min_length=1)], ...], BeforeValidator(_names)
 ]
 AdapterName = Annotated[str, BeforeValidator(_adapter_name)]
+ReasoningTokens = Annotated[
+    tuple[int, int],
+    BeforeValidator(
+        lambda v: parse_reasoning_tokens(v) if isinstance(v, str | int) else v
+    ),
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,6 +165,14 @@ class SimConfig:
     enable_prompt_tokens_details: bool = False
     #: vLLM's --enable-per-request-metrics: a ``metrics`` object per answer.
     enable_per_request_metrics: bool = False
+    #: Reasoning tokens at the start of each answer: ``0`` (none), ``N``, or
+    #: ``A:B`` (drawn per request from the seed, uniform from A to B).
+    reasoning_tokens: ReasoningTokens = (0, 0)
+    #: The chat delta/message field reasoning goes in (see :data:`ReasoningField`).
+    reasoning_field: ReasoningField = "reasoning_content"
+    #: ``usage.completion_tokens_details.reasoning_tokens``: vLLM (through 0.25 at
+    #: least) does not report it; OpenAI does. Off by default, as vLLM.
+    reasoning_usage: bool = False
     seed: int = 0
     trace: str | None = None
     faults: Faults = field(default_factory=Faults)

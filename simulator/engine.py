@@ -58,6 +58,8 @@ class EngineArgs:
     max_loras: int = 1
     max_cpu_loras: int = 1
     lora_load_s: float = 0.0
+    #: Reasoning tokens per answer, drawn uniformly from ``low..high``.
+    reasoning_tokens: tuple[int, int] = (0, 0)
 
 
 @dataclass(eq=False, slots=True)
@@ -73,6 +75,8 @@ class Request:
     block_keys: list[int]
     #: The LoRA adapter asked for, or ``None`` for the base model.
     lora: str | None = None
+    #: How many of the first output tokens are reasoning.
+    reasoning_tokens: int = 0
     queued_s: float = 0.0
     scheduled_s: float | None = None
     first_token_s: float | None = None
@@ -154,9 +158,17 @@ class Engine:
         arrival_s: float | None = None,
         lora: str | None = None,
     ) -> Request:
-        """Queue a request; its output length is drawn now from the seeded stream."""
-        rng = random.Random(f"{self.args.seed}:{next(self._ids)}")
-        target = self._draw_length(rng, max_tokens, min_tokens, ignore_eos)
+        """Queue a request; its output length (and reasoning length) is drawn now
+        from the seeded stream."""
+        n = next(self._ids)
+        rng = random.Random(f"{self.args.seed}:{n}")
+        low, high = self.args.reasoning_tokens
+        reasoning = (
+            random.Random(f"{self.args.seed}:{n}:reasoning").randint(low, high)
+            if high
+            else 0
+        )
+        target = self._draw_length(rng, max_tokens, min_tokens, ignore_eos, reasoning)
         now = time.monotonic()
         req = Request(
             request_id=request_id,
@@ -170,6 +182,7 @@ class Engine:
             if self.args.enable_prefix_caching
             else [],
             lora=lora,
+            reasoning_tokens=min(reasoning, max_tokens),
         )
         if lora is not None:
             self._adapter_order.setdefault(lora, None)
@@ -316,15 +329,23 @@ class Engine:
     # -- internals --------------------------------------------------------------
 
     def _draw_length(
-        self, rng: random.Random, max_tokens: int, min_tokens: int, ignore_eos: bool
+        self,
+        rng: random.Random,
+        max_tokens: int,
+        min_tokens: int,
+        ignore_eos: bool,
+        reasoning: int = 0,
     ) -> int:
+        """The output length: ``max_tokens``, or earlier by the seeded
+        end-of-sequence draw, which starts after the reasoning (a model does not
+        stop while it thinks); max_tokens counts reasoning and answer, as vLLM's."""
         p = self.eos_probability
         if ignore_eos or p <= 0.0:
             return max_tokens
         if p >= 1.0:
-            return max(1, min(min_tokens, max_tokens))
+            return max(1, min(max(min_tokens, reasoning + 1), max_tokens))
         draw = math.ceil(math.log1p(-rng.random()) / math.log1p(-p))
-        return max(1, min(max_tokens, max(min_tokens, 0) + draw))
+        return max(1, min(max_tokens, max(min_tokens, 0) + reasoning + draw))
 
     def _grow(self, req: Request, new: int) -> bool:
         """Give a running request the blocks for ``new`` more tokens, if free."""

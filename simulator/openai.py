@@ -223,6 +223,8 @@ class ServerFacts:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    #: Of the completion tokens, those of the reasoning that came first.
+    reasoning_tokens: int
     queued_s: float
     scheduled_s: float | None
     first_token_s: float | None
@@ -241,10 +243,16 @@ class ChunkWriter:
     ``"content": null``, content chunks, a finish chunk with an empty delta, a usage
     chunk when asked (``prompt_tokens_details.cached_tokens`` in it), ``timings`` on
     the last chunk, ``[DONE]``.
+
+    Reasoning (chat only) goes in ``reasoning_field`` of the delta or message
+    (``both``: ``reasoning`` and ``reasoning_content``, the same text); with
+    ``reasoning_usage``, usage has ``completion_tokens_details.reasoning_tokens``.
+    A completion's reasoning is plain text, as vLLM's completions API gives it.
     """
 
     __slots__ = (
         "_head",
+        "_reasoning_keys",
         "_tail",
         "api",
         "created",
@@ -252,6 +260,7 @@ class ChunkWriter:
         "dialect",
         "metrics",
         "model",
+        "reasoning_usage",
         "response_id",
     )
 
@@ -264,8 +273,16 @@ class ChunkWriter:
         dialect: str = "vllm",
         details: bool = False,
         metrics: bool = False,
+        reasoning_field: str = "reasoning_content",
+        reasoning_usage: bool = False,
     ) -> None:
         self.api = api
+        self._reasoning_keys = (
+            ("reasoning", "reasoning_content")
+            if reasoning_field == "both"
+            else (reasoning_field,)
+        )
+        self.reasoning_usage = reasoning_usage and api == "chat"
         self.response_id = response_id
         self.model = model
         self.dialect = dialect
@@ -303,16 +320,27 @@ class ChunkWriter:
             self._head + delta + ',"logprobs":null,"finish_reason":null' + self._tail
         ).encode()
 
-    def content(self, text: str, finish_reason: str | None) -> bytes:
-        """A chunk carrying generated text (and, for vLLM, the finish on the last)."""
+    def content(
+        self, text: str, finish_reason: str | None, reasoning: str = ""
+    ) -> bytes:
+        """A chunk carrying generated text (and, for vLLM, the finish on the last);
+        ``reasoning`` is text of the reasoning that comes before it."""
         if not self.finish_in_content:
             finish_reason = None
         reason = "null" if finish_reason is None else f'"{finish_reason}"'
         if self.api == "chat":
-            body = f'"delta":{{"content":{json.dumps(text)}}},"logprobs":null,'
+            parts = [
+                f'"{key}":{json.dumps(reasoning)}' for key in self._keys(reasoning)
+            ]
+            if text or not reasoning:
+                parts.append(f'"content":{json.dumps(text)}')
+            body = '"delta":{' + ",".join(parts) + '},"logprobs":null,'
         else:
-            body = f'"text":{json.dumps(text)},"logprobs":null,'
+            body = f'"text":{json.dumps(reasoning + text)},"logprobs":null,'
         return (self._head + body + f'"finish_reason":{reason}' + self._tail).encode()
+
+    def _keys(self, reasoning: str) -> tuple[str, ...]:
+        return self._reasoning_keys if reasoning else ()
 
     def finish(
         self, finish_reason: str | None, facts: ServerFacts, *, usage_follows: bool
@@ -341,17 +369,28 @@ class ChunkWriter:
         self._add_facts(event, facts)
         return _sse(event)
 
-    def full(self, text: str, finish_reason: str | None, facts: ServerFacts) -> Any:
-        """The non-streaming response body."""
+    def full(
+        self,
+        text: str,
+        finish_reason: str | None,
+        facts: ServerFacts,
+        reasoning: str = "",
+    ) -> Any:
+        """The non-streaming response body (``reasoning`` before ``text``)."""
         choice: dict[str, Any] = {
             "index": 0,
             "logprobs": None,
             "finish_reason": finish_reason,
         }
         if self.api == "chat":
-            choice["message"] = {"role": "assistant", "content": text}
+            # All of it reasoning: no content, as vLLM's reasoning parsers leave it.
+            content = None if reasoning and not text else text
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            for key in self._keys(reasoning):
+                message[key] = reasoning
+            choice["message"] = message
         else:
-            choice["text"] = text
+            choice["text"] = reasoning + text
         body = self._event([choice])
         body["object"] = "chat.completion" if self.api == "chat" else "text_completion"
         body["usage"] = self._usage(facts)
@@ -372,6 +411,10 @@ class ChunkWriter:
         usage: dict[str, Any] = _usage(facts.prompt_tokens, facts.completion_tokens)
         if self.details:
             usage["prompt_tokens_details"] = {"cached_tokens": facts.cached_tokens}
+        if self.reasoning_usage:
+            usage["completion_tokens_details"] = {
+                "reasoning_tokens": facts.reasoning_tokens
+            }
         return usage
 
     def _add_facts(self, event: dict[str, Any], facts: ServerFacts) -> None:

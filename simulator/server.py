@@ -83,6 +83,7 @@ class SimServer:
                 max_loras=config.max_loras,
                 max_cpu_loras=config.max_cpu_loras or config.max_loras,
                 lora_load_s=config.lora_load_s,
+                reasoning_tokens=config.reasoning_tokens,
             ),
         )
         self.engine.speed = config.speed
@@ -320,6 +321,8 @@ class SimServer:
             dialect=self.dialect,
             details=self.config.enable_prompt_tokens_details,
             metrics=self.config.enable_per_request_metrics,
+            reasoning_field=self.config.reasoning_field,
+            reasoning_usage=self.config.reasoning_usage,
         )
         if faults.slow_headers_s > 0:
             await asyncio.sleep(faults.slow_headers_s)

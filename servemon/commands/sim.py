@@ -20,6 +20,7 @@ from servemon.fields import layer_config
 from servemon.lifecycle import stop_on_signals, stop_when_orphaned
 from simulator.config import (
     DIALECTS,
+    REASONING_FIELDS,
     WIRE_DIALECTS,
     Faults,
     SimConfig,
@@ -61,6 +62,25 @@ sim_options = options.compose(
         "lora_load_s",
         type=float,
         help="Seconds a step takes longer per adapter it must load. [default: 0.02]",
+    ),
+    click.option(
+        "--reasoning-tokens",
+        help="Reasoning tokens first in each answer: N, or A:B drawn per request. "
+        "[default: 0]",
+    ),
+    click.option(
+        "--reasoning-field",
+        type=click.Choice(REASONING_FIELDS),
+        help="Chat field for reasoning: reasoning_content (vLLM <= 0.11.0, "
+        "llama.cpp), reasoning (vLLM >= 0.16) or both (vLLM 0.11.1-0.15). "
+        "[default: reasoning_content]",
+    ),
+    click.option(
+        "--reasoning-usage",
+        is_flag=True,
+        default=None,
+        help="usage.completion_tokens_details.reasoning_tokens (vLLM does not "
+        "report it).",
     ),
     options.max_num_seqs(shown="256"),
     click.option(

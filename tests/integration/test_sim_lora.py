@@ -1,4 +1,4 @@
-"""Several model names and LoRA adapters, over real sockets.
+"""Several model names, LoRA adapters and reasoning, over real sockets.
 
 What vLLM does, as its sources say: ``/v1/models`` lists every served name and then
 every adapter (``parent``: the first name); a model it does not serve is a 404
@@ -139,3 +139,102 @@ async def test_with_max_loras_one_the_second_adapter_waits(
         for task in (first, second):  # the client goes: both are aborted
             task.cancel()
         await asyncio.gather(first, second, return_exceptions=True)
+
+
+async def reasoning_stream(
+    http: aiohttp.ClientSession, url: str, read_sse: Any, **body: Any
+) -> list[dict[str, Any]]:
+    payload = chat(
+        stream=True,
+        stream_options={"include_usage": True},
+        ignore_eos=True,
+        **body,
+    )
+    async with http.post(f"{url}/v1/chat/completions", json=payload) as resp:
+        assert resp.status == 200, await resp.text()
+        stream = await read_sse(resp)
+    chunks: list[dict[str, Any]] = stream.chunks()
+    return chunks
+
+
+@pytest.mark.parametrize(
+    ("config", "keys"),
+    [
+        ({}, ["reasoning_content"]),
+        ({"reasoning_field": "reasoning"}, ["reasoning"]),
+        ({"reasoning_field": "both"}, ["reasoning", "reasoning_content"]),
+        ({"dialect": "llamacpp"}, ["reasoning_content"]),
+    ],
+)
+async def test_reasoning_comes_first_in_its_own_delta_field(
+    config: dict[str, Any],
+    keys: list[str],
+    start_sim: Any,
+    http: aiohttp.ClientSession,
+    read_sse: Any,
+) -> None:
+    async with start_sim(reasoning_tokens="3", **config) as server:
+        chunks = await reasoning_stream(http, server.url, read_sse, max_tokens=7)
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    thinking = [d for d in deltas if any(k in d for k in keys)]
+    answer = [d for d in deltas if d.get("content")]
+    assert len(thinking) == 3
+    assert len(answer) == 4
+    assert deltas.index(thinking[-1]) < deltas.index(answer[0])
+    for delta in thinking:
+        assert {delta[k] for k in keys} == {delta[keys[0]]}  # both say the same
+        assert "content" not in delta
+    usage = chunks[-1]["usage"]
+    assert usage["completion_tokens"] == 7  # reasoning counts, as vLLM's
+    assert "completion_tokens_details" not in usage  # vLLM does not report it
+
+
+async def test_usage_can_report_reasoning_tokens(
+    start_sim: Any, http: aiohttp.ClientSession, read_sse: Any
+) -> None:
+    async with start_sim(reasoning_tokens="2:5", reasoning_usage=True) as server:
+        chunks = await reasoning_stream(http, server.url, read_sse, max_tokens=9)
+        async with http.post(
+            f"{server.url}/v1/chat/completions",
+            json=chat(max_tokens=9, ignore_eos=True),
+        ) as resp:
+            whole = await resp.json()
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    thought = sum(1 for d in deltas if "reasoning_content" in d)
+    usage = chunks[-1]["usage"]
+    assert 2 <= thought <= 5
+    assert usage["completion_tokens"] == 9
+    assert usage["completion_tokens_details"] == {"reasoning_tokens": thought}
+    message = whole["choices"][0]["message"]
+    reasoned = whole["usage"]["completion_tokens_details"]["reasoning_tokens"]
+    assert 2 <= reasoned <= 5
+    assert len(message["reasoning_content"].split()) == reasoned
+    assert len(message["content"].split()) == 9 - reasoned
+
+
+async def test_an_answer_that_is_all_reasoning_has_no_content(
+    start_sim: Any, http: aiohttp.ClientSession
+) -> None:
+    async with (
+        start_sim(reasoning_tokens="10", reasoning_field="reasoning") as server,
+        http.post(f"{server.url}/v1/chat/completions", json=chat(max_tokens=4)) as resp,
+    ):
+        choice = (await resp.json())["choices"][0]
+    assert choice["message"]["content"] is None
+    assert len(choice["message"]["reasoning"].split()) == 4
+    assert choice["finish_reason"] == "length"
+
+
+async def test_a_completion_has_its_reasoning_as_plain_text(
+    start_sim: Any, http: aiohttp.ClientSession
+) -> None:
+    async with (
+        start_sim(reasoning_tokens="3", reasoning_usage=True) as server,
+        http.post(
+            f"{server.url}/v1/completions",
+            json={"prompt": "x", "max_tokens": 5, "ignore_eos": True},
+        ) as resp,
+    ):
+        body = await resp.json()
+    assert len(body["choices"][0]["text"].split()) == 5
+    assert "completion_tokens_details" not in body["usage"]

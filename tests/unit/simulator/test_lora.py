@@ -1,4 +1,4 @@
-"""LoRA adapters in the engine, stepped by hand (no event loop).
+"""LoRA adapters and reasoning in the engine, stepped by hand (no event loop).
 
 vLLM's V1 scheduler skips a waiting request whose adapter would take the batch past
 ``max_loras`` distinct adapters, and tries the next; the worker loads an adapter that
@@ -138,3 +138,37 @@ def test_without_adapters_nothing_is_recorded() -> None:
     step(engine)
     assert not engine.lora_enabled
     assert engine.stats.lora_info == {}
+
+
+# -- reasoning -----------------------------------------------------------------------
+
+
+def test_reasoning_is_drawn_per_request_from_the_seed() -> None:
+    draws = []
+    for _ in range(2):
+        engine = make_engine(reasoning_tokens=(2, 9))
+        reqs = [engine.add_request(str(i), prompt(i), max_tokens=20) for i in range(40)]
+        draws.append([req.reasoning_tokens for req in reqs])
+    assert draws[0] == draws[1]
+    assert set(draws[0]) <= set(range(2, 10))
+    assert len(set(draws[0])) > 3
+
+
+def test_max_tokens_counts_reasoning_and_answer() -> None:
+    engine = make_engine(reasoning_tokens=(8, 8))
+    short = engine.add_request("short", prompt(0), max_tokens=5)
+    long = engine.add_request("long", prompt(50), max_tokens=12)
+    while engine.running or engine.waiting:
+        step(engine)
+    assert (short.reasoning_tokens, short.num_output) == (5, 5)  # all reasoning
+    assert (long.reasoning_tokens, long.num_output) == (8, 12)
+    assert long.finish_reason == "length"
+
+
+def test_an_early_stop_comes_only_after_the_reasoning() -> None:
+    engine = make_engine(reasoning_tokens=(6, 6), eos_probability=1.0)
+    req = engine.add_request("x", prompt(0), max_tokens=50)
+    while engine.running or engine.waiting:
+        step(engine)
+    assert req.num_output == 7  # six reasoning tokens and one of the answer
+    assert req.finish_reason == "stop"
