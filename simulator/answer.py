@@ -9,8 +9,9 @@ import time
 
 from aiohttp import web
 
+from simulator.chunks import DONE, MALFORMED, ChunkWriter, ServerFacts
 from simulator.engine import Engine, Request
-from simulator.openai import DONE, MALFORMED, ChunkWriter, ParsedRequest, ServerFacts
+from simulator.openai import ParsedRequest
 from simulator.trace import TraceRecord
 
 __all__ = ["RoleChunk", "facts", "stream_answer", "trace_record", "whole_answer"]

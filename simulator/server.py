@@ -29,16 +29,11 @@ from prometheus_client.process_collector import ProcessCollector
 
 from servemon.errors import ConfigError
 from simulator.answer import RoleChunk, stream_answer, trace_record, whole_answer
+from simulator.chunks import ChunkWriter
 from simulator.config import SimConfig, merge
 from simulator.engine import Engine, EngineArgs
 from simulator.metrics import EngineMetrics
-from simulator.openai import (
-    ApiError,
-    ChunkWriter,
-    ParsedRequest,
-    error_body,
-    parse_request,
-)
+from simulator.openai import ApiError, ParsedRequest, error_body, parse_request
 from simulator.profiles import Profile, load_profile
 from simulator.trace import TraceWriter
 
