@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from servemon.errors import ConfigError
+from simulator.config import SimConfig, merge, parse_reasoning_tokens
 from simulator.engine import Engine, EngineArgs
 from simulator.lora import AdapterCache
 from simulator.profiles import load_profile
@@ -172,3 +174,48 @@ def test_an_early_stop_comes_only_after_the_reasoning() -> None:
         step(engine)
     assert req.num_output == 7  # six reasoning tokens and one of the answer
     assert req.finish_reason == "stop"
+
+
+# -- the config's edges ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "pair"), [("0", (0, 0)), ("12", (12, 12)), ("3:9", (3, 9)), (5, (5, 5))]
+)
+def test_reasoning_tokens_are_n_or_a_range(
+    text: str | int, pair: tuple[int, int]
+) -> None:
+    assert parse_reasoning_tokens(text) == pair
+
+
+@pytest.mark.parametrize("text", ["-1", "9:3", "1:2:3", "many", ""])
+def test_a_bad_reasoning_length_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="expected"):
+        parse_reasoning_tokens(text)
+
+
+def test_names_and_adapters_load_as_vllm_writes_them() -> None:
+    config = merge(
+        SimConfig(),
+        {"served_model_name": "one", "lora_modules": ["sql=/adapters/sql", "chat"]},
+        "t",
+    )
+    assert config.served_model_name == ("one",)
+    assert config.lora_modules == ("sql", "chat")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        ({"max_loras": 2, "max_cpu_loras": 1}, "max_cpu_loras"),
+        ({"served_model_name": ["a"], "lora_modules": ["a"]}, "also a served"),
+        ({"lora_modules": ["=path"]}, "lora_modules"),
+        ({"reasoning_tokens": "5:1"}, "reasoning_tokens"),
+        ({"reasoning_field": "thoughts"}, "reasoning_field"),
+    ],
+)
+def test_bad_lora_and_reasoning_config_is_one_line(
+    overrides: dict[str, object], says: str
+) -> None:
+    with pytest.raises(ConfigError, match=says):
+        merge(SimConfig(), overrides, "sim.yaml")
