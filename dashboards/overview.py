@@ -11,7 +11,15 @@ from __future__ import annotations
 from grafanalib import core as g
 
 from dashboards.gpu import gpu_panels
-from dashboards.panels import DS, Layout, dashboard, percentiles, stat, timeseries
+from dashboards.panels import (
+    DS,
+    Layout,
+    dashboard,
+    dashed,
+    percentiles,
+    stat,
+    timeseries,
+)
 from dashboards.queries import (
     TARGET,
     current,
@@ -80,11 +88,11 @@ def _queueing_and_cache(lay: Layout) -> None:
             (current(n.ENGINE_REQUESTS_RUNNING, by=by_target), "running {{target}}"),
             (current(n.ENGINE_REQUESTS_WAITING, by=by_target), "waiting {{target}}"),
         ),
-        width=8,
+        width=6,
     )
     lay.add(
         timeseries("Queue time", "s", *percentiles(n.ENGINE_QUEUE, "queue")),
-        width=8,
+        width=6,
     )
     lay.add(
         timeseries(
@@ -93,8 +101,9 @@ def _queueing_and_cache(lay: Layout) -> None:
             (rate(n.ENGINE_PREEMPTIONS, by=by_target), "{{target}}"),
             description="Requests evicted from the batch per second.",
         ),
-        width=8,
+        width=6,
     )
+    lay.add(_lora_adapters(by_target), width=6)
     lay.row("Cache")
     lay.add(
         timeseries(
@@ -120,6 +129,23 @@ def _queueing_and_cache(lay: Layout) -> None:
             description="rate(hits) / rate(queries) where the engine counts "
             "both; the engine's own ratio where it only gives one.",
         )
+    )
+
+
+def _lora_adapters(by: tuple[str, ...]) -> g.TimeSeries:
+    """Adapter pressure: adapters running and waiting against --max-loras."""
+    return timeseries(
+        "LoRA adapters",
+        "short",
+        (current(n.ENGINE_LORA_RUNNING, by=by), "running {{target}}"),
+        (current(n.ENGINE_LORA_WAITING, by=by), "waiting {{target}}"),
+        (current(n.ENGINE_LORA_MAX, agg="max", by=by), "max_lora {{target}}"),
+        description="Adapters with requests in the batch and adapters with "
+        "requests waiting, against the most one batch may hold (vLLM's "
+        "--max-loras). Waiting adapters while running is at max_lora: requests "
+        "queue for an adapter's turn, not for KV or sequence room. Empty "
+        "without LoRA.",
+        overrides=[dashed("max_lora.*")],
     )
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "DS",
     "Layout",
     "dashboard",
+    "dashed",
     "percentiles",
     "right_axis",
     "stat",
@@ -124,6 +125,17 @@ def right_axis(field_name: str, unit: str) -> dict[str, Any]:
         "properties": [
             {"id": "custom.axisPlacement", "value": "right"},
             {"id": "unit", "value": unit},
+        ],
+    }
+
+
+def dashed(name_regex: str) -> dict[str, Any]:
+    """An override drawing the series whose names match ``name_regex`` dashed (a
+    limit beside the values it bounds)."""
+    return {
+        "matcher": {"id": "byRegexp", "options": name_regex},
+        "properties": [
+            {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}
         ],
     }
 

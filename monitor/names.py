@@ -52,6 +52,10 @@ __all__ = [
     "ENGINE_INFO",
     "ENGINE_ITL",
     "ENGINE_KV_CACHE_USAGE",
+    "ENGINE_LORA_ACTIVE",
+    "ENGINE_LORA_MAX",
+    "ENGINE_LORA_RUNNING",
+    "ENGINE_LORA_WAITING",
     "ENGINE_PREEMPTIONS",
     "ENGINE_PREFILL",
     "ENGINE_PREFIX_HITS",
@@ -95,6 +99,14 @@ __all__ = [
 ]
 
 Kind = Literal["counter", "gauge", "histogram"]
+#: How a source is read: its samples' values (``value``), or the labels of its
+#: newest sample, the one with the largest value (vLLM stamps ``lora_requests_info``
+#: with the wall-clock time and keeps every label set it ever had): the ``count``
+#: of comma-joined names in ``label``, the ``number`` ``label`` holds, or
+#: ``members``: per name any sample lists in one of the comma-separated labels of
+#: ``label`` (``running_lora_adapters``: state ``running``, the label's name up to
+#: its first ``_``), 1 if the newest sample lists it there, else 0.
+Read = Literal["value", "count", "number", "members"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +117,8 @@ class Source:
     name: str
     versions: str
     note: str = ""
+    read: Read = "value"
+    label: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +342,10 @@ OLD = "V1 0.8, deprecated in 0.9-0.10, hidden in 0.11"
 
 def _vllm(name: str, versions: str = "all", note: str = "") -> Source:
     return Source("vllm", name, versions, note)
+
+
+def _lora(read: Read, label: str, note: str) -> Source:
+    return Source("vllm", "vllm:lora_requests_info", "with LoRA", note, read, label)
 
 
 ENGINE_REQUESTS_RUNNING = Series(
@@ -555,6 +573,45 @@ ENGINE_GENERATION_LENGTH = Series(
         Source("tgi", "tgi_request_generated_tokens", "all"),
     ),
 )
+ENGINE_LORA_RUNNING = Series(
+    "servemon_engine_lora_adapters_running",
+    "gauge",
+    "adapters",
+    "LoRA adapters with requests in the running batch now.",
+    _ENGINE,
+    (_lora("count", "running_lora_adapters", "newest sample's running_lora_adapters"),),
+)
+ENGINE_LORA_WAITING = Series(
+    "servemon_engine_lora_adapters_waiting",
+    "gauge",
+    "adapters",
+    "LoRA adapters with requests waiting now (for a batch place, or to be loaded).",
+    _ENGINE,
+    (_lora("count", "waiting_lora_adapters", "newest sample's waiting_lora_adapters"),),
+)
+ENGINE_LORA_MAX = Series(
+    "servemon_engine_lora_adapters_max",
+    "gauge",
+    "adapters",
+    "Most distinct LoRA adapters one batch may hold (vLLM's --max-loras).",
+    _ENGINE,
+    (_lora("number", "max_lora", "its max_lora label"),),
+)
+ENGINE_LORA_ACTIVE = Series(
+    "servemon_engine_lora_adapter_active",
+    "gauge",
+    "bool",
+    "1 for each LoRA adapter with requests in that state (running, waiting) now, "
+    "0 for the other adapters the engine has listed.",
+    (*_ENGINE, "adapter", "state"),
+    (
+        _lora(
+            "members",
+            "running_lora_adapters,waiting_lora_adapters",
+            "the newest sample's lists",
+        ),
+    ),
+)
 ENGINE_INFO = Series(
     "servemon_engine_info",
     "gauge",
@@ -596,6 +653,10 @@ ENGINE_SERIES: tuple[Series, ...] = (
     ENGINE_DECODE,
     ENGINE_PROMPT_LENGTH,
     ENGINE_GENERATION_LENGTH,
+    ENGINE_LORA_RUNNING,
+    ENGINE_LORA_WAITING,
+    ENGINE_LORA_MAX,
+    ENGINE_LORA_ACTIVE,
 )
 
 # -- per target (the exporter's view of each target) -----------------------------

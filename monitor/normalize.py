@@ -252,9 +252,7 @@ class Normalizer:
                 for v in map(values.__getitem__, fold.members)
             ]
             try:
-                value = (
-                    max(numbers) if fold.op == "max" else sum(numbers) / len(numbers)
-                )
+                value = fold.value(numbers)
             except OverflowError as exc:  # integers too large for a float
                 raise ValueError(f"values too large: {exc}") from exc
             folded.append(repr(value))

@@ -17,6 +17,11 @@ the same shape (:mod:`monitor.normalize` keeps it while only values move).
   listed model, else ``unknown``), ``engine``, ``rank`` (vLLM's ``engine``, SGLang's
   ``dp_rank``, else ``0``) and, for finished requests, ``reason`` (``finished_reason``,
   else ``stop``); histograms keep ``le``. Nothing else.
+- A source read from its newest sample (``Source.read``: vLLM's
+  ``lora_requests_info``, a gauge stamped with the wall-clock time that keeps every
+  label set it ever had) becomes ``pick`` folds: per output sample, what each line's
+  labels say (a count of names, a number, 1 or 0 for one adapter), and at scrape
+  time the answer of the line with the largest value.
 - Where that folds several lines onto one label set (SGLang's per-TP-rank copies),
   gauges take the mean, counters the largest, histograms the first copy. A gauge is
   always a mean (of one, usually: ``-0.0`` becomes ``0.0``). ``_created`` lines are
@@ -28,7 +33,9 @@ the same shape (:mod:`monitor.normalize` keeps it while only values move).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -97,10 +104,37 @@ class Slot:
 
 @dataclass(frozen=True, slots=True)
 class Fold:
-    """A value made of several lines' values: ``max`` or ``mean``."""
+    """A value made of several lines' values: their ``max`` or ``mean``, or
+    ``pick``: the outcome of the line with the largest value (the first of equals;
+    NaN is never the largest), from ``outcomes`` (one per member)."""
 
-    op: Literal["max", "mean"]
+    op: Literal["max", "mean", "pick"]
     members: tuple[int, ...]
+    outcomes: tuple[float, ...] = ()
+
+    def value(self, numbers: Sequence[float]) -> float:
+        """The fold of its members' values ``numbers`` (in member order)."""
+        if self.op == "max":
+            return max(numbers)
+        if self.op == "mean":
+            return sum(numbers) / len(numbers)
+        best = max(
+            range(len(numbers)),
+            key=lambda i: -math.inf if math.isnan(numbers[i]) else numbers[i],
+        )
+        return self.outcomes[best]
+
+
+def _names(text: str) -> list[str]:
+    """The names of a comma-joined list (``""``: none)."""
+    return [name for name in text.split(",") if name]
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,9 +197,14 @@ class _Decider:
             values.append(labels.get("finished_reason", "stop"))
         return tuple(values)
 
-    def map(self, series: Series, family: Family) -> bool:
+    def map(self, series: Series, family: Family, source: Source) -> bool:
         """Adds the slots of ``series`` from ``family``; False where the family's
         type is not one the series reads."""
+        if source.read != "value":
+            if family.type not in (series.kind, "unknown"):
+                return False
+            self._newest(series, family, source)
+            return True
         if series.kind == "histogram":
             if family.type != "histogram":
                 return False
@@ -192,6 +231,47 @@ class _Decider:
                 Slot(name, dict(zip(series.labels, key, strict=True)), ref)
             )
         return True
+
+    def _newest(self, series: Series, family: Family, source: Source) -> None:
+        """``pick`` folds over the family's lines, per label set: what the newest
+        line's labels say, as ``source.read`` reads them."""
+        groups: dict[tuple[str, ...], list[int]] = defaultdict(list)
+        for i in family.members:
+            if not sample_name(self.lines, family, i).endswith("_created"):
+                groups[self.labels(series, self.key(i).labels)].append(i)
+        common = series.labels[:4]  # target, model, engine, rank
+        for key, members in groups.items():
+            said = [self.key(i).labels for i in members]
+            base = dict(zip(common, key, strict=False))
+            if source.read == "members":
+                for label in source.label.split(","):
+                    lists = [_names(labels.get(label, "")) for labels in said]
+                    seen = dict.fromkeys(name for names in lists for name in names)
+                    state = label.split("_", 1)[0]
+                    for name in seen:
+                        outcomes = tuple(float(name in names) for names in lists)
+                        extra = {"adapter": name, "state": state}
+                        self._pick(series, {**base, **extra}, members, outcomes)
+                continue
+            if source.read == "count":
+                outcomes = tuple(
+                    float(len(_names(labels.get(source.label, "")))) for labels in said
+                )
+            else:
+                outcomes = tuple(
+                    _number(labels.get(source.label, "")) for labels in said
+                )
+            self._pick(series, base, members, outcomes)
+
+    def _pick(
+        self,
+        series: Series,
+        labels: dict[str, str],
+        members: list[int],
+        outcomes: tuple[float, ...],
+    ) -> None:
+        self.folds.append(Fold("pick", tuple(members), outcomes))
+        self.slots.append(Slot(series.name, labels, _fold_ref(len(self.folds) - 1)))
 
     def _histogram(self, series: Series, family: Family) -> None:
         buckets: dict[tuple[str, ...], list[tuple[str, int]]] = defaultdict(list)
@@ -293,7 +373,7 @@ def decide(
             if family is None or not family.members:
                 continue
             start = len(decider.slots)
-            if not decider.map(series, family):
+            if not decider.map(series, family, source):
                 continue
             chunks.append(Chunk(start, len(decider.slots), series=series))
             chosen[series.name] = source

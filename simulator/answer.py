@@ -9,8 +9,9 @@ import time
 
 from aiohttp import web
 
+from simulator.chunks import DONE, MALFORMED, ChunkWriter, ServerFacts
 from simulator.engine import Engine, Request
-from simulator.openai import DONE, MALFORMED, ChunkWriter, ParsedRequest, ServerFacts
+from simulator.openai import ParsedRequest
 from simulator.trace import TraceRecord
 
 __all__ = ["RoleChunk", "facts", "stream_answer", "trace_record", "whole_answer"]
@@ -23,7 +24,13 @@ async def whole_answer(
     while not req.finished:
         await req.wakeup.wait()
         req.wakeup.clear()
-    body = writer.full("".join(req.pieces), req.finish_reason, facts(req))
+    thinking = req.reasoning_tokens
+    body = writer.full(
+        "".join(req.pieces[thinking:]),
+        req.finish_reason,
+        facts(req),
+        reasoning="".join(req.pieces[:thinking]),
+    )
     written.extend([time.monotonic()] * req.num_output)  # one time per token
     return web.json_response(body, headers={"X-Request-Id": req.request_id})
 
@@ -44,6 +51,7 @@ async def stream_answer(
     broken event there."""
     transport = response._req.transport if response._req else None
     sent = 0
+    thinking = req.reasoning_tokens
     cut_at = max(1, req.target_tokens // 2)
     while True:
         await req.wakeup.wait()
@@ -51,10 +59,15 @@ async def stream_answer(
         new = req.pieces[sent:]
         if new:
             await role.send()
-            sent += len(new)
+            start, sent = sent, sent + len(new)
+            split = min(max(thinking, start), sent)  # reasoning first, then content
             last = req.finished and sent == len(req.pieces)
             await response.write(
-                writer.content("".join(new), req.finish_reason if last else None)
+                writer.content(
+                    "".join(req.pieces[split:sent]),
+                    req.finish_reason if last else None,
+                    reasoning="".join(req.pieces[start:split]),
+                )
             )
             now = time.monotonic()
             written.extend([now] * len(new))
@@ -113,6 +126,7 @@ def facts(req: Request) -> ServerFacts:
         prompt_tokens=len(req.prompt),
         completion_tokens=req.num_output,
         cached_tokens=req.cached_tokens,
+        reasoning_tokens=min(req.reasoning_tokens, req.num_output),
         queued_s=req.queued_s,
         scheduled_s=req.scheduled_s,
         first_token_s=req.first_token_s,

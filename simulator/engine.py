@@ -7,7 +7,11 @@ One step, as vLLM's V1 scheduler does it:
    the KV pool cannot hold them, the newest running request is preempted back to the
    front of the queue (its blocks freed; it will recompute), until it fits.
 2. If nothing was preempted, waiting requests are admitted while there is budget and
-   a free sequence slot: prefix-cache hits are looked up, the rest is prefilled.
+   a free sequence slot: prefix-cache hits are looked up, the rest is prefilled. With
+   LoRA, a request whose adapter would make the batch hold more than ``max_loras``
+   distinct adapters is skipped (it stays waiting, in its place) and the next one is
+   tried, as vLLM's V1 scheduler does; adapters the batch uses that are not loaded
+   are loaded first (:mod:`simulator.lora`), at ``lora_load_s`` each.
 3. The step lasts as long as the profile's cost model says; then every request that
    has caught up with its tokens samples one output token.
 
@@ -29,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from simulator.kvcache import BlockPool, prompt_block_hashes
+from simulator.lora import AdapterCache
 from simulator.profiles import Profile
 from simulator.stats import EngineStats
 from simulator.tokenizer import WordTokenizer
@@ -48,6 +53,13 @@ class EngineArgs:
     enable_prefix_caching: bool
     eos_probability: float
     seed: int
+    #: The LoRA adapters served (none: LoRA off) and vLLM's limits on them.
+    lora_modules: tuple[str, ...] = ()
+    max_loras: int = 1
+    max_cpu_loras: int = 1
+    lora_load_s: float = 0.0
+    #: Reasoning tokens per answer, drawn uniformly from ``low..high``.
+    reasoning_tokens: tuple[int, int] = (0, 0)
 
 
 @dataclass(eq=False, slots=True)
@@ -61,6 +73,10 @@ class Request:
     arrival_s: float
     rng: random.Random
     block_keys: list[int]
+    #: The LoRA adapter asked for, or ``None`` for the base model.
+    lora: str | None = None
+    #: How many of the first output tokens are reasoning.
+    reasoning_tokens: int = 0
     queued_s: float = 0.0
     scheduled_s: float | None = None
     first_token_s: float | None = None
@@ -102,6 +118,16 @@ class Engine:
         self.running: list[Request] = []
         self._work = asyncio.Event()
         self._ids = itertools.count()
+        self.adapters = AdapterCache(args.max_cpu_loras, args.lora_modules)
+        #: Seconds the step just scheduled spends loading adapters.
+        self.step_load_s = 0.0
+        #: Adapters in the order first asked for (how vLLM lists them).
+        self._adapter_order: dict[str, None] = {}
+
+    @property
+    def lora_enabled(self) -> bool:
+        """Whether the engine serves LoRA adapters."""
+        return bool(self.args.lora_modules)
 
     # -- what the HTTP layer calls --------------------------------------------
 
@@ -130,10 +156,19 @@ class Engine:
         min_tokens: int = 0,
         ignore_eos: bool = False,
         arrival_s: float | None = None,
+        lora: str | None = None,
     ) -> Request:
-        """Queue a request; its output length is drawn now from the seeded stream."""
-        rng = random.Random(f"{self.args.seed}:{next(self._ids)}")
-        target = self._draw_length(rng, max_tokens, min_tokens, ignore_eos)
+        """Queue a request; its output length (and reasoning length) is drawn now
+        from the seeded stream."""
+        n = next(self._ids)
+        rng = random.Random(f"{self.args.seed}:{n}")
+        low, high = self.args.reasoning_tokens
+        reasoning = (
+            random.Random(f"{self.args.seed}:{n}:reasoning").randint(low, high)
+            if high
+            else 0
+        )
+        target = self._draw_length(rng, max_tokens, min_tokens, ignore_eos, reasoning)
         now = time.monotonic()
         req = Request(
             request_id=request_id,
@@ -146,7 +181,11 @@ class Engine:
             block_keys=prompt_block_hashes(prompt, self.args.block_size)
             if self.args.enable_prefix_caching
             else [],
+            lora=lora,
+            reasoning_tokens=min(reasoning, max_tokens),
         )
+        if lora is not None:
+            self._adapter_order.setdefault(lora, None)
         self.stats.requests_received += 1
         self.stats.params_max_tokens.observe(max_tokens)
         self.stats.params_n.observe(1)
@@ -196,10 +235,30 @@ class Engine:
         """How long the step in ``plan`` takes under the profile and speed."""
         tokens = sum(n for _, n in plan)
         kv_read = sum(req.num_computed for req, _ in plan)
-        return self.profile.step_seconds(tokens, kv_read, len(plan)) / self.speed
+        cost = self.profile.step_seconds(tokens, kv_read, len(plan))
+        return (cost + self.step_load_s) / self.speed
 
     def schedule(self) -> list[tuple[Request, int]]:
-        """Choose this step's requests and how many tokens each computes."""
+        """Choose this step's requests and how many tokens each computes; load the
+        adapters they use (:attr:`step_load_s`)."""
+        plan = self._schedule()
+        if self.lora_enabled:
+            used = dict.fromkeys(req.lora for req, _ in plan if req.lora is not None)
+            self.step_load_s = self.adapters.activate(used) * self.args.lora_load_s
+        return plan
+
+    def lora_state(self) -> tuple[list[str], list[str]]:
+        """The adapters with running requests and those with waiting requests, in
+        the order they were first asked for (vLLM's ``lora_requests_info``)."""
+        running = {req.lora for req in self.running}
+        waiting = {req.lora for req in self.waiting}
+        order = self._adapter_order
+        return (
+            [name for name in order if name in running],
+            [name for name in order if name in waiting],
+        )
+
+    def _schedule(self) -> list[tuple[Request, int]]:
         budget = self.args.max_num_batched_tokens
         plan: list[tuple[Request, int]] = []
         preempted = False
@@ -223,20 +282,34 @@ class Engine:
         if preempted:
             return plan
         now = time.monotonic()
+        # The adapters of the batch so far: a waiting request whose adapter would
+        # make them more than max_loras is skipped and stays waiting, in its place.
+        loras = {req.lora for req, _ in plan if req.lora is not None}
+        skipped: list[Request] = []
         while (
             self.waiting and budget > 0 and len(self.running) < self.args.max_num_seqs
         ):
             req = self.waiting[0]
+            if (
+                req.lora is not None
+                and req.lora not in loras
+                and len(loras) >= self.args.max_loras
+            ):
+                skipped.append(self.waiting.popleft())
+                continue
             if not self._admit(req, budget):
                 break
             self.waiting.popleft()
             self.running.append(req)
+            if req.lora is not None:
+                loras.add(req.lora)
             if req.scheduled_s is None:
                 req.scheduled_s = now
                 self.stats.queue.observe(now - req.queued_s)
             new = min(req.num_tokens - req.num_computed, budget)
             plan.append((req, new))
             budget -= new
+        self.waiting.extendleft(reversed(skipped))
         return plan
 
     def apply(self, plan: Sequence[tuple[Request, int]], now: float) -> None:
@@ -249,19 +322,30 @@ class Engine:
             self._key_full_blocks(req)
             if req.num_computed >= req.num_tokens:
                 self._sample(req, now)
+        if self.lora_enabled:
+            running, waiting = self.lora_state()
+            self.stats.record_lora(running, waiting)
 
     # -- internals --------------------------------------------------------------
 
     def _draw_length(
-        self, rng: random.Random, max_tokens: int, min_tokens: int, ignore_eos: bool
+        self,
+        rng: random.Random,
+        max_tokens: int,
+        min_tokens: int,
+        ignore_eos: bool,
+        reasoning: int = 0,
     ) -> int:
+        """The output length: ``max_tokens``, or earlier by the seeded
+        end-of-sequence draw, which starts after the reasoning (a model does not
+        stop while it thinks); max_tokens counts reasoning and answer, as vLLM's."""
         p = self.eos_probability
         if ignore_eos or p <= 0.0:
             return max_tokens
         if p >= 1.0:
-            return max(1, min(min_tokens, max_tokens))
+            return max(1, min(max(min_tokens, reasoning + 1), max_tokens))
         draw = math.ceil(math.log1p(-rng.random()) / math.log1p(-p))
-        return max(1, min(max_tokens, max(min_tokens, 0) + draw))
+        return max(1, min(max_tokens, max(min_tokens, 0) + reasoning + draw))
 
     def _grow(self, req: Request, new: int) -> bool:
         """Give a running request the blocks for ``new`` more tokens, if free."""

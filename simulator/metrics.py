@@ -12,6 +12,9 @@ Dialects (``--metrics-dialect``):
                ``engine`` label.
 ``vllm-v0``    the V0 engine: hit-rate gauges instead of counters, swapped
                requests.
+
+Every vLLM dialect has ``vllm:lora_requests_info`` when LoRA adapters are served
+(V0 had it too).
 ``sglang``     SGLang's ``sglang:`` names, a cache hit-rate gauge, per-rank labels.
 ``llamacpp``   llama-server's ``--metrics``: ``llamacpp:`` counters and gauges, no
                labels, no histograms (the names its server code registers).
@@ -263,7 +266,22 @@ class EngineMetrics(Collector):
             "Histogram of number of tokens per engine_step.",
             st.iteration_tokens,
         )
+        if eng.lora_enabled:
+            yield self._lora_info()
         yield self._cache_config(with_engine=d in ("vllm", "vllm-0.10"))
+
+    def _lora_info(self) -> Metric:
+        """vLLM's ``lora_requests_info``: one sample per adapter state ever
+        recorded, its value the wall-clock time it was last the state (so the
+        newest sample is now's); no ``model_name`` or ``engine`` label."""
+        keys = ["max_lora", "waiting_lora_adapters", "running_lora_adapters"]
+        fam = GaugeMetricFamily(
+            "vllm:lora_requests_info", "Running stats on lora requests.", labels=keys
+        )
+        max_lora = str(self.engine.args.max_loras)
+        for (running, waiting), stamp in self.engine.stats.lora_info.items():
+            fam.add_metric([max_lora, waiting, running], stamp)
+        return fam
 
     def _cache_config(self, *, with_engine: bool) -> Metric:
         args = self.engine.args

@@ -29,16 +29,11 @@ from prometheus_client.process_collector import ProcessCollector
 
 from servemon.errors import ConfigError
 from simulator.answer import RoleChunk, stream_answer, trace_record, whole_answer
+from simulator.chunks import ChunkWriter
 from simulator.config import SimConfig, merge
 from simulator.engine import Engine, EngineArgs
 from simulator.metrics import EngineMetrics
-from simulator.openai import (
-    ApiError,
-    ChunkWriter,
-    ParsedRequest,
-    error_body,
-    parse_request,
-)
+from simulator.openai import ApiError, ParsedRequest, error_body, parse_request
 from simulator.profiles import Profile, load_profile
 from simulator.trace import TraceWriter
 
@@ -79,10 +74,18 @@ class SimServer:
                 if config.eos_probability is None
                 else config.eos_probability,
                 seed=config.seed,
+                lora_modules=config.lora_modules,
+                max_loras=config.max_loras,
+                max_cpu_loras=config.max_cpu_loras or config.max_loras,
+                lora_load_s=config.lora_load_s,
+                reasoning_tokens=config.reasoning_tokens,
             ),
         )
         self.engine.speed = config.speed
-        self.model = config.served_model_name or p.model
+        #: The names the model answers to; the first is its name in responses and
+        #: metrics (vLLM's ``--served-model-name``).
+        self.names: tuple[str, ...] = config.served_model_name or (p.model,)
+        self.model = self.names[0]
         self.faults = config.faults
         self.registry = CollectorRegistry(auto_describe=True)
         self.dialect = config.dialect
@@ -160,16 +163,24 @@ class SimServer:
     # -- small endpoints ----------------------------------------------------------
 
     async def _models(self, request: web.Request) -> web.Response:
-        card = {
-            "id": self.model,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "vllm",
-            "root": self.model,
-            "parent": None,
-            "max_model_len": self.engine.args.max_model_len,
-        }
-        return web.json_response({"object": "list", "data": [card]})
+        """Every served name (``root``: the model they all name), then every
+        adapter (``parent``: the first name), as vLLM's serving_models lists them."""
+        created = int(time.time())
+
+        def card(name: str, root: str, parent: str | None) -> dict[str, Any]:
+            return {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": root,
+                "parent": parent,
+                "max_model_len": None if parent else self.engine.args.max_model_len,
+            }
+
+        cards = [card(name, self.profile.model, None) for name in self.names]
+        cards += [card(name, name, self.model) for name in self.config.lora_modules]
+        return web.json_response({"object": "list", "data": cards})
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
@@ -282,6 +293,7 @@ class SimServer:
         body = await self._json(request)
         try:
             parsed = parse_request(api, body, self.engine.tokenizer)
+            lora = self._resolve(parsed.model)
             max_tokens = self._check(parsed)
         except ApiError as exc:
             return web.json_response(exc.body(self.dialect), status=exc.status)
@@ -300,10 +312,12 @@ class SimServer:
         writer = ChunkWriter(
             api,
             prefix + request_id,
-            self.model,
+            lora or self.model,  # vLLM answers with the first name, or the adapter
             dialect=self.dialect,
             details=self.config.enable_prompt_tokens_details,
             metrics=self.config.enable_per_request_metrics,
+            reasoning_field=self.config.reasoning_field,
+            reasoning_usage=self.config.reasoning_usage,
         )
         if faults.slow_headers_s > 0:
             await asyncio.sleep(faults.slow_headers_s)
@@ -332,6 +346,7 @@ class SimServer:
             min_tokens=parsed.min_tokens,
             ignore_eos=parsed.ignore_eos,
             arrival_s=arrival,
+            lora=lora,
         )
         written: list[float] = []
         status = 200
@@ -366,14 +381,21 @@ class SimServer:
             if self._trace is not None:
                 self._trace.write(trace_record(req, written, status))
 
+    def _resolve(self, model: str | None) -> str | None:
+        """The LoRA adapter ``model`` names, ``None`` for the base model (no model,
+        or a served name); vLLM's 404 for anything else."""
+        if not model or model in self.names:
+            return None
+        if model in self.config.lora_modules:
+            return model
+        raise ApiError(
+            404,
+            f"The model `{model}` does not exist.",
+            kind="NotFoundError",
+            param="model",
+        )
+
     def _check(self, parsed: ParsedRequest) -> int:
-        if parsed.model is not None and parsed.model != self.model:
-            raise ApiError(
-                404,
-                f"The model `{parsed.model}` does not exist.",
-                kind="NotFoundError",
-                param="model",
-            )
         limit = self.engine.args.max_model_len
         max_tokens = parsed.max_tokens
         if max_tokens is None:

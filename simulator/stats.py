@@ -11,7 +11,9 @@ against it, not against themselves.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 # fmt: off
@@ -133,9 +135,17 @@ class EngineStats:
     request_prompt_tokens: Histogram = field(init=False)
     request_generation_tokens: Histogram = field(init=False)
     params_max_tokens: Histogram = field(init=False)
+    #: vLLM's ``lora_requests_info``: per (running, waiting) adapter lists, as
+    #: comma-joined names, the wall-clock time that state was last recorded. Every
+    #: state ever seen stays, as prometheus_client keeps a gauge's label sets.
+    lora_info: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         edges = token_buckets(self.max_model_len)
         self.request_prompt_tokens = Histogram(edges)
         self.request_generation_tokens = Histogram(edges)
         self.params_max_tokens = Histogram(edges)
+
+    def record_lora(self, running: Sequence[str], waiting: Sequence[str]) -> None:
+        """Stamp the adapters' state now (vLLM does it once per engine step)."""
+        self.lora_info[(",".join(running), ",".join(waiting))] = time.time()

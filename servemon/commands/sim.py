@@ -18,7 +18,13 @@ import click
 from servemon.commands import options
 from servemon.fields import layer_config
 from servemon.lifecycle import stop_on_signals, stop_when_orphaned
-from simulator.config import DIALECTS, WIRE_DIALECTS, Faults, SimConfig
+from simulator.config import (
+    DIALECTS,
+    REASONING_FIELDS,
+    WIRE_DIALECTS,
+    Faults,
+    SimConfig,
+)
 
 __all__ = ["sim", "sim_config"]
 
@@ -30,7 +36,51 @@ sim_options = options.compose(
     click.option("--port", type=int, help="Port; 0 picks a free one. [default: 8000]"),
     options.profile(shown="qwen3-0.6b-eager"),
     click.option(
-        "--served-model-name", help="Model id to serve. [default: the profile's]"
+        "--served-model-name",
+        multiple=True,
+        help="Model id to serve; repeat for aliases (the first names the model in "
+        "responses and metrics). [default: the profile's]",
+    ),
+    click.option(
+        "--lora-modules",
+        multiple=True,
+        help="A LoRA adapter to serve, NAME or NAME=PATH (the path is ignored); "
+        "repeat for more.",
+    ),
+    click.option(
+        "--max-loras",
+        type=int,
+        help="Most distinct LoRA adapters in one batch. [default: 1]",
+    ),
+    click.option(
+        "--max-cpu-loras",
+        type=int,
+        help="LoRA adapters kept loaded. [default: --max-loras]",
+    ),
+    click.option(
+        "--lora-load",
+        "lora_load_s",
+        type=float,
+        help="Seconds a step takes longer per adapter it must load. [default: 0.02]",
+    ),
+    click.option(
+        "--reasoning-tokens",
+        help="Reasoning tokens first in each answer: N, or A:B drawn per request. "
+        "[default: 0]",
+    ),
+    click.option(
+        "--reasoning-field",
+        type=click.Choice(REASONING_FIELDS),
+        help="Chat field for reasoning: reasoning_content (vLLM <= 0.11.0, "
+        "llama.cpp), reasoning (vLLM >= 0.16) or both (vLLM 0.11.1-0.15). "
+        "[default: reasoning_content]",
+    ),
+    click.option(
+        "--reasoning-usage",
+        is_flag=True,
+        default=None,
+        help="usage.completion_tokens_details.reasoning_tokens (vLLM does not "
+        "report it).",
     ),
     options.max_num_seqs(shown="256"),
     click.option(

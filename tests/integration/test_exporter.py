@@ -492,6 +492,61 @@ async def test_two_targets_have_their_own_target_label(
             await poll_until(both_infos, 10, interval=0.02, what="two info series")
 
 
+@pytest.mark.asyncio
+async def test_lora_adapter_pressure_is_mapped_from_the_newest_sample(
+    start_sim: Any, http: aiohttp.ClientSession, poll_until: Any
+) -> None:
+    """Two adapters, --max-loras 1: one runs, the other waits, and the exporter says
+    so from vllm:lora_requests_info's newest sample."""
+    config = {"lora_modules": ["sql", "chat"], "max_loras": 1, "speed": 0.25}
+    async with start_sim(**config) as sim, running_exporter({"sim": sim.url}) as exp:
+        url = f"{sim.url}/v1/chat/completions"
+
+        def body(model: str) -> dict[str, Any]:
+            return {
+                "model": model,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 400,
+                "ignore_eos": True,
+            }
+
+        load = [asyncio.create_task(http.post(url, json=body("sql")))]
+        common = {"target": "sim", "model": MODEL, "engine": "vllm", "rank": "0"}
+
+        async def gauges() -> tuple[float | None, ...]:
+            got = await scrape(http, exp)
+            return tuple(
+                value(got, f"servemon_engine_lora_adapters_{kind}", **common)
+                for kind in ("running", "waiting", "max")
+            )
+
+        try:
+            await poll_until(
+                lambda: _is(gauges(), (1.0, 0.0, 1.0)), 10, what="sql running"
+            )
+            load.append(asyncio.create_task(http.post(url, json=body("chat"))))
+            await poll_until(
+                lambda: _is(gauges(), (1.0, 1.0, 1.0)), 10, what="chat waiting"
+            )
+            got = await scrape(http, exp)
+            active = "servemon_engine_lora_adapter_active"
+            states = {
+                (d["adapter"], d["state"]): value(got, active, **d)
+                for d in labels_of(got, active)
+            }
+            assert states[("sql", "running")] == 1.0
+            assert states[("chat", "waiting")] == 1.0
+            assert states.get(("chat", "running"), 0.0) == 0.0
+        finally:
+            for task in load:
+                task.cancel()
+            await asyncio.gather(*load, return_exceptions=True)
+
+
+async def _is(pending: Any, wanted: tuple[float, ...]) -> bool:
+    return bool(await pending == wanted)
+
+
 # -- serving: OpenMetrics, /healthz, auth ------------------------------------------
 
 

@@ -146,3 +146,21 @@ def test_the_client_error_ratio_counts_failed_over_judged_outcomes() -> None:
 
 def test_goodput_counts_at_a_client_ttft_bucket_edge() -> None:
     assert GOODPUT_TTFT in HISTOGRAMS["client", "ttft"].edges
+
+
+def test_the_lora_panel_puts_adapters_against_max_loras() -> None:
+    (panel,) = (p for p in panels("servemon-overview") if p["title"] == "LoRA adapters")
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert exprs == [
+        'sum by (target) (servemon_engine_lora_adapters_running{target=~"$target",'
+        'model=~"$model"})',
+        'sum by (target) (servemon_engine_lora_adapters_waiting{target=~"$target",'
+        'model=~"$model"})',
+        'max by (target) (servemon_engine_lora_adapters_max{target=~"$target",'
+        'model=~"$model"})',
+    ]
+    # In the Queueing row, beside running vs waiting requests.
+    titles = [p["title"] for p in panels("servemon-overview")]
+    queueing = titles.index("Queueing")
+    assert titles.index("LoRA adapters") < titles.index("Cache")
+    assert titles.index("LoRA adapters") > queueing

@@ -704,3 +704,70 @@ def test_the_same_normalizer_gives_the_same_result_twice() -> None:
     assert normalizer.compiles == 1  # the second from the plan
     assert first == second
     assert first == values(normalize(VLLM_010, target="t"))
+
+
+# -- vLLM's lora_requests_info: read from its newest sample ---------------------------
+
+LORA_HEAD = (
+    "# HELP vllm:lora_requests_info Running stats on lora requests.\n"
+    "# TYPE vllm:lora_requests_info gauge\n"
+)
+
+
+def lora_info(*states: tuple[str, str, float], max_lora: str = "1") -> str:
+    """``lora_requests_info`` as vLLM writes it: one sample per state it ever
+    recorded, ``(running, waiting, wall-clock stamp)``, in first-seen order."""
+    lines = [
+        f'vllm:lora_requests_info{{max_lora="{max_lora}",'
+        f'waiting_lora_adapters="{waiting}",running_lora_adapters="{running}"}} '
+        f"{stamp!r}"
+        for running, waiting, stamp in states
+    ]
+    return LORA_HEAD + "\n".join(lines) + "\n"
+
+
+def test_lora_state_comes_from_the_newest_sample() -> None:
+    text = lora_info(
+        ("", "", 1.7395575657e9),
+        ("sql", "chat", 1.7395575723e9),  # the newest
+        ("sql", "", 1.7395575717e9),
+    )
+    n = normalize(text, target="t", model="base")
+    common = {"target": "t", "model": "base", "engine": "vllm", "rank": "0"}
+    assert get(n, "servemon_engine_lora_adapters_running", **common) == 1.0
+    assert get(n, "servemon_engine_lora_adapters_waiting", **common) == 1.0
+    assert get(n, "servemon_engine_lora_adapters_max", **common) == 1.0
+    active = "servemon_engine_lora_adapter_active"
+    assert get(n, active, **common, adapter="sql", state="running") == 1.0
+    assert get(n, active, **common, adapter="chat", state="waiting") == 1.0
+    assert sorted(
+        (dict(k[1])["adapter"], dict(k[1])["state"])
+        for k in values(n)
+        if k[0] == active
+    ) == [("chat", "waiting"), ("sql", "running")]  # only what a sample lists
+
+
+def test_lora_state_follows_the_stamps_from_one_plan() -> None:
+    normalizer = Normalizer()
+    states = [("a,b", "c", 10.0), ("", "", 20.0), ("c", "", 5.0)]
+    first = normalizer.normalize(lora_info(*states, max_lora="2"), target="t")
+    common = {"target": "t", "model": "unknown", "engine": "vllm", "rank": "0"}
+    assert get(first, "servemon_engine_lora_adapters_running", **common) == 0.0
+    assert get(first, "servemon_engine_lora_adapters_max", **common) == 2.0
+    # Only the stamps move: the same plan, another newest sample.
+    states = [("a,b", "c", 30.0), ("", "", 20.0), ("c", "", 5.0)]
+    again = normalizer.normalize(lora_info(*states, max_lora="2"), target="t")
+    assert normalizer.compiles == 1
+    assert get(again, "servemon_engine_lora_adapters_running", **common) == 2.0
+    assert get(again, "servemon_engine_lora_adapters_waiting", **common) == 1.0
+    active = "servemon_engine_lora_adapter_active"
+    assert get(again, active, **common, adapter="b", state="running") == 1.0
+    assert get(again, active, **common, adapter="c", state="running") == 0.0
+
+
+def test_an_empty_lora_family_publishes_nothing() -> None:
+    n = normalize(LORA_HEAD, target="t")
+    assert not {f.name for f in n.families} & {
+        "servemon_engine_lora_adapters_running",
+        "servemon_engine_lora_adapter_active",
+    }

@@ -200,10 +200,7 @@ def oracle(
         engine=engine or detect_engine(text),
         passthrough=passthrough,
     )
-    folded = []
-    for fold in decision.folds:
-        values = [numbers[i] for i in fold.members]
-        folded.append(max(values) if fold.op == "max" else sum(values) / len(values))
+    folded = [fold.value([numbers[i] for i in fold.members]) for fold in decision.folds]
 
     def value(ref: int) -> float:
         if ref == ZERO:
@@ -457,6 +454,38 @@ async def test_every_simulator_dialect(
     check(texts[-1], model="configured", normalizer=normalizer)
     assert normalizer.compiles == compiles  # from the plan
     check(texts[-1], passthrough=True)
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+@pytest.mark.parametrize("dialect", ["vllm", "vllm-0.10", "vllm-0.8", "vllm-v0"])
+async def test_every_vllm_dialect_with_lora_adapters(
+    dialect: str, start_sim: Any, http: aiohttp.ClientSession
+) -> None:
+    config = {"metrics_dialect": dialect, "lora_modules": ["a", "b", "c"]}
+    async with start_sim(**config) as server:
+        texts = []
+        for adapters in (["a", "b"], ["c", "a", "b"]):
+            await asyncio.gather(
+                *(lora_request(http, server.url, name) for name in adapters)
+            )
+            async with http.get(f"{server.url}/metrics") as resp:
+                texts.append(await resp.text())
+    assert texts[-1].count("vllm:lora_requests_info{") >= 3
+    normalizer = Normalizer()
+    for text in texts:
+        result = check(text, normalizer=normalizer)
+        assert result is not None
+        assert "servemon_engine_lora_adapter_active" in {
+            f.name for f in result.families
+        }
+
+
+async def lora_request(http: aiohttp.ClientSession, url: str, model: str) -> None:
+    body = {"model": model, "prompt": "x y z", "max_tokens": 4}
+    async with http.post(f"{url}/v1/completions", json=body) as resp:
+        assert resp.status == 200
+        await resp.read()
 
 
 # -- the benchmark's full vLLM exposition ----------------------------------------------
