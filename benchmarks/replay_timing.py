@@ -64,11 +64,13 @@ def plain(path: Path, requests: int) -> None:
     path.write_text("\n".join(rows) + "\n")
 
 
-def replay(trace: Path, url: str, out: Path, rate_scale: float) -> dict[str, float]:
+def replay(
+    trace: Path, url: str, out: Path, rate_scale: float, extra: list[str]
+) -> dict[str, float]:
     command = [
         "taskset", "-c", "1", str(SERVEMON), "replay", str(trace),
         "--target", url, "--rate-scale", f"{rate_scale:g}", "--metrics-port", "0",
-        "--max-inflight", "100000", "--timeout", "60", "--out", str(out),
+        "--max-inflight", "100000", "--timeout", "60", "--out", str(out), *extra,
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -101,6 +103,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--rate-scale", type=float, default=1.0)
+    parser.add_argument(
+        "--replay-arg",
+        action="append",
+        default=[],
+        help="a flag for servemon replay (repeatable), e.g. --replay-arg=--no-stream",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="replay-timing-"))
     traces = {"synthetic (Mooncake JSONL)": work / "synth.jsonl"}
@@ -110,7 +118,8 @@ def main() -> None:
     print(
         f"replay_timing: servemon replay against servemon sim --profile tiny; sim "
         f"on CPU 0, client on CPU 1; no real-time scheduling; rate scale "
-        f"{args.rate_scale:g}; dispatch lag in ms"
+        f"{args.rate_scale:g}; replay flags {' '.join(args.replay_arg) or 'none'}; "
+        "dispatch lag in ms"
     )
     print(
         f"{'trace':<28} {'requests':>8} {'errors':>6} {'seconds':>7} "
@@ -120,7 +129,7 @@ def main() -> None:
     with sim_process("--profile", "tiny", cpu=0) as url:
         for name, trace in traces.items():
             out = work / trace.stem
-            r = replay(trace, url, out, args.rate_scale)
+            r = replay(trace, url, out, args.rate_scale, args.replay_arg)
             print(
                 f"{name:<28} {r['requests']:>8.0f} {r['errors']:>6.0f} "
                 f"{r['duration_s']:>7.0f} {r['schedule_error_us']:>12.2f} "

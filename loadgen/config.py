@@ -110,6 +110,25 @@ class LoadConfig:
     trace_from: Annotated[float, Ge(0)] | None = None
     trace_to: Positive | None = None
     loops: Annotated[int, Ge(1), Le(1000)] = 1
+    # server signals from Prometheus instead of the target's /metrics
+    prometheus: str | None = None
+    #: YAML with bearer_token or basic_auth for Prometheus (never logged).
+    prometheus_auth_file: str | None = None
+    #: Label matchers every signal query gets (``model="q",target=~"pool-a.*"``).
+    select: str | None = None
+    #: Prometheus' scrape interval: a signal older than two of them is stale.
+    scrape_interval: Positive = 15.0
+    #: The range of rate() and histogram_quantile() in the signal queries.
+    signal_window: Annotated[float, Ge(1)] = 30.0
+    # servemon control
+    #: ``SIGNAL=SETPOINT``: waiting, kv_cache_usage, ttft_p95, burn_rate,
+    #: gpu_utilization.
+    hold: str | None = None
+    duration: Positive = 600.0
+    #: Seconds between rate changes; None: from the signal's delay.
+    control_interval: Positive | None = None
+    #: Stop when the signal has been missing this long (the controller is blind).
+    blind_timeout: Positive = 60.0
     # guard rails (every load command)
     abort_error_rate: Annotated[float, Ge(0), Le(1)] = 0.2
     abort_waiting: Annotated[float, Gt(0)] = 5000.0

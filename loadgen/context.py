@@ -33,7 +33,7 @@ from loadgen.live import LiveMetrics
 from loadgen.plan import Kind, StageRecord
 from loadgen.progress import Progress
 from loadgen.record import RunDirectory
-from loadgen.runrecord import CapacityResult, Tally
+from loadgen.runrecord import CapacityResult, ControlResult, Tally
 from loadgen.slo import SloTerm
 from loadgen.stopping import Stopper
 from loadgen.timing import RequestTiming
@@ -93,6 +93,15 @@ class RunContext:
         default_factory=lambda: deque(maxlen=3600)
     )
     sinks: list[Sink] = field(default_factory=list)
+    #: (monotonic time, signals) read from Prometheus (``--prometheus``), newest
+    #: last; a missing signal is None.
+    signal_history: deque[tuple[float, dict[str, float | None]]] = field(
+        default_factory=lambda: deque(maxlen=3600)
+    )
+    #: Measured requests sent so far.
+    sent: int = 0
+    #: What ``servemon control`` held, tick by tick (its driver sets it).
+    control: ControlResult | None = None
     #: A sessions workload's turns sent and sessions cut short, by stage.
     turns_sent: Counter[int] = field(default_factory=Counter)
     sessions_cut: Counter[int] = field(default_factory=Counter)
@@ -157,6 +166,7 @@ class RunContext:
 
     def started(self) -> None:
         """A measured request goes out."""
+        self.sent += 1
         self.live.in_flight.inc()
 
     def finished(self, timing: RequestTiming) -> None:
@@ -197,8 +207,12 @@ class RunContext:
             record.client_limits = self.watch.stage_limits(record.index)
 
     def sampled(self, sample: Mapping[str, Any]) -> None:
-        """A sample of the target's metrics: record it, watch the queue."""
+        """A sample of the target's metrics (or of Prometheus' signals): record
+        it, watch the queue."""
         self.rundir.append_server_sample(sample)
+        signals = sample.get("signals")
+        if isinstance(signals, dict):
+            self.signal_history.append((float(sample["mono_s"]), signals))
         values = sample.get("samples")
         if values:
             self.history.append((float(sample["mono_s"]), values))

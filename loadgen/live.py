@@ -23,6 +23,7 @@ from aiohttp import web
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -34,7 +35,7 @@ from monitor import names
 from monitor.buckets import LATENCY_BUCKETS
 from monitor.names import Series
 
-__all__ = ["LiveMetrics", "observe_many"]
+__all__ = ["ControlGauges", "LiveMetrics", "observe_many"]
 
 
 def _edges(figure: str, slo: Sequence[SloTerm]) -> list[float]:
@@ -85,6 +86,17 @@ class _StageChildren:
     outcomes: dict[str, Counter] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class ControlGauges:
+    """What ``servemon control`` shows live: setpoint, measured, offered and
+    achieved rate."""
+
+    setpoint: Gauge
+    measured: Gauge
+    offered: Gauge
+    achieved: Gauge
+
+
 class LiveMetrics:
     """Client series on a registry of their own, and an HTTP server for them."""
 
@@ -120,6 +132,17 @@ class LiveMetrics:
         self._runner: web.AppRunner | None = None
         self._children: dict[tuple[int, str | None], _StageChildren] = {}
         self.url = ""
+
+    def control(self, signal: str) -> ControlGauges:
+        """The ``servemon_client_control_*`` gauges of ``signal``."""
+        labels = (*self._base, signal)
+        r = self.registry
+        return ControlGauges(
+            setpoint=names.CLIENT_CONTROL_SETPOINT.gauge(r).labels(*labels),
+            measured=names.CLIENT_CONTROL_MEASURED.gauge(r).labels(*labels),
+            offered=names.CLIENT_CONTROL_OFFERED_RATE.gauge(r).labels(*labels),
+            achieved=names.CLIENT_CONTROL_ACHIEVED_RATE.gauge(r).labels(*labels),
+        )
 
     def stage(self, index: int, rate: float) -> None:
         """A stage (or level) begins; ``rate`` 0 for closed loops."""

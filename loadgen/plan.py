@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from loadgen.arrivals import linear_stages, parse_stages
 from loadgen.config import LoadConfig, config_text
+from loadgen.controllaw import PROMETHEUS_ONLY, parse_hold
 from loadgen.modelmix import parse_model
 from loadgen.replayplan import ReplayPlan, replay_plan
 from loadgen.runrecord import ClientLimit, StageResult
@@ -18,6 +19,7 @@ from loadgen.sessions import sessions_options
 from loadgen.target import is_loopback
 from loadgen.tracefile import TraceEntry, read_trace
 from loadgen.workload import check_workload, trace_path
+from monitor.signals import parse_selector
 from servemon.errors import ConfigError
 
 __all__ = [
@@ -36,7 +38,7 @@ __all__ = [
 
 DEFAULT_STAGES = "1:10,2:10,4:10"
 DEFAULT_PARALLEL = (1, 2, 4, 8)
-Kind = Literal["ramp", "sweep", "capacity", "replay"]
+Kind = Literal["ramp", "sweep", "capacity", "replay", "control"]
 #: A capacity search's step length when ``--step-seconds`` is not given.
 DEFAULT_STEP_S = 20.0
 
@@ -115,6 +117,7 @@ def check_load_config(kind: Kind, config: LoadConfig) -> None:
         )
     check_workload(config.workload)
     _check_sessions(kind, config)
+    _check_signals(kind, config)
     if config.model:
         parse_model(config.model)
 
@@ -129,6 +132,9 @@ def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
     steps as it goes)."""
     if kind == "capacity":
         return []
+    if kind == "control":
+        label = f"hold {config.hold}"
+        return [StageRecord(0, label, None, None, config.duration)]
     if kind == "replay":
         plan = replay_of(config)
         return [StageRecord(0, "trace", plan.rate, None, plan.duration_s)]
@@ -178,6 +184,35 @@ def sweep_levels(config: LoadConfig) -> tuple[int, ...]:
             )
         return config.parallel
     return DEFAULT_PARALLEL if users is None else (users,)
+
+
+def _check_signals(kind: Kind, config: LoadConfig) -> None:
+    """``--prometheus``, ``--select`` and ``--hold`` fit together."""
+    parse_selector(config.select)
+    if config.select and config.prometheus is None:
+        raise ConfigError("--select: picks series in Prometheus: give --prometheus")
+    if config.prometheus_auth_file and config.prometheus is None:
+        raise ConfigError("--prometheus-auth-file: give --prometheus too")
+    if config.prometheus is not None:
+        scheme = urlsplit(config.prometheus).scheme
+        if scheme not in ("http", "https"):
+            raise ConfigError(
+                f"--prometheus {config.prometheus!r}: expected an http(s) URL"
+            )
+    if kind != "control":
+        if config.hold is not None:
+            raise ConfigError("--hold: only servemon control holds a signal")
+        return
+    if config.hold is None:
+        raise ConfigError("--hold: control needs SIGNAL=SETPOINT, e.g. waiting=8")
+    signal, _ = parse_hold(config.hold)
+    if signal in PROMETHEUS_ONLY and config.prometheus is None:
+        raise ConfigError(
+            f"--hold {signal}: read from Prometheus (the generated rules, the GPU "
+            "exporter): give --prometheus"
+        )
+    if config.rps_max is not None and config.rps_max < config.rps_min:
+        raise ConfigError(f"--rps-max {config.rps_max:g}: below --rps-min")
 
 
 def _check_sessions(kind: Kind, config: LoadConfig) -> None:

@@ -7,7 +7,9 @@
                            client limits, clock origin, stage timeline, status
       requests.jsonl       one line per finished request, appended and flushed as it
                            finishes (a kill -9 leaves it valid up to the last line)
-      server_metrics.jsonl the target's /metrics, sampled (see loadgen.sampler)
+      server_metrics.jsonl the target's /metrics, sampled (see loadgen.sampler), or
+                           the signals read from Prometheus (loadgen.promsource)
+      control.jsonl        servemon control: one line per control tick
       summary.json         per stage or level, and overall
       summary.csv          the same, one row per stage, flat
 
@@ -154,6 +156,7 @@ class RunDirectory:
         }
         self._requests: BinaryIO = (path / "requests.jsonl").open("ab")
         self._server: TextIO | None = None
+        self._control: TextIO | None = None
 
     @classmethod
     def create(cls, parent: Path, kind: str) -> RunDirectory:
@@ -181,11 +184,19 @@ class RunDirectory:
         self._server.write(json.dumps(sample, separators=(",", ":")) + "\n")
         self._server.flush()
 
+    def append_control(self, tick: Mapping[str, Any]) -> None:
+        """Append one tick of ``servemon control`` to ``control.jsonl``."""
+        if self._control is None:
+            self._control = (self.path / "control.jsonl").open("a", encoding="utf-8")
+        self._control.write(json.dumps(tick, separators=(",", ":")) + "\n")
+        self._control.flush()
+
     def close(self) -> None:
         """Close the open files."""
         self._requests.close()
-        if self._server is not None:
-            self._server.close()
+        for handle in (self._server, self._control):
+            if handle is not None:
+                handle.close()
 
 
 def encode_line(data: Mapping[str, Any]) -> bytes:

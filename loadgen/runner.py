@@ -27,6 +27,7 @@ from loadgen.capacity import drive_capacity
 from loadgen.client import ClientSettings, make_session
 from loadgen.config import LoadConfig, auth_headers
 from loadgen.context import Driven, RunContext
+from loadgen.control import drive_control
 from loadgen.live import LiveMetrics
 from loadgen.modelmix import ModelMix, parse_model
 from loadgen.plan import (
@@ -39,6 +40,7 @@ from loadgen.plan import (
     redact_argv,
 )
 from loadgen.progress import Progress
+from loadgen.promsource import PrometheusSampler, auth_header
 from loadgen.ramp import drive_ramp
 from loadgen.record import RunDirectory
 from loadgen.replay import drive_replay
@@ -57,6 +59,8 @@ from loadgen.target import check_served, discover_model, local_gpus, target_vers
 from loadgen.tokens import pick_counter
 from loadgen.traceprompts import TraceWorkload
 from loadgen.workload import Workload, build_workload
+from monitor.config import load_auth
+from monitor.signals import SignalQuery, parse_selector, queries
 from servemon.errors import ConfigError
 
 __all__ = [
@@ -76,6 +80,7 @@ DRIVERS: dict[Kind, Driver] = {
     "sweep": drive_sweep,
     "capacity": drive_capacity,
     "replay": drive_replay,
+    "control": drive_control,
 }
 
 
@@ -226,12 +231,7 @@ async def run_load(
 async def _execute(
     ctx: RunContext, info: RunInfo, stop: Stopper, arrival: Arrival
 ) -> RunResult:
-    sampler = ServerSampler(
-        ctx.session,
-        ctx.base + "/metrics",
-        ctx.sampled,
-        interval_s=ctx.config.sample_interval,
-    )
+    sampler = _sampler(ctx)
     sampling = asyncio.create_task(sampler.run())
     watching = asyncio.create_task(ctx.watch.run())
     # What exists now lives as long as the run: keep the collector off it.
@@ -259,11 +259,39 @@ async def _execute(
     return result
 
 
+def _sampler(ctx: RunContext) -> ServerSampler | PrometheusSampler:
+    """What reads the server's signals: the target's ``/metrics`` (the default),
+    or Prometheus' queries over ``--select`` (``--prometheus``)."""
+    c = ctx.config
+    if c.prometheus is None:
+        return ServerSampler(
+            ctx.session,
+            ctx.base + "/metrics",
+            ctx.sampled,
+            interval_s=c.sample_interval,
+        )
+    auth = load_auth(Path(c.prometheus_auth_file)) if c.prometheus_auth_file else None
+    return PrometheusSampler(
+        ctx.session,
+        c.prometheus,
+        signal_queries(c),
+        ctx.sampled,
+        interval_s=c.sample_interval,
+        stale_after_s=2 * c.scrape_interval,
+        headers=auth_header(auth),
+    )
+
+
+def signal_queries(config: LoadConfig) -> dict[str, SignalQuery]:
+    """The PromQL a ``--prometheus`` run reads its signals with."""
+    return queries(parse_selector(config.select), round(config.signal_window))
+
+
 def _finish(
     ctx: RunContext,
     info: RunInfo,
     status: str,
-    sampler: ServerSampler,
+    sampler: ServerSampler | PrometheusSampler,
     capacity: CapacityResult | None,
 ) -> RunResult:
     origin = ctx.rundir.origin_s
@@ -280,6 +308,7 @@ def _finish(
         slo=[str(t) for t in ctx.slo],
         stop_reason=ctx.stop_reason,
         capacity=capacity,
+        control=ctx.control,
         **ctx.tally.groups(),
     )
     info = replace(
@@ -297,6 +326,7 @@ def _finish(
             "scrapes": sampler.scrapes,
             "errors": sampler.errors,
             "engine_info": sampler.engine_info or None,
+            **_source(ctx.config),
         },
     )
     write_record(ctx.rundir.path, info, summary)
@@ -316,6 +346,22 @@ def _model_picker(
         of = workload.model_of
         return lambda index: of(index) or model
     return None
+
+
+def _source(config: LoadConfig) -> dict[str, Any]:
+    """Where the server's signals came from, and (Prometheus) the queries."""
+    if config.prometheus is None:
+        return {"source": "target /metrics"}
+    return {
+        "source": "prometheus",
+        "prometheus": config.prometheus,
+        "select": config.select,
+        "stale_after_s": 2 * config.scrape_interval,
+        "queries": {
+            name: {"value": q.value, "age": q.age}
+            for name, q in signal_queries(config).items()
+        },
+    }
 
 
 def _version() -> str:

@@ -27,6 +27,7 @@ from typing import Any, TypedDict
 
 import pydantic
 
+from loadgen.findings import CapacityResult, ClientLimit, ControlResult, StepVerdict
 from loadgen.slo import SloTerm
 from loadgen.summary import Summarizer, Summary, flat_row
 from loadgen.timing import RequestTiming
@@ -36,6 +37,7 @@ __all__ = [
     "RECORD_VERSION",
     "CapacityResult",
     "ClientLimit",
+    "ControlResult",
     "RunInfo",
     "RunSummary",
     "StageResult",
@@ -48,56 +50,6 @@ __all__ = [
 
 RECORD_VERSION = 1
 _LENIENT = pydantic.ConfigDict(extra="ignore")
-
-
-@dataclass(slots=True)
-class StepVerdict:
-    """One step of a capacity search, judged."""
-
-    __pydantic_config__ = _LENIENT
-
-    stage: int
-    rate: float
-    good: bool
-    breaches: list[str] = field(default_factory=list)
-    saturated: str | None = None
-    early_stop: str | None = None
-    judged_requests: int = 0
-
-
-@dataclass(slots=True)
-class ClientLimit:
-    """A stretch of a stage in which the load generator itself was the limit
-    (:mod:`loadgen.clientwatch`): ``reason`` is ``lag``, ``loop`` or ``cpu``."""
-
-    __pydantic_config__ = _LENIENT
-
-    reason: str
-    message: str
-    #: When it first tripped, seconds since the run's clock origin.
-    first_s: float
-    #: Seconds of checks during which it stayed tripped.
-    seconds: float
-    #: The worst value seen: seconds of lag or of loop delay, or a share of a core.
-    worst: float
-
-
-@dataclass(slots=True)
-class CapacityResult:
-    """What a capacity search found."""
-
-    __pydantic_config__ = _LENIENT
-
-    capacity_rps: float | None
-    bracket: tuple[float | None, float | None]
-    first_breach: str | None
-    saturated_first: str | None
-    ended_because: str
-    steps: list[StepVerdict]
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return asdict(self)
 
 
 @dataclass(slots=True)
@@ -160,6 +112,7 @@ class RunSummary:
     slo: list[str] = field(default_factory=list)
     stop_reason: str | None = None
     capacity: CapacityResult | None = None
+    control: ControlResult | None = None
     merged_from: list[str] | None = None
     rebuilt_from: str | None = None
     #: The run's requests by a conversation's turn index (sessions workloads)
@@ -184,6 +137,8 @@ class RunSummary:
             "stop_reason": self.stop_reason,
             "capacity": None if self.capacity is None else self.capacity.to_json(),
         }
+        if self.control is not None:
+            data["control"] = self.control.to_json()
         for key in ("merged_from", "rebuilt_from"):
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)

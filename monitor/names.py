@@ -844,6 +844,36 @@ PROBE_E2E = Series(
     ("target", "model"),
 )
 
+_CONTROL = ("target", "model", "signal")
+CLIENT_CONTROL_SETPOINT = Series(
+    "servemon_client_control_setpoint",
+    "gauge",
+    "signal",
+    "servemon control: the value the signal is held at (in the signal's unit).",
+    _CONTROL,
+)
+CLIENT_CONTROL_MEASURED = Series(
+    "servemon_client_control_measured",
+    "gauge",
+    "signal",
+    "servemon control: the signal as the controller last read it (NaN while blind).",
+    _CONTROL,
+)
+CLIENT_CONTROL_OFFERED_RATE = Series(
+    "servemon_client_control_offered_requests_per_second",
+    "gauge",
+    "requests/s",
+    "servemon control: the open-loop rate the controller offers now.",
+    _CONTROL,
+)
+CLIENT_CONTROL_ACHIEVED_RATE = Series(
+    "servemon_client_control_achieved_requests_per_second",
+    "gauge",
+    "requests/s",
+    "servemon control: requests sent per second over the last control interval.",
+    _CONTROL,
+)
+
 CLIENT_SERIES: tuple[Series, ...] = (
     CLIENT_REQUESTS,
     CLIENT_TTFT,
@@ -865,6 +895,10 @@ CLIENT_SERIES: tuple[Series, ...] = (
     CLIENT_CPU,
     CLIENT_LOOP_DELAY,
     CLIENT_LIMITED,
+    CLIENT_CONTROL_SETPOINT,
+    CLIENT_CONTROL_MEASURED,
+    CLIENT_CONTROL_OFFERED_RATE,
+    CLIENT_CONTROL_ACHIEVED_RATE,
 )
 
 SCHEMA: tuple[Series, ...] = (

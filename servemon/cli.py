@@ -19,7 +19,7 @@ from servemon import __version__
 from servemon.commands.demo import demo
 from servemon.commands.exporter import exporter
 from servemon.commands.generate import dashboards, rules
-from servemon.commands.load import capacity, ramp, replay, sweep
+from servemon.commands.load import capacity, control, ramp, replay, sweep
 from servemon.commands.runs import compare, merge_command, report
 from servemon.commands.sim import sim
 from servemon.commands.trace import trace
@@ -58,6 +58,7 @@ def cli() -> None:
 
 for _command in (
     capacity,
+    control,
     compare,
     dashboards,
     demo,

@@ -27,7 +27,7 @@ from loadgen.plan import Kind, plan_stages
 from loadgen.progress import Progress
 from loadgen.report import write_report
 from loadgen.runner import RunResult, Stopper, check_load_config, run_load
-from loadgen.runrecord import CapacityResult
+from loadgen.runrecord import CapacityResult, ControlResult
 from loadgen.workload import output_ceiling
 from servemon.embedded import embedded_simulator
 from servemon.lifecycle import stop_on_signals
@@ -100,6 +100,8 @@ async def run_command(
         console.print(f"stopped early: {result.stop_reason}")
     if result.capacity is not None:
         console.print(capacity_lines(result.capacity))
+    if result.record.control is not None:
+        console.print(control_lines(result.record.control), soft_wrap=True)
     report = write_report(result.path)
     console.print(f"run directory: {result.path} ({result.status})")
     console.print(f"report: {report}")
@@ -137,6 +139,21 @@ def _table(title: str, columns: Sequence[Column], rows: Sequence[Row]) -> Table:
     for row in cells(columns, rows):
         table.add_row(*row)
     return table
+
+
+def control_lines(held: ControlResult) -> str:
+    """What ``servemon control`` held, in a few lines."""
+    within = held.within
+    share = "-" if within is None else f"{within:.0%}"
+    mean = held.mean_offered_rps()
+    lines = [
+        f"held {held.signal}={held.setpoint:g} ({held.source}): within ±15 % in "
+        f"{share} of {held.judged} ticks after the first {held.settle_s:.0f} s; "
+        f"mean offered {mean or 0:.2f} req/s; {held.blind} ticks blind",
+    ]
+    if held.unreachable:
+        lines.append(f"unreachable: {held.unreachable}")
+    return "\n".join(lines)
 
 
 def capacity_lines(found: CapacityResult) -> str:

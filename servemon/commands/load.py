@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import click
 
 from loadgen.config import LoadConfig
+from loadgen.plan import Kind
 from servemon.commands import options
 from servemon.errors import ConfigError
 from servemon.fields import layer_config
 from servemon.lifecycle import run_async
 
-__all__ = ["capacity", "load_config", "ramp", "replay", "sweep"]
-
-Kind = Literal["ramp", "sweep", "capacity", "replay"]
+__all__ = ["capacity", "control", "load_config", "ramp", "replay", "sweep"]
 
 
 def load_config(config_file: Path | None, flags: dict[str, Any]) -> LoadConfig:
@@ -83,6 +82,7 @@ def _int_list(
     "when one cannot keep up; auto: as many as the peak rate needs at the measured "
     "CPU cost of a request, up to the CPUs here. [default: 1]",
 )
+@options.prometheus()
 def ramp(config_file: Path | None, **flags: Any) -> None:
     """Open-loop load: requests at scheduled times, whatever is in flight."""
     _run("ramp", config_file, flags)
@@ -103,6 +103,7 @@ def ramp(config_file: Path | None, **flags: Any) -> None:
 @click.option(
     "--warmup", type=int, help="Warm-up requests per level, not counted. [default: 0]"
 )
+@options.prometheus()
 def sweep(config_file: Path | None, **flags: Any) -> None:
     """Closed loop: each level keeps N requests in flight until M have finished."""
     _run("sweep", config_file, flags)
@@ -135,6 +136,7 @@ def sweep(config_file: Path | None, **flags: Any) -> None:
     type=float,
     help="Stop at once above this error share over 10 s. [default: 0.2]",
 )
+@options.prometheus()
 def capacity(config_file: Path | None, **flags: Any) -> None:
     """Find the highest request rate that meets the SLO, and what saturates first."""
     _run("capacity", config_file, flags)
@@ -166,3 +168,38 @@ def replay(trace: Path, config_file: Path | None, **flags: Any) -> None:
         raise ConfigError("--workload: replay takes its trace as TRACE, not both")
     flags["workload"] = f"trace:{trace}"
     _run("replay", config_file, flags)
+
+
+@click.command()
+@options.load_options()
+@click.option(
+    "--hold",
+    help="SIGNAL=SETPOINT to hold: waiting=8, kv_cache_usage=0.8, ttft_p95=0.4, "
+    "burn_rate=1 or gpu_utilization=0.9 (the last two need --prometheus).",
+)
+@click.option("--duration", type=float, help="Seconds to hold it. [default: 600]")
+@click.option(
+    "--rps-start", type=float, help="The rate to start from. [default: 1 or --rps-min]"
+)
+@click.option("--rps-min", type=float, help="Never offer less. [default: 0.5]")
+@click.option(
+    "--rps-max",
+    type=float,
+    help="Never offer more (required when the target is not on this machine). "
+    "[default: 1000 on loopback]",
+)
+@click.option(
+    "--control-interval",
+    type=float,
+    help="Seconds between rate changes. [default: twice the signal's delay, >= 2]",
+)
+@click.option(
+    "--blind-timeout",
+    type=float,
+    help="Stop when the signal has been missing this long. [default: 60]",
+)
+@options.arrival()
+@options.prometheus()
+def control(config_file: Path | None, **flags: Any) -> None:
+    """Hold a server signal at a setpoint by steering the open-loop rate."""
+    _run("control", config_file, flags)

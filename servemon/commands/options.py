@@ -187,6 +187,40 @@ def run_dirs() -> Decorator:
     )
 
 
+def prometheus() -> Callable[[F], F]:
+    """Reading the server's signals from Prometheus (``ramp``, ``sweep``,
+    ``capacity``, ``control``)."""
+    return compose(
+        _option(
+            "--prometheus",
+            help="Read the server's signals (queue, KV cache, TTFT, errors, GPU) "
+            "from this Prometheus, over --select, instead of the target's /metrics.",
+        ),
+        _option(
+            "--prometheus-auth-file",
+            help="YAML with bearer_token or basic_auth for --prometheus (never "
+            "logged).",
+        ),
+        _option(
+            "--select",
+            help="Label matchers every signal query gets, e.g. "
+            '\'model="qwen",target=~"pool-a.*"\'.',
+        ),
+        _option(
+            "--scrape-interval",
+            type=float,
+            help="Prometheus' scrape interval: a signal older than two is stale.",
+            shown="15",
+        ),
+        _option(
+            "--signal-window",
+            type=float,
+            help="Seconds of the rate windows in the signal queries.",
+            shown="30",
+        ),
+    )
+
+
 # -- every load command (ramp, sweep, capacity) -----------------------------------
 
 

@@ -1,0 +1,256 @@
+"""``servemon control``: hold a server signal at a setpoint by steering the offered
+open-loop rate.
+
+The run is one stage of ``--duration`` seconds. Requests go out open loop (the
+seeded ``--arrival`` process) at a rate the controller sets every control interval
+from the measured signal (``--hold waiting=8``, ``kv_cache_usage=0.8``,
+``ttft_p95=0.4``, ``burn_rate=1``, ``gpu_utilization=0.9``).
+
+The control law (:class:`loadgen.controllaw.ControlLaw`) is a PI controller in
+velocity form on the logarithm of the rate::
+
+    e[k] = clamp((setpoint - measured[k]) / max(setpoint, floor), -1, 1)
+    log r[k+1] = log r[k] + kp * (e[k] - e[k-1]) + ki * e[k]      (step-limited)
+    r[k+1] = clamp(r[k+1], rps_min, rps_max)
+
+Why this shape:
+
+- **Logarithm of the rate.** A deployment's sensible rates span orders of
+  magnitude; a step of 10 % means the same at 1 and at 100 requests/s, so one
+  tuning fits every deployment, and the rate can never go negative.
+- **Relative error, clamped.** Signals have different units (requests, a ratio,
+  seconds); the error as a share of the setpoint makes the gains unit-free.
+  Clamping to ±1 keeps a signal far off (a queue of 200 for a setpoint of 8) from
+  producing a huge step: the step limit (``max_up``, ``max_down`` per interval) then
+  bounds how fast the rate moves.
+- **Velocity form: no windup.** The controller's state is the rate itself, which
+  is clamped to its bounds; there is no separate integral to wind up while the rate
+  sits at ``--rps-max`` with the signal still below, so it leaves the bound at once
+  when the signal comes back.
+- **Aware of the signal's delay.** A change of the rate shows in the signal only
+  after the signal's delay: the sample interval (direct) or the scrape interval plus
+  half the rate window (Prometheus). The control interval is at least twice that
+  delay, so each step is judged on a signal that saw the previous one.
+- **Unreachable.** When the rate has sat at a bound for three intervals with the
+  signal still off by more than the tolerance, the setpoint cannot be reached with
+  these bounds; the run says so (once, and in every tick's ``state``) and holds the
+  bound.
+- **Blind.** A missing signal (no data, stale, Prometheus down) is never read as
+  zero: the rate holds, the tick says ``blind``, and after ``--blind-timeout``
+  seconds the run stops.
+
+Every tick is a line of ``control.jsonl`` and the live ``servemon_client_control_*``
+gauges; the result (share of ticks within ±15 % after the settle time) is in
+``summary.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from loadgen.arrivals import Arrival, Due, Stage
+from loadgen.context import Driven, RunContext
+from loadgen.controllaw import ControlLaw, control_interval, parse_hold
+from loadgen.ramp import open_loop, wait_for_start
+from loadgen.runrecord import ControlResult
+from loadgen.stopping import Stopper
+from loadgen.timing import Outcome, RequestTiming
+from monitor import names
+
+__all__ = ["drive_control"]
+
+
+@dataclass(slots=True)
+class _ClientWindow:
+    """The client's own TTFTs of the last ``window_s`` (``ttft_p95`` without
+    Prometheus): a sink of finished requests."""
+
+    window_s: float
+    ttfts: deque[tuple[float, float]] = field(default_factory=deque)
+    #: Requests completed (ok) so far.
+    served: int = 0
+
+    def __call__(self, timing: RequestTiming) -> None:
+        if timing.outcome is Outcome.OK:
+            self.served += 1
+            if timing.ttft is not None:
+                self.ttfts.append((timing.end_s, timing.ttft))
+
+    def p95(self, now: float) -> float | None:
+        while self.ttfts and self.ttfts[0][0] < now - self.window_s:
+            self.ttfts.popleft()
+        if len(self.ttfts) < 5:
+            return None
+        values = sorted(v for _, v in self.ttfts)
+        return values[min(len(values) - 1, math.ceil(0.95 * len(values)) - 1)]
+
+
+def _measure(
+    ctx: RunContext, signal: str, since: float, now: float, window: _ClientWindow
+) -> float | None:
+    """The signal over the last interval: the mean of its fresh samples (direct or
+    Prometheus), or the client's TTFT p95 without Prometheus; None when missing."""
+    if signal == "ttft_p95" and ctx.config.prometheus is None:
+        return window.p95(now)
+    values = []
+    if ctx.config.prometheus is not None:
+        for at, signals in reversed(ctx.signal_history):
+            if at < since:
+                break
+            value = signals.get(signal)
+            if value is not None:
+                values.append(value)
+        return sum(values) / len(values) if values else None
+    key = {
+        "waiting": names.ENGINE_REQUESTS_WAITING.name,
+        "kv_cache_usage": names.ENGINE_KV_CACHE_USAGE.name,
+    }[signal]
+    for at, samples in reversed(ctx.history):
+        if at < since:
+            break
+        found = [value for name, _labels, value in samples if name == key]
+        if found:
+            kv = signal == "kv_cache_usage"
+            values.append(max(found) if kv else sum(found))
+    return sum(values) / len(values) if values else None
+
+
+def _arrivals(
+    law: ControlLaw, arrival: Arrival, seed: int, duration_s: float
+) -> Iterator[Due]:
+    """Open-loop sends at the law's current rate, for ``duration_s``: each gap is
+    drawn at the rate of the moment it is drawn."""
+    rng = random.Random(f"{seed}:control")
+    offset = 0.0
+    for index in itertools.count():
+        offset += arrival.gap(rng, law.rate)
+        if offset > duration_s:
+            return
+        yield Due(index, 0, offset)
+
+
+async def drive_control(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
+    """Hold the signal for ``--duration`` (see the module docstring)."""
+    c = ctx.config
+    assert c.hold is not None
+    signal, setpoint = parse_hold(c.hold)
+    rps_max = c.rps_max if c.rps_max is not None else 1000.0
+    start_rate = c.rps_start if c.rps_start is not None else max(c.rps_min, 1.0)
+    interval = control_interval(c, signal)
+    law = ControlLaw(
+        signal=signal,
+        setpoint=setpoint,
+        rps_min=c.rps_min,
+        rps_max=rps_max,
+        rate=min(rps_max, max(c.rps_min, start_rate)),
+        interval_s=interval,
+    )
+    window = _ClientWindow(c.signal_window)
+    ctx.sinks.append(window)
+    record = ctx.stages[0]
+    start = await wait_for_start(ctx, stop)
+    if start is None:
+        return Driven(interrupted=True)
+    gauges = ctx.live.control(signal)
+    gauges.setpoint.set(setpoint)
+    result = ControlResult(
+        signal=signal,
+        setpoint=setpoint,
+        interval_s=interval,
+        source="prometheus" if c.prometheus else "direct",
+        settle_s=min(c.duration / 3, max(30.0, 10 * interval)),
+    )
+    ctx.control = result
+    ticking = asyncio.create_task(
+        _ticks(ctx, law, signal, interval, start, window, result, gauges)
+    )
+    try:
+        interrupted = await open_loop(
+            ctx,
+            [Stage(0, law.rate, c.duration, 0.0)],
+            stop,
+            arrival,
+            seed=c.seed,
+            start_s=start,
+            sends=_arrivals(law, arrival, c.seed, c.duration),
+        )
+    finally:
+        ticking.cancel()
+        await asyncio.gather(ticking, return_exceptions=True)
+    record.target_rate = result.mean_offered_rps()
+    return Driven(interrupted)
+
+
+async def _ticks(
+    ctx: RunContext,
+    law: ControlLaw,
+    signal: str,
+    interval: float,
+    start: float,
+    window: _ClientWindow,
+    result: ControlResult,
+    gauges: Any,
+) -> None:
+    c = ctx.config
+    blind_since: float | None = None
+    warned = False
+    tick_start = start
+    sent_before = served_before = 0
+    for tick in itertools.count(1):
+        await asyncio.sleep(max(0.0, start + tick * interval - time.monotonic()))
+        now = time.monotonic()
+        sent, served = ctx.sent, window.served
+        span = max(now - tick_start, 1e-9)
+        achieved = (sent - sent_before) / span
+        served_rps = (served - served_before) / span
+        sent_before, served_before, tick_start = sent, served, now
+        measured = _measure(ctx, signal, now - interval, now, window)
+        offered = law.rate
+        if measured is None:
+            blind_since = blind_since if blind_since is not None else now
+            state = "blind"
+            if now - blind_since >= c.blind_timeout:
+                ctx.abort(
+                    f"blind: no fresh {signal} for {now - blind_since:.0f} s "
+                    f"(--blind-timeout {c.blind_timeout:g})"
+                )
+        else:
+            blind_since = None
+            offered = law.update(measured, served_rps)
+            state = "unreachable" if law.unreachable else "tracking"
+            if law.unreachable and not warned:
+                warned = True
+                bound = "--rps-max" if offered >= law.rps_max else "--rps-min"
+                ctx.progress.console.print(
+                    f"servemon: warning: --hold {signal}={law.setpoint:g} is "
+                    f"unreachable: at {bound} {offered:g} rps the {signal} is "
+                    f"{measured:.3g}",
+                    soft_wrap=True,
+                )
+                result.unreachable = (
+                    f"at {bound} {offered:g} rps the {signal} stayed at {measured:.3g}"
+                )
+        ctx.live.target_rate.set(offered)
+        gauges.measured.set(math.nan if measured is None else measured)
+        gauges.offered.set(offered)
+        gauges.achieved.set(achieved)
+        line = {
+            "t_s": round(now - ctx.rundir.origin_s, 3),
+            "signal": signal,
+            "setpoint": law.setpoint,
+            "measured": measured,
+            "offered_rps": offered,
+            "achieved_rps": achieved,
+            "served_rps": served_rps,
+            "state": state,
+        }
+        result.add(line, now - start)
+        ctx.rundir.append_control(line)

@@ -1,0 +1,129 @@
+"""The control law of ``servemon control`` (see :mod:`loadgen.control` for why it
+has this shape): what ``--hold`` can hold, and the PI step from one control interval
+to the next."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from loadgen.config import LoadConfig
+from servemon.errors import ConfigError
+
+__all__ = [
+    "HOLDABLE",
+    "PROMETHEUS_ONLY",
+    "TOLERANCE",
+    "ControlLaw",
+    "control_interval",
+    "parse_hold",
+]
+
+#: What ``--hold`` can hold.
+HOLDABLE = ("waiting", "kv_cache_usage", "ttft_p95", "burn_rate", "gpu_utilization")
+#: Signals only Prometheus has (the generated rules, the GPU exporter).
+PROMETHEUS_ONLY = ("burn_rate", "gpu_utilization")
+TOLERANCE = 0.15
+#: Intervals at a bound, signal still off, before the setpoint is unreachable.
+UNREACHABLE_AFTER = 3
+
+
+def parse_hold(text: str) -> tuple[str, float]:
+    """``SIGNAL=SETPOINT`` as (signal, setpoint); a one-line error naming the part
+    at fault."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or name not in HOLDABLE:
+        raise ConfigError(
+            f"--hold {text!r}: expected SIGNAL=SETPOINT with SIGNAL one of "
+            f"{', '.join(HOLDABLE)}"
+        )
+    try:
+        setpoint = float(value)
+    except ValueError:
+        setpoint = math.nan
+    if not (setpoint > 0 and math.isfinite(setpoint)):
+        raise ConfigError(f"--hold {name}: the setpoint must be a number > 0")
+    if name in ("kv_cache_usage", "gpu_utilization") and setpoint >= 1:
+        raise ConfigError(f"--hold {name}: a ratio below 1, got {setpoint:g}")
+    return name, setpoint
+
+
+@dataclass(slots=True)
+class ControlLaw:
+    """The law of :mod:`loadgen.control`; ``update`` gives the next rate.
+
+    ``waiting`` is a queue, an integrator of (offered - served): the queue law
+    offers what the server served plus the queue error spread over ``drain``
+    intervals, which closes the error geometrically (a third an interval) however
+    fast the server is. Every other signal is a monotone function of the rate: a
+    PI step on the logarithm of the rate from the logarithmic error
+    ``log(setpoint / measured)``, clamped to ±1, in velocity form.
+    """
+
+    signal: str
+    setpoint: float
+    rps_min: float
+    rps_max: float
+    rate: float
+    interval_s: float
+    kp: float = 0.3
+    ki: float = 0.2
+    max_up: float = 0.5  # at most x1.5 an interval
+    max_down: float = 0.5  # at most x0.5 an interval
+    drain: float = 3.0
+    last_error: float = 0.0
+    at_bound: int = 0
+
+    def error(self, measured: float) -> float:
+        """The logarithmic error, clamped (1 when the signal is at 0)."""
+        if measured <= 0:
+            return 1.0
+        return max(-1.0, min(1.0, math.log(self.setpoint / measured)))
+
+    def update(self, measured: float, served_rps: float) -> float:
+        """The rate for the next interval, given the signal over the last one and
+        the requests the server completed per second meanwhile."""
+        low = math.log(1 - self.max_down)
+        high = math.log(1 + self.max_up)
+        if self.signal == "waiting":
+            if measured < self.setpoint / 2 and served_rps >= 0.9 * self.rate:
+                # Far below, and the server serves all it is offered: it has room.
+                wanted = self.rate * (1 + self.max_up / 2)
+            else:
+                spread = self.drain * self.interval_s
+                wanted = served_rps + (self.setpoint - measured) / spread
+            step = math.log(max(wanted, 1e-9) / self.rate)
+        else:
+            e = self.error(measured)
+            step = self.kp * (e - self.last_error) + self.ki * e
+            self.last_error = e
+        step = max(low, min(high, step))
+        rate = min(self.rps_max, max(self.rps_min, self.rate * math.exp(step)))
+        off = abs(self.setpoint - measured) > TOLERANCE * self.setpoint
+        pushing_up = rate >= self.rps_max and measured < self.setpoint
+        pushing_down = rate <= self.rps_min and measured > self.setpoint
+        self.at_bound = self.at_bound + 1 if off and (pushing_up or pushing_down) else 0
+        self.rate = rate
+        return rate
+
+    @property
+    def unreachable(self) -> bool:
+        """At a bound for a while with the signal still off."""
+        return self.at_bound >= UNREACHABLE_AFTER
+
+
+def control_interval(config: LoadConfig, signal: str) -> float:
+    """Seconds between rate changes: ``--control-interval``, else twice the
+    signal's delay, and at least 2 s."""
+    if config.control_interval is not None:
+        return config.control_interval
+    if config.prometheus is None:
+        delay = config.sample_interval
+        if signal == "ttft_p95":
+            delay = max(delay, config.signal_window / 2)
+    else:
+        delay = config.scrape_interval
+        if signal in ("ttft_p95", "burn_rate"):
+            delay += config.signal_window / 2
+    return max(2.0, 2.0 * delay)
