@@ -80,6 +80,9 @@ class LoadConfig:
     out: str = "runs"
     metrics_port: Annotated[int, Ge(0), Le(65535)] = 9401
     metrics_host: str = "127.0.0.1"
+    #: exporter-toolkit's web config for the live client /metrics
+    #: (:mod:`monitor.webconfig`).
+    web_config_file: str | None = None
     seed: int = 0
     slo: Slo = ()
     cancel_fraction: Annotated[float, Ge(0), Le(1)] = 0.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -18,6 +19,7 @@ from loadgen.sessions import sessions_options
 from loadgen.target import is_loopback
 from loadgen.tracefile import TraceEntry, read_trace
 from loadgen.workload import check_workload, trace_path
+from monitor.webconfig import load_web_config
 from servemon.errors import ConfigError
 
 __all__ = [
@@ -115,6 +117,8 @@ def check_load_config(kind: Kind, config: LoadConfig) -> None:
         )
     check_workload(config.workload)
     _check_sessions(kind, config)
+    if config.web_config_file is not None:
+        load_web_config(Path(config.web_config_file))
     if config.model:
         parse_model(config.model)
 

@@ -31,6 +31,7 @@ __all__ = [
     "run_dirs",
     "seed",
     "step_seconds",
+    "web_config_file",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -166,6 +167,17 @@ def max_num_seqs(**how: Any) -> Decorator:
     )
 
 
+def web_config_file() -> Decorator:
+    """``--web-config-file``: TLS and basic auth of the /metrics servers
+    (``exporter``, the load commands' live client metrics)."""
+    return _option(
+        "--web-config-file",
+        help="exporter-toolkit web config YAML (tls_server_config, "
+        "basic_auth_users with bcrypt hashes, http_server_config.headers) for "
+        "this command's /metrics; see docs/security.md.",
+    )
+
+
 def exit_with_parent() -> Decorator:
     """``--exit-with-parent``, hidden: what servemon gives its own children."""
     return click.option(
@@ -265,6 +277,7 @@ def load_options() -> Callable[[F], F]:
             help="Port of the live client /metrics on 127.0.0.1 (0: any free).",
             shown="9401",
         ),
+        web_config_file(),
         seed(shown="0"),
         _option(
             "--slo",
