@@ -11,7 +11,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from loadgen.arrivals import linear_stages, parse_stages
-from loadgen.config import LoadConfig, config_text
+from loadgen.config import LoadConfig, auth_headers, config_text
 from loadgen.modelmix import parse_model
 from loadgen.replayplan import ReplayPlan, replay_plan
 from loadgen.runrecord import ClientLimit, StageResult
@@ -117,6 +117,7 @@ def check_load_config(kind: Kind, config: LoadConfig) -> None:
         )
     check_workload(config.workload)
     _check_sessions(kind, config)
+    auth_headers(config, {})  # a header file's lines
     if config.web_config_file is not None:
         load_web_config(Path(config.web_config_file))
     if config.model:

@@ -259,8 +259,14 @@ def load_options() -> Callable[[F], F]:
         _option(
             "--header",
             multiple=True,
-            help="'Name: value' added to every "
-            "request (never recorded). SERVEMON_API_KEY sets a bearer token.",
+            help="'Name: value' added to every request (never recorded). Not for "
+            "secrets: every user can read a command line; use SERVEMON_API_KEY "
+            "(a bearer token) or --header-file.",
+        ),
+        _option(
+            "--header-file",
+            help="File of 'Name: value' lines (# comments) added to every request, "
+            "e.g. an Authorization header (never recorded).",
         ),
         _option(
             "--timeout", type=float, help="Seconds a request may take.", shown="600"
