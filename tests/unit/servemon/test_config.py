@@ -319,3 +319,21 @@ def test_a_bad_web_config_file_fails_the_load_command_before_it_starts(
     )
     assert result.exit_code == 2, result.output
     assert "tls_server_config.cert_file" in result.output.strip()
+
+
+def test_every_server_binds_loopback_by_default() -> None:
+    """The exporter, the live client metrics and the simulator listen on 127.0.0.1
+    unless told otherwise; the demo's children are started on 127.0.0.1."""
+    import inspect
+
+    from servemon import embedded
+    from servemon.commands.exporter import exporter_config
+
+    target = ("http://10.0.0.5:8000",)
+    assert exporter_config(None, target, {}).listen.startswith("127.0.0.1:")
+    assert LoadConfig().metrics_host == "127.0.0.1"
+    assert SimConfig().host == "127.0.0.1"
+    source = inspect.getsource(embedded)
+    assert "0.0.0.0" not in source
+    for what in ('"--host", "127.0.0.1"', '"127.0.0.1:0"', "listen-address=127.0.0.1"):
+        assert what in source
