@@ -1,18 +1,21 @@
 """Configuration of a load run: every flag of ``servemon ramp``/``sweep`` as a field.
 
 YAML (``--config servemon.yaml``) uses the flag names with underscores; flags win.
-Secrets never live here: the API key comes from ``SERVEMON_API_KEY`` and header
-values are wrapped in :class:`servemon.fields.Secret` when the request headers are
-built (:func:`auth_headers`), so the config can be recorded as it is.
+Secrets never live here: the API key comes from ``SERVEMON_API_KEY``, a header file
+(``--header-file``) is named here but read only when the request headers are built
+(:func:`auth_headers`), and header values are wrapped in
+:class:`servemon.fields.Secret` there, so the config can be recorded with its
+header values redacted (:func:`loadgen.plan.recorded_config`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Gt, Le
@@ -32,7 +35,18 @@ from loadgen.slo import SloTerm, parse_slo
 from servemon.errors import ConfigError
 from servemon.fields import FORBID_EXTRA, Secret
 
-__all__ = ["LoadConfig", "auth_headers", "config_text", "parse_extra_body"]
+#: Words that mark a header name as a credential's (``Authorization``,
+#: ``X-Api-Key``, ``X-Auth-Token``, ``Cookie``).
+SECRET_WORDS = ("auth", "key", "token", "secret", "password", "cookie")
+
+__all__ = [
+    "LoadConfig",
+    "auth_headers",
+    "config_text",
+    "header_lines",
+    "parse_extra_body",
+    "secret_header_names",
+]
 
 Positive = Annotated[float, Gt(0)]
 
@@ -76,10 +90,15 @@ class LoadConfig:
     ignore_eos: bool = False
     extra_body: dict[str, Any] | None = None
     header: tuple[str, ...] = ()
+    #: A file of ``Name: value`` lines, for headers that carry secrets.
+    header_file: str | None = None
     timeout: Positive = 600.0
     out: str = "runs"
     metrics_port: Annotated[int, Ge(0), Le(65535)] = 9401
     metrics_host: str = "127.0.0.1"
+    #: exporter-toolkit's web config for the live client /metrics
+    #: (:mod:`monitor.webconfig`).
+    web_config_file: str | None = None
     seed: int = 0
     slo: Slo = ()
     cancel_fraction: Annotated[float, Ge(0), Le(1)] = 0.0
@@ -174,8 +193,43 @@ def parse_extra_body(text: str) -> dict[str, Any]:
     return value
 
 
+def header_lines(path: Path) -> tuple[str, ...]:
+    """A header file's ``Name: value`` lines (blank lines and ``#`` comments
+    skipped); a bad line is a one-line error that never shows a value."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            f"--header-file {path}: cannot read: {exc.strerror or exc}"
+        ) from None
+    lines = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, _ = line.partition(":")
+        if not sep or not name.strip():
+            raise ConfigError(
+                f"--header-file {path}: line {number}: expected 'Name: value' "
+                "(the line is not shown)"
+            )
+        lines.append(line)
+    return tuple(lines)
+
+
+def secret_header_names(headers: Sequence[str]) -> list[str]:
+    """The names of ``Name: value`` headers that look like credentials."""
+    names = []
+    for raw in headers:
+        name = raw.partition(":")[0].strip()
+        if any(word in name.lower() for word in SECRET_WORDS):
+            names.append(name)
+    return names
+
+
 def auth_headers(config: LoadConfig, env: Mapping[str, str]) -> dict[str, Secret]:
-    """Request headers from ``--header NAME: VALUE`` and ``SERVEMON_API_KEY``.
+    """Request headers from ``SERVEMON_API_KEY``, ``--header-file`` and
+    ``--header NAME: VALUE``, later ones winning.
 
     Values are :class:`Secret`: they print as ``<redacted>`` anywhere but the request.
     """
@@ -183,6 +237,10 @@ def auth_headers(config: LoadConfig, env: Mapping[str, str]) -> dict[str, Secret
     key = env.get("SERVEMON_API_KEY")
     if key:
         headers["Authorization"] = Secret(f"Bearer {key}")
+    if config.header_file is not None:
+        for line in header_lines(Path(config.header_file)):
+            name, _, value = line.partition(":")
+            headers[name.strip()] = Secret(value.strip())
     for i, raw in enumerate(config.header):
         name, sep, value = raw.partition(":")
         if not sep or not name.strip():

@@ -34,6 +34,7 @@ from loadgen.timing import RequestTiming
 from monitor import names
 from monitor.buckets import LATENCY_BUCKETS
 from monitor.names import Series
+from monitor.webconfig import WebConfig, site_url, web_middleware
 
 __all__ = ["ControlGauges", "LiveMetrics", "observe_many"]
 
@@ -212,16 +213,20 @@ class LiveMetrics:
         if timing.prompt_tokens:
             c.prompt_tokens.inc(timing.prompt_tokens)
 
-    async def serve(self, host: str, port: int) -> str:
-        """Serve ``/metrics`` on ``host:port`` (0: a free port); return the URL."""
-        app = web.Application()
+    async def serve(
+        self, host: str, port: int, *, web_config: WebConfig | None = None
+    ) -> str:
+        """Serve ``/metrics`` on ``host:port`` (0: a free port), with TLS and basic
+        auth if ``web_config`` (a web config file) asks; return the URL."""
+        middlewares = [web_middleware(web_config)] if web_config is not None else []
+        app = web.Application(middlewares=middlewares)
         app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        context = web_config.ssl_context if web_config is not None else None
+        site = web.TCPSite(self._runner, host, port, ssl_context=context)
         await site.start()
-        bound_host, bound_port = self._runner.addresses[0][:2]
-        self.url = f"http://{bound_host}:{bound_port}/metrics"
+        self.url = f"{site_url(self._runner.addresses[0], web_config)}/metrics"
         return self.url
 
     async def stop(self) -> None:

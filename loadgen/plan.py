@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from loadgen.arrivals import linear_stages, parse_stages
-from loadgen.config import LoadConfig, config_text
+from loadgen.config import LoadConfig, auth_headers, config_text
 from loadgen.controllaw import PROMETHEUS_ONLY, parse_hold
 from loadgen.modelmix import parse_model
 from loadgen.replayplan import ReplayPlan, replay_plan
@@ -20,6 +21,7 @@ from loadgen.target import is_loopback
 from loadgen.tracefile import TraceEntry, read_trace
 from loadgen.workload import check_workload, trace_path
 from monitor.signals import parse_selector
+from monitor.webconfig import load_web_config
 from servemon.errors import ConfigError
 
 __all__ = [
@@ -118,6 +120,9 @@ def check_load_config(kind: Kind, config: LoadConfig) -> None:
     check_workload(config.workload)
     _check_sessions(kind, config)
     _check_signals(kind, config)
+    auth_headers(config, {})  # a header file's lines
+    if config.web_config_file is not None:
+        load_web_config(Path(config.web_config_file))
     if config.model:
         parse_model(config.model)
 

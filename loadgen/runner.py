@@ -61,6 +61,7 @@ from loadgen.traceprompts import TraceWorkload
 from loadgen.workload import Workload, build_workload
 from monitor.config import load_auth
 from monitor.signals import SignalQuery, parse_selector, queries
+from monitor.webconfig import load_web_config
 from servemon.errors import ConfigError
 
 __all__ = [
@@ -142,6 +143,11 @@ async def run_load(
     check_rate_bound(kind, config, target, stages)
     arrival = config.arrival
     headers = {k: v.reveal() for k, v in auth_headers(config, env).items()}
+    web_config = (
+        await asyncio.to_thread(load_web_config, Path(config.web_config_file))
+        if config.web_config_file is not None
+        else None
+    )
     settings = ClientSettings(
         max_connections=config.max_connections, timeout_s=config.timeout
     )
@@ -160,7 +166,9 @@ async def run_load(
         label = config.target_name or urlsplit(base).netloc
         live = LiveMetrics(label, model, slo)
         try:
-            await live.serve(config.metrics_host, config.metrics_port)
+            await live.serve(
+                config.metrics_host, config.metrics_port, web_config=web_config
+            )
         except OSError as exc:
             raise ConfigError(
                 f"--metrics-port {config.metrics_port}: cannot listen on "

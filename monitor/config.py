@@ -2,7 +2,9 @@
 
 Every flag of ``servemon exporter`` is a field of the YAML config (``targets:`` is a
 list of ``{url, name, engine, model}``); flags win. Credentials for ``/metrics`` come
-from a file (``auth_file``), never from the command line.
+from files (``auth_file``: a bearer token or a plain basic password;
+``web_config_file``: TLS and bcrypt-hashed basic auth users), never from the command
+line.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ class ExporterConfig:
     probe_max_tokens: Annotated[int, Ge(1), Le(4096)] = 8
     probe_timeout: Annotated[float, Gt(0)] = 30.0
     auth_file: str | None = None
+    #: exporter-toolkit's web config file: TLS, basic auth users (bcrypt), response
+    #: headers (:mod:`monitor.webconfig`).
+    web_config_file: str | None = None
 
 
 def parse_target(text: str) -> TargetConfig:

@@ -6,7 +6,9 @@ adds the GPU snapshot (:class:`~monitor.gpu.GpuCollector`), the canary probe's s
 in the text format or OpenMetrics, as the scraper's ``Accept`` asks. The target
 timeout is kept below the scraper's own (``X-Prometheus-Scrape-Timeout-Seconds``), so
 every scrape is answered in time. ``GET /healthz`` answers 200 while the exporter
-runs. With an auth file, ``/metrics`` wants the bearer token or basic credentials.
+runs. With an auth file, ``/metrics`` wants the bearer token or basic credentials;
+with a web config file (:mod:`monitor.webconfig`) the exporter serves TLS, and
+every path but ``/healthz`` wants one of the file's basic auth users.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from monitor.gpu import GpuCollector, GpuReader
 from monitor.http import PoolConnector
 from monitor.nvml import NvmlReader
 from monitor.probe import Prober
+from monitor.webconfig import WebConfig, load_web_config, site_url, web_middleware
+from servemon.errors import ConfigError
 
 __all__ = ["Exporter"]
 
@@ -62,6 +66,17 @@ class Exporter:
         self.auth: Auth | None = (
             load_auth(Path(config.auth_file)) if config.auth_file else None
         )
+        self.web: WebConfig | None = (
+            load_web_config(Path(config.web_config_file))
+            if config.web_config_file
+            else None
+        )
+        if self.auth is not None and self.web is not None and self.web.users:
+            raise ConfigError(
+                f"--auth-file and basic_auth_users in --web-config-file "
+                f"{config.web_config_file}: give one (a scrape carries one "
+                "Authorization header)"
+            )
         self.targets = [
             Target(url=t.url, name=t.label, engine=t.engine, model=t.model)
             for t in config.targets
@@ -109,14 +124,24 @@ class Exporter:
                 headers={"Authorization": f"Bearer {key}"} if key else None,
             )
             self._tasks.append(asyncio.create_task(self.prober.run(), name="probe"))
-        app = web.Application()
+        web_config = self.web
+        middlewares = (
+            [web_middleware(web_config, open_paths=("/healthz",))]
+            if web_config is not None
+            else []
+        )
+        app = web.Application(middlewares=middlewares)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        ssl_context = web_config.ssl_context if web_config is not None else None
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=ssl_context)
+        await site.start()
+        if web_config is not None:
+            for note in web_config.notes:
+                log.warning("%s: %s", web_config.source, note)
+        self.url = site_url(self._runner.addresses[0], web_config)
         return self.url
 
     async def stop(self) -> None:

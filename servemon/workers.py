@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,7 +26,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from loadgen.config import LoadConfig, config_text
+from loadgen.config import LoadConfig, config_text, header_lines
 from loadgen.merge import merge_runs
 from servemon.errors import ServemonError
 
@@ -36,10 +38,39 @@ START_DELAY_S = 4.0
 def _worker_config(config: LoadConfig, target: str) -> dict[str, object]:
     """The workers' shared config file: everything but secrets and per-worker flags."""
     data = config_text(config)
-    for key in ("header", "workers", "shard", "start_at", "metrics_port", "out"):
+    for key in (
+        "header",
+        "header_file",
+        "workers",
+        "shard",
+        "start_at",
+        "metrics_port",
+        "out",
+    ):
         data.pop(key, None)
     data["target"] = target
     return data
+
+
+@contextlib.contextmanager
+def _header_file(config: LoadConfig) -> Iterator[list[str]]:
+    """The run's headers for the workers, as ``--header-file`` arguments: a file
+    only this user can read (``mkstemp``), outside the run directories, removed
+    when the workers are done; never ``--header`` (a command line is public)."""
+    lines = [
+        *(header_lines(Path(config.header_file)) if config.header_file else ()),
+        *config.header,
+    ]
+    if not lines:
+        yield []
+        return
+    fd, name = tempfile.mkstemp(prefix="servemon-headers-", text=True)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write("".join(f"{line}\n" for line in lines))
+        yield ["--header-file", name]
+    finally:
+        Path(name).unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -84,37 +115,37 @@ async def run_workers(config: LoadConfig, target: str, console: Console) -> Path
     config_file.write_text(yaml.safe_dump(_worker_config(config, target)))
     at = config.start_at or datetime.now(UTC) + timedelta(seconds=START_DELAY_S)
     start = at.isoformat(timespec="milliseconds")
-    headers = [arg for h in config.header for arg in ("--header", h)]
-    procs = []
-    for i in range(n):
-        port = 0 if config.metrics_port == 0 else config.metrics_port + i
-        argv: Sequence[str] = (
-            sys.executable,
-            "-m",
-            "servemon",
-            "ramp",
-            "--config",
-            str(config_file),
-            "--shard",
-            f"{i}/{n}",
-            "--start-at",
-            start,
-            "--out",
-            str(shard_dir),
-            "--metrics-port",
-            str(port),
-            *headers,
+    with _header_file(config) as headers:
+        procs = []
+        for i in range(n):
+            port = 0 if config.metrics_port == 0 else config.metrics_port + i
+            argv: Sequence[str] = (
+                sys.executable,
+                "-m",
+                "servemon",
+                "ramp",
+                "--config",
+                str(config_file),
+                "--shard",
+                f"{i}/{n}",
+                "--start-at",
+                start,
+                "--out",
+                str(shard_dir),
+                "--metrics-port",
+                str(port),
+                *headers,
+            )
+            log = (shard_dir / f"worker-{i}.log").open("w")
+            procs.append(
+                await asyncio.create_subprocess_exec(*argv, stdout=log, stderr=log)
+            )
+        console.print(
+            f"servemon: {n} workers send the schedule together from {start} "
+            f"(logs in {shard_dir})"
         )
-        log = (shard_dir / f"worker-{i}.log").open("w")
-        procs.append(
-            await asyncio.create_subprocess_exec(*argv, stdout=log, stderr=log)
-        )
-    console.print(
-        f"servemon: {n} workers send the schedule together from {start} "
-        f"(logs in {shard_dir})"
-    )
-    with _passing_signals_on(procs, console):
-        codes = await asyncio.gather(*(p.wait() for p in procs))
+        with _passing_signals_on(procs, console):
+            codes = await asyncio.gather(*(p.wait() for p in procs))
     runs = sorted(p for p in shard_dir.iterdir() if p.is_dir())
     if len(runs) != n:
         raise ServemonError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ipaddress
 import json
 import random
 import time
@@ -37,7 +38,7 @@ from simulator.openai import ApiError, ParsedRequest, error_body, parse_request
 from simulator.profiles import Profile, load_profile
 from simulator.trace import TraceWriter
 
-__all__ = ["SimServer"]
+__all__ = ["SimServer", "is_loopback_peer"]
 
 VERSIONS = {
     "vllm": "0.11.0",
@@ -50,8 +51,20 @@ VERSIONS = {
 RUNTIME_FIELDS = ("faults", "speed", "eos_probability")
 
 
-def _is_loopback(remote: str | None) -> bool:
-    return remote is not None and (remote.startswith("127.") or remote == "::1")
+def is_loopback_peer(remote: str | None) -> bool:
+    """Whether a request's peer address is this machine's loopback: 127.0.0.0/8,
+    ``::1``, or 127.x written as IPv4-mapped IPv6 (``::ffff:127.0.0.1``, a peer of
+    a dual-stack ``::`` socket). Anything else, or no address (a Unix socket, a
+    closed transport), is not."""
+    if not remote:
+        return False
+    try:
+        address = ipaddress.ip_address(remote.partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
 
 
 class SimServer:
@@ -244,12 +257,12 @@ class SimServer:
         }
 
     async def _get_config(self, request: web.Request) -> web.Response:
-        if not _is_loopback(request.remote):
+        if not is_loopback_peer(request.remote):
             return self._error(403, "/sim/config answers only on loopback", "Forbidden")
         return web.json_response(self._runtime_config())
 
     async def _put_config(self, request: web.Request) -> web.Response:
-        if not _is_loopback(request.remote):
+        if not is_loopback_peer(request.remote):
             return self._error(403, "/sim/config answers only on loopback", "Forbidden")
         body = await self._json(request)
         if not isinstance(body, dict):

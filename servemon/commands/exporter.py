@@ -63,8 +63,10 @@ __all__ = ["exporter", "exporter_config"]
 )
 @click.option(
     "--auth-file",
-    help="YAML with bearer_token or basic_auth that /metrics asks scrapers for.",
+    help="YAML with bearer_token or basic_auth that /metrics asks scrapers for "
+    "(for hashed passwords and TLS: --web-config-file).",
 )
+@options.web_config_file()
 @options.exit_with_parent()
 @click.option(
     "--fake-gpu",

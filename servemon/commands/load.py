@@ -14,14 +14,22 @@ from typing import Any
 
 import click
 
-from loadgen.config import LoadConfig
+from loadgen.config import LoadConfig, secret_header_names
 from loadgen.plan import Kind
 from servemon.commands import options
 from servemon.errors import ConfigError
 from servemon.fields import layer_config
 from servemon.lifecycle import run_async
 
-__all__ = ["capacity", "control", "load_config", "ramp", "replay", "sweep"]
+__all__ = [
+    "capacity",
+    "control",
+    "load_config",
+    "ramp",
+    "replay",
+    "sweep",
+    "warn_secret_headers",
+]
 
 
 def load_config(config_file: Path | None, flags: dict[str, Any]) -> LoadConfig:
@@ -29,10 +37,24 @@ def load_config(config_file: Path | None, flags: dict[str, Any]) -> LoadConfig:
     return layer_config(LoadConfig, config_file, flags)
 
 
+def warn_secret_headers(headers: tuple[str, ...]) -> None:
+    """One warning (on stderr) when ``--header`` on the command line carries what
+    looks like a credential: every user of the machine can read a command line."""
+    names = secret_header_names(headers)
+    if names:
+        click.echo(
+            f"servemon: warning: --header {', '.join(dict.fromkeys(names))}: a "
+            "secret on the command line is visible to every user in the process "
+            "list; use SERVEMON_API_KEY, --header-file or header: in --config",
+            err=True,
+        )
+
+
 def _run(kind: Kind, config_file: Path | None, flags: dict[str, Any]) -> None:
     from servemon.load import run_command
 
     config = load_config(config_file, flags)
+    warn_secret_headers(flags.get("header") or ())
     result = run_async(run_command(kind, config, sys.argv))
     if result.status != "completed":
         sys.exit(130)

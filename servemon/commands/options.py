@@ -31,6 +31,7 @@ __all__ = [
     "run_dirs",
     "seed",
     "step_seconds",
+    "web_config_file",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -166,6 +167,17 @@ def max_num_seqs(**how: Any) -> Decorator:
     )
 
 
+def web_config_file() -> Decorator:
+    """``--web-config-file``: TLS and basic auth of the /metrics servers
+    (``exporter``, the load commands' live client metrics)."""
+    return _option(
+        "--web-config-file",
+        help="exporter-toolkit web config YAML (tls_server_config, "
+        "basic_auth_users with bcrypt hashes, http_server_config.headers) for "
+        "this command's /metrics; see docs/security.md.",
+    )
+
+
 def exit_with_parent() -> Decorator:
     """``--exit-with-parent``, hidden: what servemon gives its own children."""
     return click.option(
@@ -281,8 +293,14 @@ def load_options() -> Callable[[F], F]:
         _option(
             "--header",
             multiple=True,
-            help="'Name: value' added to every "
-            "request (never recorded). SERVEMON_API_KEY sets a bearer token.",
+            help="'Name: value' added to every request (never recorded). Not for "
+            "secrets: every user can read a command line; use SERVEMON_API_KEY "
+            "(a bearer token) or --header-file.",
+        ),
+        _option(
+            "--header-file",
+            help="File of 'Name: value' lines (# comments) added to every request, "
+            "e.g. an Authorization header (never recorded).",
         ),
         _option(
             "--timeout", type=float, help="Seconds a request may take.", shown="600"
@@ -299,6 +317,7 @@ def load_options() -> Callable[[F], F]:
             help="Port of the live client /metrics on 127.0.0.1 (0: any free).",
             shown="9401",
         ),
+        web_config_file(),
         seed(shown="0"),
         _option(
             "--slo",

@@ -234,18 +234,30 @@ def test_kill_9_leaves_valid_records_and_no_simulator_behind(
 def test_no_secret_reaches_the_run_directory_or_the_output(
     servemon: Callable[..., Any], tmp_path: Path
 ) -> None:
-    secrets = ("sk-test-SECRET-1", "hdr-SECRET-2", "hdr-SECRET-3")
+    secrets = (
+        "sk-test-SECRET-1",
+        "hdr-SECRET-2",
+        "hdr-SECRET-3",
+        "bearer-SECRET-4",
+        "file-SECRET-5",
+    )
+    header_file = tmp_path / "headers.txt"
+    header_file.write_text(
+        f"# from a file, not the command line\nX-Auth-Token: {secrets[4]}\n"
+    )
     out = tmp_path / "runs"
     cli = servemon(
         "ramp", "--sim-profile", "tiny", "--stages", "10:1", *QUICK, "--out", str(out),
         "--header", f"X-Api-Key: {secrets[1]}", f"--header=X-Team: {secrets[2]}",
+        "--header", f"Authorization: Bearer {secrets[3]}",
+        "--header-file", str(header_file),
         env={"SERVEMON_API_KEY": secrets[0]},
     )  # fmt: skip
     assert cli.wait(60) == 0, cli.stderr
     run_dir = run_dir_of(out)
     assert run_dir is not None
     files = [p for p in run_dir.rglob("*") if p.is_file()]
-    assert {p.name for p in files} >= set(RUN_FILES)
+    assert {p.name for p in files} >= {*RUN_FILES, "report.html"}
     for path in files:
         content = path.read_bytes()
         for secret in secrets:
@@ -253,12 +265,23 @@ def test_no_secret_reaches_the_run_directory_or_the_output(
     for secret in secrets:
         assert secret not in cli.stdout
         assert secret not in cli.stderr
+    # Credentials on the command line: one warning, naming them (not their values)
+    # and what to use instead; the header file's and X-Team are not named.
+    warnings = [line for line in cli.stderr.splitlines() if "warning: --header" in line]
+    assert len(warnings) == 1, cli.stderr
+    assert "X-Api-Key, Authorization:" in warnings[0]
+    assert "SERVEMON_API_KEY" in warnings[0]
+    assert "--header-file" in warnings[0]
+    assert "X-Team" not in warnings[0]
+    assert "X-Auth-Token" not in warnings[0]
 
     run_json = read_json(run_dir / "run.json")
     assert run_json["config"]["header"] == [
         "X-Api-Key: <redacted>",
         "X-Team: <redacted>",
+        "Authorization: <redacted>",
     ]
+    assert run_json["config"]["header_file"] == str(header_file)
     assert "X-Api-Key: <redacted>" in run_json["command"]
     assert "--header=X-Team: <redacted>" in run_json["command"]
     summary = read_json(run_dir / "summary.json")

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
@@ -14,7 +16,7 @@ from aiohttp.test_utils import make_mocked_request
 from prometheus_client.parser import text_string_to_metric_families
 
 from simulator.config import SimConfig
-from simulator.server import SimServer
+from simulator.server import SimServer, is_loopback_peer
 
 pytestmark = pytest.mark.integration
 
@@ -360,6 +362,11 @@ async def test_put_sim_config_rejects_bad_fields_naming_them(
         ("GET", "127.0.0.1", 200),
         ("GET", "127.0.0.53", 200),
         ("GET", "::1", 200),
+        # A dual-stack socket (--host ::) sees IPv4 peers as IPv4-mapped IPv6.
+        ("GET", "::ffff:127.0.0.1", 200),
+        ("PUT", "::ffff:10.0.0.1", 403),
+        ("PUT", "fe80::1%eth0", 403),
+        ("PUT", "", 403),
     ],
 )
 async def test_sim_config_answers_only_on_loopback(
@@ -377,3 +384,49 @@ async def test_sim_config_answers_only_on_loopback(
         assert response.text is not None
         assert "loopback" in json.loads(response.text)["error"]["message"]
     assert server.engine.speed == 1.0
+
+
+def test_loopback_peers() -> None:
+    assert is_loopback_peer("127.0.0.1")
+    assert is_loopback_peer("::ffff:127.1.2.3")
+    for remote in (None, "", "0.0.0.0", "::", "10.0.0.1", "::ffff:10.0.0.1", "x"):
+        assert not is_loopback_peer(remote)
+
+
+def _own_address() -> str | None:
+    """One of this machine's non-loopback IPv4 addresses (a UDP "connect" sends
+    nothing; it only picks the route's source address), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("192.0.2.1", 9))
+        except OSError:
+            return None
+        address: str = sock.getsockname()[0]
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+@pytest.mark.asyncio
+async def test_sim_config_on_all_interfaces_refuses_other_peers(
+    start_sim: Any, http: aiohttp.ClientSession
+) -> None:
+    """Listening on 0.0.0.0, the simulator still serves its API to anyone but its
+    control endpoint to loopback only: a request to this machine's own
+    non-loopback address comes from that address, so it is refused."""
+    own = _own_address()
+    if own is None:
+        pytest.skip("no non-loopback IPv4 address on this machine")
+    async with start_sim(host="0.0.0.0") as server:
+        port = urlsplit(server.url).port
+        async with http.put(
+            f"http://{own}:{port}/sim/config", json={"speed": 5.0}
+        ) as resp:
+            assert resp.status == 403
+            message = (await resp.json())["error"]["message"]
+        assert "\n" not in message
+        async with http.get(f"http://{own}:{port}/v1/models") as resp:
+            assert resp.status == 200
+        async with http.put(
+            f"http://127.0.0.1:{port}/sim/config", json={"speed": 5.0}
+        ) as resp:
+            assert resp.status == 200
+        assert server.engine.speed == 5.0

@@ -5,13 +5,20 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.arrivals import Due
-from loadgen.config import LoadConfig, auth_headers, parse_extra_body
+from loadgen.config import (
+    LoadConfig,
+    auth_headers,
+    header_lines,
+    parse_extra_body,
+    secret_header_names,
+)
 from loadgen.dispatch import OpenLoop
 from loadgen.live import LiveMetrics
 from loadgen.runner import recorded_config, redact_argv
@@ -99,6 +106,45 @@ def test_secrets_never_print_and_are_redacted_in_records() -> None:
     with pytest.raises(ConfigError, match="--header 1") as info:
         auth_headers(LoadConfig(header=("no colon here",)), {})
     assert "no colon" not in str(info.value)
+
+
+def test_a_header_file_gives_headers_and_never_shows_a_value(tmp_path: Path) -> None:
+    path = tmp_path / "headers"
+    path.write_text(
+        "# the gateway's key\n\nAuthorization: Bearer file-SECRET\nX-Team:  a b \n"
+    )
+    config = LoadConfig(header_file=str(path), header=("X-Team: flag",))
+    headers = auth_headers(config, {"SERVEMON_API_KEY": "env-SECRET"})
+    # The file's Authorization over SERVEMON_API_KEY's, a flag over the file.
+    assert headers["Authorization"].reveal() == "Bearer file-SECRET"
+    assert headers["X-Team"].reveal() == "flag"
+    assert "SECRET" not in str(recorded_config(config))
+    assert recorded_config(config)["header_file"] == str(path)
+    path.write_text("X-Ok: 1\nBearer file-SECRET\n")
+    with pytest.raises(ConfigError, match="line 2") as info:
+        header_lines(path)
+    assert "SECRET" not in str(info.value)
+    with pytest.raises(ConfigError, match="cannot read"):
+        auth_headers(LoadConfig(header_file=str(tmp_path / "absent")), {})
+
+
+@pytest.mark.parametrize(
+    ("header", "secret"),
+    [
+        ("Authorization: Bearer x", True),
+        ("authorization: x", True),
+        ("Proxy-Authorization: x", True),
+        ("api-key: x", True),
+        ("X-Api-Key: x", True),
+        ("X-Auth-Token: x", True),
+        ("Cookie: a=b", True),
+        ("X-Client-Secret: x", True),
+        ("X-Team: x", False),
+        ("Accept: text/plain", False),
+    ],
+)
+def test_secret_header_names(header: str, secret: bool) -> None:
+    assert bool(secret_header_names([header])) == secret
 
 
 def test_live_histograms_have_a_bucket_at_every_slo_threshold() -> None:

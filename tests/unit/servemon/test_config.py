@@ -278,3 +278,62 @@ def test_an_unknown_profile_name_is_refused() -> None:
 
 def test_read_yaml_of_an_empty_file_is_empty(tmp_path: Path) -> None:
     assert read_yaml(Path(write(tmp_path / "empty.yaml", ""))) == {}
+
+
+def test_web_config_file_flows_from_yaml_and_flags(tmp_path: Path) -> None:
+    from servemon.commands.exporter import exporter_config
+    from servemon.commands.load import load_config
+
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("web_config_file: from-yaml.yml\n")
+    target = ("http://127.0.0.1:8000",)
+    assert exporter_config(yaml_file, target, {}).web_config_file == "from-yaml.yml"
+    flags = {"web_config_file": "flag.yml"}
+    assert exporter_config(yaml_file, target, flags).web_config_file == "flag.yml"
+    assert load_config(yaml_file, {}).web_config_file == "from-yaml.yml"
+    assert load_config(yaml_file, flags).web_config_file == "flag.yml"
+
+
+def test_a_bad_web_config_file_fails_the_load_command_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    from click.testing import CliRunner
+
+    from servemon.cli import cli
+
+    web = tmp_path / "web.yml"
+    web.write_text("tls_server_config:\n  cert_file: absent.crt\n  key_file: k\n")
+    for command in ("ramp", "sweep", "capacity"):
+        # No --target: a good config would start the built-in simulator first.
+        result = CliRunner().invoke(
+            cli, [command, "--web-config-file", str(web), "--slo", "ttft_p95<=1"]
+        )
+        assert result.exit_code == 2, result.output
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1
+        assert "tls_server_config.cert_file" in lines[0]
+        assert "no such file" in lines[0]
+    result = CliRunner().invoke(
+        cli,
+        ["exporter", "--target", "http://127.0.0.1:9", "--web-config-file", str(web)],
+    )
+    assert result.exit_code == 2, result.output
+    assert "tls_server_config.cert_file" in result.output.strip()
+
+
+def test_every_server_binds_loopback_by_default() -> None:
+    """The exporter, the live client metrics and the simulator listen on 127.0.0.1
+    unless told otherwise; the demo's children are started on 127.0.0.1."""
+    import inspect
+
+    from servemon import embedded
+    from servemon.commands.exporter import exporter_config
+
+    target = ("http://10.0.0.5:8000",)
+    assert exporter_config(None, target, {}).listen.startswith("127.0.0.1:")
+    assert LoadConfig().metrics_host == "127.0.0.1"
+    assert SimConfig().host == "127.0.0.1"
+    source = inspect.getsource(embedded)
+    assert "0.0.0.0" not in source
+    for what in ('"--host", "127.0.0.1"', '"127.0.0.1:0"', "listen-address=127.0.0.1"):
+        assert what in source
