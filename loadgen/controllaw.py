@@ -55,10 +55,12 @@ class ControlLaw:
 
     ``waiting`` is a queue, an integrator of (offered - served): the queue law
     offers what the server served plus the queue error spread over ``drain``
-    intervals, which closes the error geometrically (a third an interval) however
-    fast the server is. Every other signal is a monotone function of the rate: a
-    PI step on the logarithm of the rate from the logarithmic error
-    ``log(setpoint / measured)``, clamped to ±1, in velocity form.
+    intervals, which closes the error geometrically (half of it an interval) however
+    fast the server is. Every other signal is a monotone function of the rate: an
+    integral step on the logarithm of the rate, ``ki`` times the logarithmic error
+    ``log(setpoint / measured)`` clamped to ±1 (a PI law in velocity form whose
+    proportional gain ``kp`` is 0 by default: on a static map it only adds the
+    noise of each reading to the rate).
     """
 
     signal: str
@@ -67,11 +69,11 @@ class ControlLaw:
     rps_max: float
     rate: float
     interval_s: float
-    kp: float = 0.3
-    ki: float = 0.2
-    max_up: float = 0.5  # at most x1.5 an interval
+    kp: float = 0.0
+    ki: float = 0.15
+    max_up: float = 0.25  # at most x1.25 an interval
     max_down: float = 0.5  # at most x0.5 an interval
-    drain: float = 3.0
+    drain: float = 2.0
     last_error: float = 0.0
     at_bound: int = 0
 
@@ -89,10 +91,13 @@ class ControlLaw:
         if self.signal == "waiting":
             if measured < self.setpoint / 2 and served_rps >= 0.9 * self.rate:
                 # Far below, and the server serves all it is offered: it has room.
-                wanted = self.rate * (1 + self.max_up / 2)
+                wanted = self.rate * (1 + self.max_up)
             else:
                 spread = self.drain * self.interval_s
                 wanted = served_rps + (self.setpoint - measured) / spread
+            # Steps up are limited against what the server served, not only the
+            # last rate: after a drain the rate may go straight back to it.
+            high = math.log(max(1.0, served_rps / self.rate) * (1 + self.max_up))
             step = math.log(max(wanted, 1e-9) / self.rate)
         else:
             e = self.error(measured)

@@ -1,0 +1,143 @@
+"""How well ``servemon control`` holds each signal on the simulator, and follows a
+change of the server's speed back to the setpoint.
+
+For each signal (``waiting``, ``kv_cache_usage``, ``ttft_p95``) a ``servemon sim``
+is started with an engine shaped so that the setpoint sits inside its range (a
+batch limit for the queue, a small KV cache for KV usage), and ``servemon control
+--hold SIGNAL=SETPOINT`` runs for ``--soak`` seconds against it, as a user runs it
+(Poisson arrivals, the signal read from the target's ``/metrics``, no real-time
+scheduling). Halfway through, the simulator's speed is changed (``PUT /sim/config
+{"speed": ...}``): the server gets slower and the same rate means a different
+signal. From ``control.jsonl`` it prints, for each half after its settle time, the
+share of control ticks whose measured signal was within ±15 % of the setpoint, the
+signal's median and the median offered rate.
+
+    .venv/bin/python benchmarks/control_hold.py [--soak 600] [--signals waiting,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from _common import SERVEMON, sim_process
+
+#: signal -> (setpoint, simulator flags, control flags)
+CASES: dict[str, tuple[float, list[str], list[str]]] = {
+    "waiting": (
+        64.0,
+        ["--max-num-seqs", "32"],
+        ["--workload", "random:prompt=64,output=32"],
+    ),
+    "kv_cache_usage": (
+        0.7,
+        ["--num-gpu-blocks", "3000", "--max-num-seqs", "256"],
+        ["--workload", "random:prompt=256,output=32", "--control-interval", "4"],
+    ),
+    "ttft_p95": (
+        0.4,
+        ["--max-num-seqs", "32"],
+        [
+            "--workload",
+            "random:prompt=64,output=32",
+            "--signal-window",
+            "10",
+            "--control-interval",
+            "10",
+        ],
+    ),
+}
+SPEED_AFTER = 0.7
+TOLERANCE = 0.15
+
+
+def _slow_down(url: str, at: float) -> None:
+    time.sleep(max(0.0, at - time.monotonic()))
+    body = json.dumps({"speed": SPEED_AFTER}).encode()
+    request = urllib.request.Request(
+        url + "/sim/config",
+        data=body,
+        method="PUT",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=5):
+        pass
+
+
+def _half(ticks: list[dict[str, float]], setpoint: float) -> dict[str, float]:
+    measured = [t["measured"] for t in ticks if t["measured"] is not None]
+    inside = sum(abs(m - setpoint) <= TOLERANCE * setpoint for m in measured)
+    return {
+        "ticks": len(ticks),
+        "within": inside / len(ticks) if ticks else 0.0,
+        "median": statistics.median(measured) if measured else float("nan"),
+        "offered": statistics.median(t["offered_rps"] for t in ticks)
+        if ticks
+        else float("nan"),
+    }
+
+
+def run_case(signal: str, soak: float, settle: float, work: Path) -> list[str]:
+    setpoint, sim_args, control_args = CASES[signal]
+    out = work / signal
+    with sim_process("--profile", "qwen3-0.6b-eager", *sim_args) as url:
+        switch_at = time.monotonic() + soak / 2
+        slower = threading.Thread(target=_slow_down, args=(url, switch_at))
+        slower.start()
+        command = [
+            str(SERVEMON), "control", "--target", url,
+            "--hold", f"{signal}={setpoint:g}", "--duration", f"{soak:g}",
+            "--rps-start", "4", "--metrics-port", "0", "--out", str(out),
+            *control_args,
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        slower.join()
+    if done.returncode != 0:
+        raise SystemExit(f"servemon control failed: {done.stderr[-2000:]}")
+    (run,) = out.glob("*-control")
+    ticks = [json.loads(x) for x in (run / "control.jsonl").read_text().splitlines()]
+    summary = json.loads((run / "summary.json").read_text())
+    start = float(summary["stages"][0]["start_s"])
+    first = [t for t in ticks if settle <= t["t_s"] - start < soak / 2]
+    second = [t for t in ticks if soak / 2 + settle <= t["t_s"] - start]
+    rows = []
+    for name, part in (("before", first), (f"after speed {SPEED_AFTER:g}", second)):
+        h = _half(part, setpoint)
+        rows.append(
+            f"{signal:<15} {setpoint:>8g} {name:<17} {h['ticks']:>5.0f} "
+            f"{h['within']:>7.0%} {h['median']:>8.3f} {h['offered']:>8.2f}"
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--soak", type=float, default=600.0)
+    parser.add_argument("--settle", type=float, default=60.0)
+    parser.add_argument("--signals", default="waiting,kv_cache_usage,ttft_p95")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="control-hold-"))
+    print(
+        f"control_hold: servemon control against servemon sim (qwen3-0.6b-eager); "
+        f"{args.soak:g} s a signal, the speed changed to {SPEED_AFTER:g} at half "
+        f"time; Poisson arrivals; the first {args.settle:g} s of each half not judged"
+    )
+    print(
+        f"{'signal':<15} {'setpoint':>8} {'half':<17} {'ticks':>5} {'within':>7} "
+        f"{'median':>8} {'rps':>8}"
+    )
+    for signal in args.signals.split(","):
+        for row in run_case(signal, args.soak, args.settle, work):
+            print(row, flush=True)
+    subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+if __name__ == "__main__":
+    main()

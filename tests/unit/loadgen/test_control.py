@@ -1,0 +1,238 @@
+"""``servemon control`` without a server: the control law against simple plants
+(a queue, a monotone map), the ``--hold`` and ``--select`` languages, the signal
+queries, and the Prometheus sampler against a stand-in for Prometheus' HTTP API
+over a real socket (missing, stale and failing answers are never zero)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from loadgen.config import LoadConfig
+from loadgen.controllaw import ControlLaw, control_interval, parse_hold
+from loadgen.plan import check_load_config
+from loadgen.promsource import PrometheusSampler
+from monitor.signals import SIGNALS, parse_selector, queries
+from servemon.errors import ConfigError
+
+
+def test_the_queue_law_holds_a_queue_whatever_the_servers_speed() -> None:
+    """A fluid queue served at ``capacity`` a second: the law brings it to the
+    setpoint from below and from above, for a slow and for a fast server alike
+    (the gain does not depend on the server's speed)."""
+    for capacity in (5.0, 50.0, 500.0):
+        law = ControlLaw("waiting", 20.0, 0.5, 10_000.0, rate=1.0, interval_s=2.0)
+        queue = 0.0
+        for _ in range(60):
+            served = min(capacity, law.rate + queue / law.interval_s)
+            queue = max(0.0, queue + (law.rate - served) * law.interval_s)
+            law.update(queue, served)
+        assert queue == pytest.approx(20.0, rel=0.05), capacity
+        assert law.rate == pytest.approx(capacity, rel=0.05)
+        queue = 20.0 + 20 * capacity  # a burst of 20 s of work: back down
+        for _ in range(30):
+            served = min(capacity, law.rate + queue / law.interval_s)
+            queue = max(0.0, queue + (law.rate - served) * law.interval_s)
+            law.update(queue, served)
+        assert queue == pytest.approx(20.0, rel=0.1), capacity
+
+
+def _settle(
+    law: ControlLaw, plant: Callable[[float], float], ticks: int = 80
+) -> list[float]:
+    seen = []
+    for _ in range(ticks):
+        measured = plant(law.rate)
+        seen.append(measured)
+        law.update(measured, law.rate)
+    return seen
+
+
+def test_the_log_pi_law_settles_on_a_monotone_signal_without_oscillating() -> None:
+    """KV usage proportional to the rate, TTFT that climbs steeply past a knee."""
+    kv = ControlLaw("kv_cache_usage", 0.7, 0.5, 1000.0, rate=1.0, interval_s=4.0)
+    seen = _settle(kv, lambda r: min(1.0, r / 40.0))
+    assert seen[-1] == pytest.approx(0.7, rel=0.02)
+    assert max(seen[-20:]) - min(seen[-20:]) < 0.01
+    ttft = ControlLaw("ttft_p95", 0.4, 0.5, 1000.0, rate=1.0, interval_s=10.0)
+    knee = lambda r: 0.05 + 0.05 * r / max(1e-3, 30.0 - r) if r < 30 else 60.0  # noqa: E731
+    seen = _settle(ttft, knee)
+    assert seen[-1] == pytest.approx(0.4, rel=0.05)
+
+
+def test_the_rate_stays_in_its_bounds_and_an_unreachable_setpoint_is_said() -> None:
+    law = ControlLaw("kv_cache_usage", 0.9, 1.0, 10.0, rate=5.0, interval_s=2.0)
+    for _ in range(10):
+        law.update(0.1, law.rate)  # however little KV the server uses
+    assert law.rate == 10.0
+    assert law.unreachable
+    law.update(0.95, law.rate)  # the signal came back: no windup to unwind
+    assert law.rate < 10.0
+    assert not law.unreachable
+    up = ControlLaw("waiting", 8.0, 1.0, 100.0, rate=4.0, interval_s=2.0)
+    before = up.rate
+    up.update(0.0, 4.0)
+    assert up.rate <= before * 1.5  # rate-limited steps
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("waiting", "expected SIGNAL=SETPOINT"),
+        ("queue=8", "expected SIGNAL=SETPOINT"),
+        ("waiting=-1", "must be a number > 0"),
+        ("waiting=x", "must be a number > 0"),
+        ("kv_cache_usage=1.2", "a ratio below 1"),
+    ],
+)
+def test_a_bad_hold_is_one_line_naming_it(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_hold(text)
+
+
+def test_control_checks_its_settings_before_anything_starts() -> None:
+    def check(kind: str, **fields: Any) -> None:
+        check_load_config(kind, LoadConfig(**fields))  # type: ignore[arg-type]
+
+    check("control", hold="waiting=8")
+    with pytest.raises(ConfigError, match="--hold: control needs"):
+        check("control")
+    with pytest.raises(ConfigError, match="give --prometheus"):
+        check("control", hold="gpu_utilization=0.9")
+    with pytest.raises(ConfigError, match="--select: picks series in Prometheus"):
+        check("ramp", select='model="q"')
+    with pytest.raises(ConfigError, match="only servemon control holds"):
+        check("ramp", hold="waiting=8")
+    with pytest.raises(ConfigError, match="expected an http"):
+        check("capacity", slo="ttft_p95<=1", prometheus="localhost:9090")
+    # The interval follows the signal's delay: a scrape and half the rate window.
+    direct = LoadConfig(hold="waiting=8")
+    assert control_interval(direct, "waiting") == 2.0
+    prom = LoadConfig(prometheus="http://p:9090", scrape_interval=15.0)
+    assert control_interval(prom, "waiting") == 30.0
+    assert control_interval(prom, "ttft_p95") == 60.0
+
+
+def test_a_selector_is_label_matchers_or_a_one_line_error() -> None:
+    assert parse_selector('model="qwen", target=~"pool-a.*"') == (
+        'model="qwen"',
+        'target=~"pool-a.*"',
+    )
+    assert parse_selector('{job!="x",a!~"b c"}') == ('job!="x"', 'a!~"b c"')
+    assert parse_selector(None) == ()
+    for bad in ("model=qwen", 'model="q" target="t"', "up"):
+        with pytest.raises(ConfigError, match="--select"):
+            parse_selector(bad)
+
+
+def test_every_signal_query_carries_the_selector_and_a_freshness_query() -> None:
+    found = queries(('target=~"pool-a.*"',), 30)
+    assert tuple(found) == SIGNALS
+    for query in found.values():
+        assert 'target=~"pool-a.*"' in query.value
+        assert 'target=~"pool-a.*"' in query.age
+        assert query.age.startswith("time() - max (timestamp(")
+    assert found["ttft_p95"].value.startswith("histogram_quantile(0.95, ")
+    assert "[30s]" in found["error_rate"].value
+
+
+def test_the_burn_rate_signal_reads_the_generated_rules() -> None:
+    import re
+
+    from dashboards.rule_names import burn_rate_name
+    from dashboards.slos import LatencySlo
+    from monitor.signals import BURN_RATE_RECORDS
+
+    slo = LatencySlo(name="ttft", objective=0.99, figure="ttft", threshold=0.5)
+    assert re.fullmatch(BURN_RATE_RECORDS, burn_rate_name(slo, 300))
+
+
+class FakePrometheus:
+    """Answers ``/api/v1/query`` from a table of query -> value (None: no series),
+    or fails every query when ``down`` is set."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float | None] = {}
+        self.ages: float | None = 1.0
+        self.down = False
+        self.auth: list[str | None] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.auth.append(request.headers.get("Authorization"))
+        if self.down:
+            return web.json_response(
+                {"status": "error", "error": "queries are failing"}, status=503
+            )
+        query = request.query["query"]
+        if query.startswith("time() - "):
+            value = self.ages
+        else:
+            value = next((v for k, v in self.values.items() if k in query), None)
+        result = [] if value is None else [{"metric": {}, "value": [0, str(value)]}]
+        return web.json_response(
+            {"status": "success", "data": {"resultType": "vector", "result": result}}
+        )
+
+
+def test_prometheus_signals_missing_stale_or_down_are_never_zero() -> None:
+    fake = FakePrometheus()
+    fake.values = {
+        "servemon_engine_requests_waiting": 7.0,
+        "servemon_engine_kv_cache_usage_ratio": 0.5,
+        "servemon_engine_ttft_seconds_bucket": float("nan"),
+    }
+    lines: list[Mapping[str, Any]] = []
+
+    async def go() -> list[dict[str, float | None] | None]:
+        app = web.Application()
+        app.router.add_get("/api/v1/query", fake.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        got = []
+        try:
+            async with aiohttp.ClientSession() as session:
+                sampler = PrometheusSampler(
+                    session,
+                    f"http://127.0.0.1:{port}",
+                    queries(('model="q"',), 30),
+                    lines.append,
+                    stale_after_s=30.0,
+                    headers={"Authorization": "Bearer s3cret"},
+                )
+                got.append(await sampler.sample_once())
+                fake.ages = 90.0  # every series stopped being scraped
+                got.append(await sampler.sample_once())
+                fake.down = True
+                got.append(await sampler.sample_once())
+        finally:
+            await runner.cleanup()
+        return got
+
+    fresh, stale, down = asyncio.run(asyncio.wait_for(go(), 20))
+    assert fresh is not None
+    assert fresh["waiting"] == 7.0
+    assert fresh["kv_cache_usage"] == 0.5
+    assert fresh["gpu_utilization"] is None  # no series: missing, not 0
+    assert fresh["ttft_p95"] is None  # NaN (no requests in the window): missing
+    assert lines[0]["missing"]["gpu_utilization"] == "no data"
+    assert lines[0]["samples"] == [
+        ["servemon_engine_requests_waiting", {}, 7.0],
+        ["servemon_engine_kv_cache_usage_ratio", {}, 0.5],
+    ]
+    assert stale is not None
+    assert stale["waiting"] is None
+    assert lines[1]["missing"]["waiting"] == "stale: 90 s old"
+    assert lines[1]["samples"] == []
+    assert down is None
+    assert "queries are failing" in lines[2]["error"]
+    assert set(fake.auth) == {"Bearer s3cret"}
+    assert "s3cret" not in json.dumps(lines)
