@@ -84,6 +84,11 @@ async def build_file(
     return _FileWorkload(spec, counter.source, seed, tuple(prompts), output)
 
 
+#: What json says of an integer past Python's limit on digits (a ValueError that is
+#: not a JSONDecodeError).
+_LONG_NUMBER = "a number with too many digits"
+
+
 def read_text(path: Path, where: str) -> str:
     """A workload or trace file's text; one line naming it if it cannot be read."""
     try:
@@ -113,6 +118,10 @@ def json_items(content: str, where: str) -> Iterator[tuple[object, str]]:
             raise ConfigError(
                 f"{where}: line {exc.lineno}: invalid JSON: {exc.msg}"
             ) from None
+        except RecursionError:
+            raise ConfigError(f"{where}: JSON nested too deeply") from None
+        except ValueError:  # not a JSONDecodeError: past int()'s digit limit
+            raise ConfigError(f"{where}: invalid JSON: {_LONG_NUMBER}") from None
         for n, item in enumerate(items, 1):
             yield item, f"{where}: item {n}"
         return
@@ -126,6 +135,8 @@ def json_items(content: str, where: str) -> Iterator[tuple[object, str]]:
             raise ConfigError(f"{line_where}: invalid JSON: {exc.msg}") from None
         except RecursionError:
             raise ConfigError(f"{line_where}: JSON nested too deeply") from None
+        except ValueError:
+            raise ConfigError(f"{line_where}: invalid JSON: {_LONG_NUMBER}") from None
         yield item, line_where
 
 

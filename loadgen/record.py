@@ -216,11 +216,11 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     anything not an object) is skipped, everything before it kept."""
     if not path.exists():
         return
-    with path.open(encoding="utf-8") as handle:
+    with path.open("rb") as handle:  # decoded per line: a cut may split a character
         for line in handle:
             try:
                 item = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # UnicodeDecodeError too
                 continue
             if isinstance(item, dict):
                 yield item

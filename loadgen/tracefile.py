@@ -91,6 +91,10 @@ def _jsonl(content: str, where: str) -> list[TraceEntry]:
             raise ConfigError(f"{at}: invalid JSON: {exc.msg}") from None
         except RecursionError:
             raise ConfigError(f"{at}: invalid JSON: nested too deeply") from None
+        except ValueError:  # not a JSONDecodeError: past int()'s digit limit
+            raise ConfigError(
+                f"{at}: invalid JSON: a number with too many digits"
+            ) from None
         if not isinstance(item, dict):
             raise ConfigError(f"{at}: expected a JSON object")
         out.append(_entry(item, at, number))
@@ -99,6 +103,13 @@ def _jsonl(content: str, where: str) -> list[TraceEntry]:
 
 def _csv(content: str, where: str) -> list[TraceEntry]:
     reader = csv.DictReader(io.StringIO(content))
+    try:
+        return _csv_rows(reader, where)
+    except csv.Error as exc:  # a field over the csv module's limit
+        raise ConfigError(f"{where}: line {reader.line_num}: {exc}") from None
+
+
+def _csv_rows(reader: csv.DictReader[str], where: str) -> list[TraceEntry]:
     names = [n.strip() for n in reader.fieldnames or ()]
     missing = {"timestamp", "prompt_tokens", "output_tokens"} - set(names)
     if missing:

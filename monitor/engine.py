@@ -224,10 +224,11 @@ class EngineCollector:
     def _process(self, target: Target, body: bytes) -> Normalized | None:
         """The target's engine families; None where it won't parse (counted)."""
         state = self._state[target.name]
-        text = body.decode("utf-8", errors="replace")
         try:
+            # Strictly: the format is UTF-8, and a body that is not is not served
+            # with U+FFFD in its label values (UnicodeDecodeError is a ValueError).
             result = state.normalizer.normalize(
-                text,
+                body.decode("utf-8"),
                 target=target.name,
                 model=self.model_of(target),
                 engine=target.engine,

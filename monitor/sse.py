@@ -52,8 +52,6 @@ async def iter_events(
     pending = b""
     async for chunk in content.iter_any():
         pending += chunk
-        if len(pending) > max_event_bytes:
-            raise EventTooLarge(f"an SSE line over {max_event_bytes} bytes")
         *lines, pending = pending.split(b"\n")
         for raw in lines:
             event = _take_line(raw, data)
@@ -64,6 +62,9 @@ async def iter_events(
                     yield event
             elif size > max_event_bytes:
                 raise EventTooLarge(f"an SSE event over {max_event_bytes} bytes")
+        # The unfinished line only: a chunk of many short lines is not one long one.
+        if len(pending) > max_event_bytes:
+            raise EventTooLarge(f"an SSE line over {max_event_bytes} bytes")
     if pending:
         _take_line(pending, data)
     if data and "\n".join(data):

@@ -35,6 +35,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -42,6 +44,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ConfigError(f"{path}:{where}: {problem}") from exc
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ConfigError(f"{path}: YAML nested too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

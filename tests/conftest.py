@@ -2,6 +2,11 @@
 
 Helpers are handed out as fixtures (``start_sim``, ``poll_until``, ``scrape``,
 ``read_sse``) so test modules never import this file.
+
+Hypothesis profiles: ``ci`` (the default) runs a small, fixed number of examples
+per property, derandomized so that every run draws the same ones; ``long``
+(``--hypothesis-profile=long``) draws many more, randomly, for a nightly-style
+hunt. A test that asks for a budget of its own keeps it under both.
 """
 
 from __future__ import annotations
@@ -17,11 +22,20 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from hypothesis import settings
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from simulator.config import SimConfig, merge
 from simulator.server import SimServer
+
+settings.register_profile(
+    "ci", max_examples=40, deadline=None, derandomize=True, database=None
+)
+settings.register_profile("long", max_examples=2_000, deadline=None)
+# Loaded here, before pytest's configure hook: Hypothesis's --hypothesis-profile,
+# when given, is applied after it and wins.
+settings.load_profile("ci")
 
 #: The base every test simulator starts from: the fast profile on a free port.
 BASE_CONFIG = SimConfig(host="127.0.0.1", port=0, profile="tiny")
