@@ -2,7 +2,8 @@
 
 Stage boundaries are annotations on every panel (:func:`dashboards.panels.dashboard`
 adds them); latency is drawn against the queue and the KV cache on right axes, and
-dispatch lag says when the client, not the server, limited the offered load.
+dispatch lag says when the client, not the server, limited the offered load. A
+``servemon control`` run shows its signal, setpoint and offered rate.
 """
 
 from __future__ import annotations
@@ -56,6 +57,27 @@ def ramp() -> g.Dashboard:
             "flagged as the limit (lag: behind its schedule; loop: event loop "
             "late; cpu: core full). While any is up, the figures measure the "
             "client as much as the target.",
+        ),
+        width=12,
+    )
+    lay.add(
+        timeseries(
+            "Load controller: signal against its setpoint",
+            "short",
+            (current(n.CLIENT_CONTROL_MEASURED, by=("signal",)), "{{signal}}"),
+            (
+                current(n.CLIENT_CONTROL_SETPOINT, by=("signal",)),
+                "setpoint ({{signal}})",
+            ),
+            (current(n.CLIENT_CONTROL_OFFERED_RATE), "offered req/s"),
+            (current(n.CLIENT_CONTROL_ACHIEVED_RATE), "sent req/s"),
+            overrides=[
+                right_axis("offered req/s", "reqps"),
+                right_axis("sent req/s", "reqps"),
+            ],
+            description="servemon control: the held signal as the controller read "
+            "it (a gap: blind), its setpoint, and the open-loop rate it offered "
+            "and sent. Empty for ramps, sweeps and capacity searches.",
         ),
         width=12,
     )

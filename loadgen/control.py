@@ -185,7 +185,8 @@ async def drive_control(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dri
     finally:
         ticking.cancel()
         await asyncio.gather(ticking, return_exceptions=True)
-    record.target_rate = result.mean_offered_rps()
+    mean = result.mean_offered_rps()
+    record.target_rate = None if mean is None else round(mean, 2)
     return Driven(interrupted)
 
 

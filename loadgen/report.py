@@ -31,6 +31,7 @@ from loadgen.columns import (
     reasons,
     table_rows,
 )
+from loadgen.controlplot import plot_control
 from loadgen.plots import (
     plot_by_turn,
     plot_cdf,
@@ -174,6 +175,8 @@ def render_report(data: RunData) -> str:
     if record.stages:
         parts += ["<h2>Against offered load</h2>", plot_vs_load(info, record)]
     parts += _groups(record)
+    if record.control is not None:
+        parts += _control(data.path, record)
     if found.cdf:
         parts += ["<h2>Latency distributions</h2>", plot_cdf(found, record)]
     if found.scatter:
@@ -199,6 +202,25 @@ def render_report(data: RunData) -> str:
         )
     parts += [plot_timeline(found, record), "</body></html>"]
     return "\n".join(parts)
+
+
+def _control(path: Path, record: RunSummary) -> list[str]:
+    held = record.control
+    assert held is not None
+    within = "-" if held.within is None else f"{held.within:.0%}"
+    parts = [
+        "<h2 id='control'>Control</h2>",
+        f"<p>Held <code>{html.escape(held.signal)}</code> at {held.setpoint:g} "
+        f"(signal from {html.escape(held.source)}; a rate change every "
+        f"{held.interval_s:g} s): within ±15 % in {within} of the {held.judged} "
+        f"ticks after the first {held.settle_s:.0f} s; {held.blind} ticks blind.</p>",
+    ]
+    if held.unreachable:
+        parts.append(f"<p><b>Unreachable:</b> {html.escape(held.unreachable)}</p>")
+    plot = plot_control(path, held)
+    if plot:
+        parts.append(plot)
+    return parts
 
 
 def _groups(record: RunSummary) -> list[str]:

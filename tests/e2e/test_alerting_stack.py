@@ -404,11 +404,15 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
             return child
 
         async def bring_up() -> Stack:
-            # The simulators and Alertmanager first (they need nothing). The second
-            # simulator speaks vLLM V0's metrics: an engine that gives only a
+            # The simulators and Alertmanager first (they need nothing). The first
+            # serves a LoRA adapter beside its model (vLLM then exports
+            # lora_requests_info, which the overview's adapter panel draws); the
+            # second speaks vLLM V0's metrics: an engine that gives only a
             # prefix-cache hit ratio, which the overview's prefix-cache panel also
             # draws.
-            sim_child = await started("sim", servemon_argv("sim", *SIM_ARGS))
+            sim_child = await started(
+                "sim", servemon_argv("sim", *SIM_ARGS, "--lora-modules", "sql")
+            )
             sim_v0_child = await started(
                 "sim-v0",
                 servemon_argv("sim", *SIM_ARGS, "--metrics-dialect", "vllm-v0"),
@@ -527,6 +531,12 @@ class PanelQuery:
 #: Panel queries that return no data from this healthy stack because of a product
 #: bug: where (dashboard / panel [refId]) -> the bug.
 
+#: Series only some runs have, and why this stack has none: their panels are
+#: checked for being valid PromQL, not for data.
+ONLY_IN_SOME_RUNS = {
+    "servemon_client_control_": "only a servemon control run serves them",
+}
+
 
 def _instantiate(expr: str) -> str:
     """A panel's PromQL as Grafana sends it with every variable at "All"."""
@@ -596,6 +606,8 @@ async def test_every_dashboard_query_returns_data(stack: Stack) -> None:
             empty.append(f"{query.where}: error {exc}")
             return
         if not result:
+            if any(name in promql for name in ONLY_IN_SOME_RUNS):
+                return
             empty.append(f"{query.where}: no data: {promql}")
         elif not any(math.isfinite(float(r["value"][1])) for r in result):
             empty.append(f"{query.where}: only NaN or Inf: {promql}")

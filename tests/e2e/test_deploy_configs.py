@@ -751,8 +751,20 @@ def test_exporter_daemonset_runs_on_gpu_nodes_with_its_config() -> None:
     assert container["ports"] == [{"name": "metrics", "containerPort": port}]
 
 
+def _job(name: str) -> dict[str, Any]:
+    (job,) = [j for j in of_kind("Job") if j["metadata"]["name"] == name]
+    return job
+
+
+def _claim(name: str) -> dict[str, Any]:
+    (pvc,) = [
+        c for c in of_kind("PersistentVolumeClaim") if c["metadata"]["name"] == name
+    ]
+    return pvc
+
+
 def test_load_generator_is_an_indexed_job_of_shards() -> None:
-    (job,) = of_kind("Job")
+    job = _job("servemon-ramp")
     spec = job["spec"]
     assert spec["completionMode"] == "Indexed"
     pod = spec["template"]["spec"]
@@ -778,12 +790,48 @@ def test_load_generator_is_an_indexed_job_of_shards() -> None:
     assert "$(JOB_COMPLETION_INDEX)" in out
     (volume,) = pod["volumes"]
     claim = volume["persistentVolumeClaim"]["claimName"]
-    (pvc,) = of_kind("PersistentVolumeClaim")
-    assert pvc["metadata"]["name"] == claim
+    pvc = _claim(claim)
     assert "ReadWriteMany" in pvc["spec"]["accessModes"]
     # Its client /metrics on the port the PodMonitor scrapes.
     port = int(command[command.index("--metrics-port") + 1])
     assert container["ports"] == [{"name": "client-metrics", "containerPort": port}]
+
+
+def test_the_controller_job_reads_the_clusters_prometheus() -> None:
+    """servemon control as a Job: the fleet's signal from Prometheus over a
+    selector, a bounded rate, credentials from an optional Secret's file (never
+    on the command line), its results kept, its live /metrics where the loadgen
+    PodMonitor scrapes them."""
+    job = _job("servemon-control")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert job["spec"]["backoffLimit"] == 0
+    (container,) = pod["containers"]
+    command = container["command"]
+    assert command[:2] == ["servemon", "control"]
+
+    def flag(name: str) -> str:
+        value: str = command[command.index(name) + 1]
+        return value
+
+    assert flag("--prometheus").startswith("http")
+    assert flag("--select")
+    assert "=" in flag("--hold")
+    assert float(flag("--rps-max")) > 0
+    assert not any("Authorization" in part or "bearer" in part for part in command)
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["prometheus-auth"]["secret"]["optional"] is True
+    assert mounts["prometheus-auth"]["readOnly"] is True
+    assert flag("--out").startswith(mounts["results"]["mountPath"])
+    _claim(volumes["results"]["persistentVolumeClaim"]["claimName"])
+    port = int(flag("--metrics-port"))
+    assert container["ports"] == [{"name": "client-metrics", "containerPort": port}]
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    (loadgen,) = [
+        m for m in of_kind("PodMonitor") if m["metadata"]["name"] == "servemon-loadgen"
+    ]
+    assert loadgen["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
 # --- Kubernetes: kustomizations -----------------------------------------------------
@@ -803,11 +851,12 @@ def test_kustomizations_list_every_manifest_once() -> None:
             assert (path.parent / resource).is_file(), f"{path}: {resource}"
             listed.append((path.parent / resource).resolve())
     assert sorted(listed) == [p.resolve() for p in manifest_files()]
-    # The load test is never applied with the monitoring stack.
-    (job_file,) = {
+    # The load tests are never applied with the monitoring stack.
+    job_files = {
         p for p in manifest_files() for d in documents(p) if d["kind"] == "Job"
     }
-    assert job_file.parent != K8S
+    assert len(job_files) == 2
+    assert all(p.parent != K8S for p in job_files)
 
 
 @pytest.mark.parametrize(
