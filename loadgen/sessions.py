@@ -56,6 +56,7 @@ from typing import Literal
 
 from loadgen.promptfile import Conversation, read_conversations
 from loadgen.prompts import OutputBudget, Prompt
+from loadgen.specs import spec_int, spec_options, spec_range
 from loadgen.tokens import WORDS, TextFitter, TokenCounter, count_each
 from servemon.errors import ConfigError
 
@@ -279,21 +280,7 @@ def system_messages(session: Session) -> tuple[dict[str, str], ...]:
 
 def parse_sessions(text: str, default_output: int) -> SessionsSpec:
     """The options of a ``sessions:`` spec (everything after the colon)."""
-    options: dict[str, str] = {}
-    for item in text.split(","):
-        if not item.strip():
-            continue
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep:
-            raise ConfigError(f"--workload: sessions: expected key=value, got {item!r}")
-        if key not in _KEYS:
-            raise ConfigError(
-                f"--workload: sessions: unknown key {key!r} (known: {', '.join(_KEYS)})"
-            )
-        if key in options:
-            raise ConfigError(f"--workload: sessions: {key!r} given twice")
-        options[key] = value.strip()
+    options = spec_options("sessions", text, _KEYS)
     file = Path(options["file"]) if options.get("file") else None
     answer = options.get("answer", "own")
     if answer not in ("own", "filler", "file") or (answer == "file" and file is None):
@@ -308,16 +295,22 @@ def parse_sessions(text: str, default_output: int) -> SessionsSpec:
         )
     users = None
     if "users" in options:
-        users = _range("users", options["users"]).low
+        users = spec_range("sessions", "users", options["users"]).low
         if ":" in options["users"]:
             raise ConfigError("--workload: sessions: users must be one integer >= 1")
-    output = _range("output", options["output"]) if "output" in options else None
+    output = (
+        spec_range("sessions", "output", options["output"])
+        if "output" in options
+        else None
+    )
     spec = SessionsSpec(
-        turns=_range("turns", options.get("turns", "2:6")),
+        turns=spec_range("sessions", "turns", options.get("turns", "2:6")),
         think=parse_think(options.get("think", "exp:2")),
-        system=_integer("system", options.get("system", "0")),
-        first=_range("first", options["first"]) if "first" in options else None,
-        user=_range("user", options.get("user", "64")),
+        system=spec_int("sessions", "system", options.get("system", "0"), minimum=0),
+        first=spec_range("sessions", "first", options["first"])
+        if "first" in options
+        else None,
+        user=spec_range("sessions", "user", options.get("user", "64")),
         output=output,
         answer=answer,  # type: ignore[arg-type]
         users=users,
@@ -334,33 +327,6 @@ def parse_sessions(text: str, default_output: int) -> SessionsSpec:
                 "tokens"
             )
     return spec
-
-
-def _integer(key: str, value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = -1
-    if number < 0:
-        raise ConfigError(
-            f"--workload: sessions: {key} must be an integer >= 0, got {value!r}"
-        )
-    return number
-
-
-def _range(key: str, value: str) -> OutputBudget:
-    low_text, sep, high_text = value.partition(":")
-    try:
-        low = int(low_text)
-        high = int(high_text) if sep else low
-    except ValueError:
-        low = high = 0
-    if low < 1 or high < low:
-        raise ConfigError(
-            f"--workload: sessions: {key} must be N or A:B with 1 <= A <= B, "
-            f"got {value!r}"
-        )
-    return OutputBudget(low, high)
 
 
 async def build_sessions(

@@ -58,7 +58,6 @@ add up is checked on a few requests when the workload is built, and
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +71,7 @@ from loadgen.prompts import (
     request_body,
 )
 from loadgen.sessions import build_sessions, parse_sessions
+from loadgen.specs import spec_int, spec_options, spec_range
 from loadgen.synthetic import build_random, build_shared_prefix
 from loadgen.tokens import TokenCounter
 from loadgen.tracefile import read_trace
@@ -153,25 +153,33 @@ def _parse(spec: str, *, default_output: int) -> tuple[str, dict[str, Any]]:
     kind, _, rest = spec.strip().partition(":")
     kind = kind.strip()
     if kind == "random":
-        options = _options(kind, rest, ("prompt", "output"))
+        options = spec_options(kind, rest, ("prompt", "output"))
         return kind, {
-            "tokens": _int(kind, "prompt", options.get("prompt", "128")),
-            "output": _output(kind, options.get("output", str(default_output))),
+            "tokens": spec_int(kind, "prompt", options.get("prompt", "128")),
+            "output": spec_range(
+                kind, "output", options.get("output", str(default_output))
+            ),
         }
     if kind == "shared-prefix":
         known = ("prefix", "prompts", "suffix", "output")
-        options = _options(kind, rest, known)
+        options = spec_options(kind, rest, known)
         return kind, {
-            "prefix": _int(kind, "prefix", options.get("prefix", "1024")),
-            "groups": _int(kind, "prompts", options.get("prompts", "8")),
-            "suffix": _int(kind, "suffix", options.get("suffix", "64"), minimum=0),
-            "output": _output(kind, options.get("output", str(default_output))),
+            "prefix": spec_int(kind, "prefix", options.get("prefix", "1024")),
+            "groups": spec_int(kind, "prompts", options.get("prompts", "8")),
+            "suffix": spec_int(kind, "suffix", options.get("suffix", "64"), minimum=0),
+            "output": spec_range(
+                kind, "output", options.get("output", str(default_output))
+            ),
         }
     if kind == "sessions":
         return kind, {"spec": parse_sessions(rest, default_output)}
     if kind in ("file", "trace"):
         path, options = _file_options(rest, kind)
-        override = _output(kind, options["output"]) if "output" in options else None
+        override = (
+            spec_range(kind, "output", options["output"])
+            if "output" in options
+            else None
+        )
         return kind, {"path": Path(path), "output": override}
     raise ConfigError(
         f"--workload: unknown kind {kind!r} in {spec!r} "
@@ -180,25 +188,6 @@ def _parse(spec: str, *, default_output: int) -> tuple[str, dict[str, Any]]:
 
 
 # --- spec parsing -------------------------------------------------------------
-
-
-def _options(kind: str, text: str, known: Sequence[str]) -> dict[str, str]:
-    options: dict[str, str] = {}
-    for item in text.split(","):
-        if not item.strip():
-            continue
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep:
-            raise ConfigError(f"--workload: {kind}: expected key=value, got {item!r}")
-        if key not in known:
-            raise ConfigError(
-                f"--workload: {kind}: unknown key {key!r} (known: {', '.join(known)})"
-            )
-        if key in options:
-            raise ConfigError(f"--workload: {kind}: {key!r} given twice")
-        options[key] = value.strip()
-    return options
 
 
 def _file_options(text: str, kind: str = "file") -> tuple[str, dict[str, str]]:
@@ -211,35 +200,8 @@ def _file_options(text: str, kind: str = "file") -> tuple[str, dict[str, str]]:
         key = tail.strip().partition("=")[0]
         if key in options:
             raise ConfigError(f"--workload: {kind}: {key!r} given twice")
-        options.update(_options(kind, tail, ("output",)))
+        options.update(spec_options(kind, tail, ("output",)))
         path = head
     if not path.strip():
         raise ConfigError(f"--workload: {kind}: needs a path ({kind}:PATH[,output=N])")
     return path.strip(), options
-
-
-def _int(kind: str, key: str, value: str, *, minimum: int = 1) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = minimum - 1
-    if number < minimum:
-        raise ConfigError(
-            f"--workload: {kind}: {key} must be an integer >= {minimum}, got {value!r}"
-        )
-    return number
-
-
-def _output(kind: str, value: str) -> OutputBudget:
-    low_text, sep, high_text = value.partition(":")
-    try:
-        low = int(low_text)
-        high = int(high_text) if sep else low
-    except ValueError:
-        low = high = 0
-    if low < 1 or high < low:
-        raise ConfigError(
-            f"--workload: {kind}: output must be N or A:B with 1 <= A <= B, "
-            f"got {value!r}"
-        )
-    return OutputBudget(low, high)

@@ -91,20 +91,18 @@ def choice_text(choice: dict[str, object]) -> str | None:
 
     A chunk with only the role, or empty content, carries none: it is not a token.
     """
-    delta = choice.get("delta")
-    part = delta if isinstance(delta, dict) else choice
-    for key in CONTENT_KEYS:
-        value = part.get(key)
-        if isinstance(value, str) and value:
-            return value
-    return None
+    return _text(choice, CONTENT_KEYS)
 
 
 def answer_text(choice: dict[str, object]) -> str | None:
     """The answer text (not reasoning) a streamed choice carries, if any."""
+    return _text(choice, ANSWER_KEYS)
+
+
+def _text(choice: dict[str, object], keys: tuple[str, ...]) -> str | None:
     delta = choice.get("delta")
     part = delta if isinstance(delta, dict) else choice
-    for key in ANSWER_KEYS:
+    for key in keys:
         value = part.get(key)
         if isinstance(value, str) and value:
             return value
