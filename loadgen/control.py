@@ -206,7 +206,10 @@ async def _ticks(
     tick_start = start
     sent_before = served_before = 0
     for tick in itertools.count(1):
-        await asyncio.sleep(max(0.0, start + tick * interval - time.monotonic()))
+        due = start + tick * interval
+        if due > start + c.duration + 1e-6:
+            return  # the schedule is over: the requests in flight drain unsteered
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
         now = time.monotonic()
         sent, served = ctx.sent, window.served
         span = max(now - tick_start, 1e-9)
