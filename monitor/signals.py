@@ -88,7 +88,10 @@ def _queries(matchers: tuple[str, ...], window: str) -> list[SignalQuery]:
         SignalQuery(
             "error_rate",
             f"the load generators' failed share over {window}",
-            f"{promql.aggregate('sum', failed)} / {promql.aggregate('sum', judged)}",
+            # No failed series is no failure (the load generator makes an
+            # outcome's series at its first request): 0, not missing.
+            f"({promql.aggregate('sum', failed)} or vector(0)) / "
+            f"{promql.aggregate('sum', judged)}",
             _age(promql.selector(requests, *matchers)),
         ),
         SignalQuery("gpu_utilization", "GPU utilization, averaged", *gpu),

@@ -35,16 +35,15 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
 import yaml
-from aiohttp import web
 
 from dashboards.build import DASHBOARDS, dashboard_json
 from dashboards.rules import (
@@ -56,6 +55,23 @@ from dashboards.rules import (
     write_rules,
 )
 from servemon.embedded import free_port
+from tests.support.alerting import (
+    PrometheusApi,
+    PrometheusError,
+    Webhook,
+    alertmanager_file,
+    prometheus_file,
+)
+from tests.support.processes import (
+    SERVEMON,
+    Child,
+    logs,
+    ready_url,
+    servemon_argv,
+    spawn,
+    stop,
+    until,
+)
 
 PROMETHEUS = shutil.which("prometheus")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -68,7 +84,6 @@ pytestmark = [
     ),
 ]
 
-SERVEMON = (sys.executable, "-m", "servemon")
 SIM_ARGS = ("--host", "127.0.0.1", "--port", "0", "--profile", "tiny")
 #: Requests per second of the ramp: two stages, so that the stage annotation has a
 #: boundary to show; the second outlasts the test (it is stopped with SIGINT).
@@ -100,141 +115,6 @@ HEALTHY_S = 25.0
 READY_SIM = re.compile(r"servemon sim: serving .* on (http://127\.0\.0\.1:\d+)")
 READY_EXPORTER = re.compile(r"servemon exporter: serving (http://127\.0\.0\.1:\d+)/")
 LABEL_VALUES = re.compile(r"^label_values\((?P<expr>.*),\s*(?P<label>\w+)\)$")
-
-
-# -- processes --------------------------------------------------------------------
-
-
-@dataclass
-class Child:
-    """One child process; stdout and stderr go to ``log``."""
-
-    name: str
-    proc: asyncio.subprocess.Process
-    log: Path
-
-    def tail(self, chars: int = 3000) -> str:
-        text = _read(self.log)
-        return f"--- {self.name} (exit {self.proc.returncode}) ---\n{text[-chars:]}"
-
-    def alive(self) -> None:
-        """Fail the test if the process has exited."""
-        if self.proc.returncode is not None:
-            pytest.fail(f"{self.name} exited early\n{self.tail()}")
-
-
-def logs(children: Sequence[Child]) -> str:
-    """The end of every child's output."""
-    return "\n".join(child.tail(1500) for child in children)
-
-
-def _log_file(path: Path) -> IO[bytes]:
-    return path.open("wb")
-
-
-def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8", errors="replace")
-
-
-def servemon_argv(command: str, *args: str) -> list[str]:
-    """``python -m servemon COMMAND ARGS``, ending with the parent (pytest)."""
-    return [*SERVEMON, command, *args, "--exit-with-parent"]
-
-
-async def spawn(name: str, argv: Sequence[str], folder: Path) -> Child:
-    """Start ``argv`` in its own session, output to ``folder/NAME.log``."""
-    log = folder / f"{name}.log"
-    with _log_file(log) as out:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=out,
-            stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,
-        )
-    return Child(name, proc, log)
-
-
-async def stop(child: Child, sig: int = signal.SIGTERM, timeout_s: float = 10) -> None:
-    """Send ``sig``, wait up to ``timeout_s``, then kill."""
-    proc = child.proc
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
-        try:
-            await asyncio.wait_for(proc.wait(), timeout=timeout_s)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-
-
-async def until(
-    check: Callable[[], Awaitable[Any]],
-    timeout_s: float,
-    what: str,
-    *,
-    interval_s: float = 0.25,
-    explain: Callable[[], Awaitable[str]] | None = None,
-) -> Any:
-    """Poll ``check`` until it returns something truthy; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = await check()
-        except (aiohttp.ClientError, OSError) as exc:
-            last = exc
-        if last and not isinstance(last, BaseException):
-            return last
-        await asyncio.sleep(interval_s)
-    detail = await explain() if explain is not None else ""
-    pytest.fail(f"{what}: not within {timeout_s} s (last: {last!r})\n{detail}")
-
-
-async def ready_url(child: Child, pattern: re.Pattern[str], timeout_s: float) -> str:
-    """The URL ``child`` prints once it serves."""
-
-    async def printed() -> str | None:
-        child.alive()
-        match = pattern.search(_read(child.log))
-        return match.group(1) if match else None
-
-    url: str = await until(printed, timeout_s, f"{child.name} ready line")
-    return url
-
-
-# -- the webhook Alertmanager sends to --------------------------------------------
-
-
-@dataclass
-class Webhook:
-    """Records every notification Alertmanager posts."""
-
-    received: list[dict[str, Any]] = field(default_factory=list)
-    url: str = ""
-    _runner: web.AppRunner | None = None
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/alerts", self._post)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}/alerts"
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def _post(self, request: web.Request) -> web.Response:
-        self.received.append(await request.json())
-        return web.Response(text="ok")
-
-    def alerts(self) -> list[dict[str, Any]]:
-        """Every alert of every notification, in order."""
-        return [a for payload in self.received for a in payload.get("alerts", [])]
 
 
 # -- configuration ------------------------------------------------------------------
@@ -289,59 +169,7 @@ def slo_file(path: Path) -> Path:
     return path
 
 
-def alertmanager_file(path: Path, webhook: str) -> Path:
-    config = {
-        "route": {
-            "receiver": "webhook",
-            "group_by": ["alertname", "slo", "severity"],
-            "group_wait": "1s",
-            "group_interval": "1s",
-            "repeat_interval": "1h",
-        },
-        "receivers": [
-            {
-                "name": "webhook",
-                "webhook_configs": [{"url": webhook, "send_resolved": False}],
-            }
-        ],
-    }
-    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    return path
-
-
-def prometheus_file(
-    path: Path, *, rules: Sequence[Path], exporter: str, loadgen: str, alertmanager: str
-) -> Path:
-    config = {
-        "global": {
-            "scrape_interval": "1s",
-            "scrape_timeout": "1s",
-            "evaluation_interval": "1s",
-        },
-        "rule_files": [str(p) for p in rules],
-        "alerting": {
-            "alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]
-        },
-        "scrape_configs": [
-            {
-                "job_name": "servemon-exporter",
-                "static_configs": [{"targets": [exporter]}],
-            },
-            {
-                "job_name": "servemon-loadgen",
-                "static_configs": [{"targets": [loadgen]}],
-            },
-        ],
-    }
-    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    return path
-
-
 # -- the stack ----------------------------------------------------------------------
-
-
-class PrometheusError(Exception):
-    """Prometheus answered a query with an error."""
 
 
 @dataclass
@@ -365,21 +193,13 @@ class Stack:
 
     async def api(self, path: str, **params: str) -> Any:
         """``data`` of a Prometheus API answer; PrometheusError on an error."""
-        async with self.http.get(f"{self.prometheus}{path}", params=params) as resp:
-            body = await resp.json()
-        if body.get("status") != "success":
-            raise PrometheusError(f"{path} {params}: {body}")
-        return body["data"]
+        return await PrometheusApi(self.http, self.prometheus).api(path, **params)
 
     async def query(self, promql: str) -> list[dict[str, Any]]:
-        result: list[dict[str, Any]] = (await self.api("/api/v1/query", query=promql))[
-            "result"
-        ]
-        return result
+        return await PrometheusApi(self.http, self.prometheus).query(promql)
 
     async def alerts(self) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = (await self.api("/api/v1/alerts"))["alerts"]
-        return found
+        return await PrometheusApi(self.http, self.prometheus).alerts()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -449,8 +269,10 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
             prom_config = prometheus_file(
                 tmp / "prometheus.yml",
                 rules=rules,
-                exporter=exporter.removeprefix("http://"),
-                loadgen=f"127.0.0.1:{loadgen_port}",
+                jobs={
+                    "servemon-exporter": [exporter.removeprefix("http://")],
+                    "servemon-loadgen": [f"127.0.0.1:{loadgen_port}"],
+                },
                 alertmanager=f"127.0.0.1:{am_port}",
             )
             prometheus_started_s = time.time()
@@ -477,8 +299,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
 
             async def ready(base: str) -> bool:
                 stack.alive()
-                async with http.get(f"{base}/-/ready") as resp:
-                    return resp.status == 200
+                return await PrometheusApi(http, base).ready()
 
             await until(lambda: ready(stack.prometheus), 30, "prometheus /-/ready")
             await until(lambda: ready(stack.alertmanager), 30, "alertmanager /-/ready")
