@@ -128,7 +128,8 @@ def control_interval(config: LoadConfig, signal: str) -> float:
         if signal == "ttft_p95":
             delay = max(delay, config.signal_window / 2)
     else:
-        delay = config.scrape_interval
+        # A scrape, then servemon's own poll of Prometheus.
+        delay = config.scrape_interval + config.sample_interval
         if signal in ("ttft_p95", "burn_rate"):
             delay += config.signal_window / 2
     return max(2.0, 2.0 * delay)

@@ -30,10 +30,11 @@ __all__ = [
     "queries",
 ]
 
-#: The burn-rate recording rules ``servemon rules`` writes over the shortest burn
-#: window (``target_model:<metric>:burn_rate5m{slo=...}``; dashboards.rule_names
-#: spells them, and a test holds the two together).
-BURN_RATE_RECORDS = "target_model:.+:burn_rate5m"
+#: The burn-rate recording rules ``servemon rules`` writes, at every window of its
+#: burn pairs (``target_model:<metric>:burn_rate<W>{slo=...}``; dashboards.rule_names
+#: spells them, and a test holds the two together). The signal is the highest of
+#: them: the fastest burn, which the short windows show first.
+BURN_RATE_RECORDS = "target_model:.+:burn_rate[0-9dhms]+"
 #: A label matcher, as PromQL writes them: ``name="v"``, ``name!="v"``, ``=~``, ``!~``.
 _MATCHER = re.compile(
     r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\]|\\.)*")\s*'
@@ -97,7 +98,7 @@ def _queries(matchers: tuple[str, ...], window: str) -> list[SignalQuery]:
         SignalQuery("gpu_utilization", "GPU utilization, averaged", *gpu),
         SignalQuery(
             "burn_rate",
-            "the highest 5m error-budget burn of the generated SLO rules",
+            "the highest error-budget burn of the generated SLO rules",
             promql.aggregate("max", burn),
             _age(burn),
         ),
