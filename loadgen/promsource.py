@@ -63,7 +63,12 @@ def auth_header(auth: Auth | None) -> dict[str, str]:
 
 
 class QueryFailed(Exception):
-    """Prometheus did not answer a query with data."""
+    """Prometheus did not answer (down, slow, or failing): every signal is missing."""
+
+
+class QueryRefused(Exception):
+    """Prometheus answered that one query is bad (HTTP 400/422): that signal alone
+    is missing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +154,12 @@ class PrometheusSampler:
             await asyncio.sleep(next_at - loop.time())
 
     async def _signal(self, query: SignalQuery) -> _Answer:
-        value, age = await asyncio.gather(
-            self._scalar(query.value), self._scalar(query.age)
-        )
+        try:
+            value, age = await asyncio.gather(
+                self._scalar(query.value), self._scalar(query.age)
+            )
+        except QueryRefused as exc:
+            return _Answer(None, f"query refused: {exc}"[:200])
         if value is None:
             return _Answer(None, "no data")
         if age is not None and age > self._stale:
@@ -179,6 +187,8 @@ class PrometheusSampler:
             raise QueryFailed(f"Prometheus: {type(exc).__name__}: {exc}") from None
         if not isinstance(body, dict) or body.get("status") != "success":
             why = body.get("error") if isinstance(body, dict) else None
+            if status in (400, 422):
+                raise QueryRefused(f"HTTP {status}: {why or 'bad query'}")
             raise QueryFailed(f"Prometheus: HTTP {status}: {why or 'not an answer'}")
         data = body.get("data")
         result = data.get("result") if isinstance(data, dict) else None

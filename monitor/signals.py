@@ -73,6 +73,8 @@ def _queries(matchers: tuple[str, ...], window: str) -> list[SignalQuery]:
     failed = promql.rate(promql.selector(requests, *matchers, FAILED_MATCHER), window)
     judged = promql.rate(promql.selector(requests, *matchers, JUDGED_MATCHER), window)
     burn = promql.braces(f'__name__=~"{BURN_RATE_RECORDS}"', *matchers)
+    # timestamp() drops the name: the rule's windows would collide without it.
+    named_burn = f'label_replace({burn}, "rule", "$1", "__name__", "(.+)")'
     return [
         SignalQuery("waiting", "requests waiting, summed", *waiting),
         SignalQuery("running", "requests running, summed", *running),
@@ -100,7 +102,7 @@ def _queries(matchers: tuple[str, ...], window: str) -> list[SignalQuery]:
             "burn_rate",
             "the highest error-budget burn of the generated SLO rules",
             promql.aggregate("max", burn),
-            _age(burn),
+            _age(named_burn),
         ),
     ]
 

@@ -144,3 +144,36 @@ def test_the_queue_is_summed_over_the_selected_replicas(tmp_path: Path) -> None:
             },
         ],
     )
+
+
+def test_the_burn_rate_is_the_fastest_burn_and_its_age_evaluates(
+    tmp_path: Path,
+) -> None:
+    """Rules written at two windows: the signal is the higher burn, and its age
+    query does not trip on two series that differ only in their name (Prometheus
+    refuses such a vector once a function drops the name)."""
+
+    def burn(window: str, value: float) -> dict[str, str]:
+        return {
+            "series": f"target_model:servemon_client_ttft_seconds:burn_rate{window}"
+            f'{{target="fleet",model="m",slo="ttft"}}',
+            "values": f"{value}x60",
+        }
+
+    signal = queries((), 30)["burn_rate"]
+    promtool_test(
+        tmp_path,
+        [burn("5s", 3.0), burn("1m", 1.5)],
+        [
+            {
+                "expr": signal.value,
+                "eval_time": "60s",
+                "exp_samples": [{"labels": "{}", "value": 3}],
+            },
+            {
+                "expr": signal.age,
+                "eval_time": "60s",
+                "exp_samples": [{"labels": "{}", "value": 0}],
+            },
+        ],
+    )

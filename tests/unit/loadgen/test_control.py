@@ -162,6 +162,7 @@ class FakePrometheus:
         self.values: dict[str, float | None] = {}
         self.ages: float | None = 1.0
         self.down = False
+        self.refused: set[str] = set()  # queries answered 422, as a bad one is
         self.auth: list[str | None] = []
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -171,6 +172,11 @@ class FakePrometheus:
                 {"status": "error", "error": "queries are failing"}, status=503
             )
         query = request.query["query"]
+        if any(part in query for part in self.refused):
+            return web.json_response(
+                {"status": "error", "errorType": "execution", "error": "bad"},
+                status=422,
+            )
         if query.startswith("time() - "):
             value = self.ages
         else:
@@ -183,6 +189,7 @@ class FakePrometheus:
 
 def test_prometheus_signals_missing_stale_or_down_are_never_zero() -> None:
     fake = FakePrometheus()
+    fake.refused = {"burn_rate"}
     fake.values = {
         "servemon_engine_requests_waiting": 7.0,
         "servemon_engine_kv_cache_usage_ratio": 0.5,
@@ -225,6 +232,8 @@ def test_prometheus_signals_missing_stale_or_down_are_never_zero() -> None:
     assert fresh["gpu_utilization"] is None  # no series: missing, not 0
     assert fresh["ttft_p95"] is None  # NaN (no requests in the window): missing
     assert lines[0]["missing"]["gpu_utilization"] == "no data"
+    # A query Prometheus refuses loses its own signal, not the others.
+    assert lines[0]["missing"]["burn_rate"] == "query refused: HTTP 422: bad"
     assert lines[0]["samples"] == [
         ["servemon_engine_requests_waiting", {}, 7.0],
         ["servemon_engine_kv_cache_usage_ratio", {}, 0.5],
