@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
+
+from servemon.errors import ConfigError
 
 __all__ = ["dashboards", "rules"]
 
@@ -23,7 +27,9 @@ def dashboards(out_dir: Path) -> None:
     """Generate the Grafana dashboards (serving overview, ramp test, GPU)."""
     from dashboards.build import write_dashboards
 
-    for path in write_dashboards(out_dir):
+    with _writable(out_dir):
+        written = write_dashboards(out_dir)
+    for path in written:
         click.echo(str(path))
 
 
@@ -47,5 +53,18 @@ def rules(slo_config: Path, out_dir: Path) -> None:
     from dashboards.rules import load_slo_config, write_rules
 
     config = load_slo_config(slo_config)
-    for path in write_rules(config, out_dir):
+    with _writable(out_dir):
+        written = write_rules(config, out_dir)
+    for path in written:
         click.echo(str(path))
+
+
+@contextlib.contextmanager
+def _writable(out_dir: Path) -> Iterator[None]:
+    """A folder that cannot be written is one line naming it, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        raise ConfigError(
+            f"--out {out_dir}: cannot write: {exc.strerror or exc}"
+        ) from None

@@ -241,6 +241,7 @@ def test_ramp_workers_send_the_same_schedule_as_one_process(tmp_path: Path) -> N
         (("compare", "{tmp}"), "give at least two run directories"),
         (("merge", "{tmp}", "{tmp}"), "run.json: missing"),
         (("rules", "--slo-config", "{tmp}/list.yaml"), "expected a mapping"),
+        (("dashboards", "--out", "{tmp}/list.yaml/x"), "--out {tmp}/list.yaml/x"),
         (("demo", "--profile", "no-such", "--out", "{tmp}/runs"), "did not start"),
     ],
     ids=lambda v: v[0] if isinstance(v, tuple) else None,
@@ -261,7 +262,7 @@ def test_a_servemon_error_from_any_command_is_one_line_and_exit_2(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("servemon: error: ")
-    assert named in lines[0]
+    assert named.format(tmp=tmp_path) in lines[0]
 
 
 def test_ctrl_c_twice_stops_a_ramp_and_report_reads_what_it_left(
