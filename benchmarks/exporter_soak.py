@@ -143,36 +143,55 @@ def check(text: str, targets: int) -> tuple[set[str], list[str]]:
 @dataclass(slots=True)
 class Answer:
     at: float  # monotonic, when sent
-    latency: float
-    down: set[str]
-    problems: list[str]
+    latency: float  # to the last byte read
+    down: set[str] = field(default_factory=set)
+    problems: list[str] = field(default_factory=list)
+    checked: asyncio.Future[None] | None = None  # done once down/problems are set
 
 
-#: Answers are checked in another process (pinned with this one, to CPU 0), so
-#: that parsing one answer never holds up reading another: latency is to the
-#: last byte read. Made by main() before the event loop starts.
+#: Answers are checked in another process (pinned with this one, to CPU 0), and
+#: not awaited by the scrape: parsing one answer (about half a second with the
+#: library's parser) never holds up reading another or the next tick. Made by
+#: main() before the event loop starts.
 CHECKER: list[ProcessPoolExecutor] = []
 
 
 async def scrape(session: aiohttp.ClientSession, url: str, targets: int) -> Answer:
+    """One scrape, timed to the last byte; its check runs on (``checked``)."""
+    loop = asyncio.get_running_loop()
     start = time.monotonic()
     try:
         async with session.get(url, headers=HEADERS) as resp:
             body = await resp.read()
             status = resp.status
     except (aiohttp.ClientError, TimeoutError) as exc:
-        latency = time.monotonic() - start
-        return Answer(start, latency, set(), [f"{type(exc).__name__}: {exc}"])
-    latency = time.monotonic() - start
+        answer = Answer(start, time.monotonic() - start)
+        answer.problems.append(f"{type(exc).__name__}: {exc}")
+        answer.checked = loop.create_future()
+        answer.checked.set_result(None)
+        return answer
+    answer = Answer(start, time.monotonic() - start)
+    if answer.latency > SCRAPE_TIMEOUT_S:
+        answer.problems.append(f"took {answer.latency:.1f} s")
     if status != 200:
-        return Answer(start, latency, set(), [f"HTTP {status}"])
-    loop = asyncio.get_running_loop()
-    down, problems = await loop.run_in_executor(
-        CHECKER[0], check, body.decode(), targets
-    )
-    if latency > SCRAPE_TIMEOUT_S:
-        problems.append(f"took {latency:.1f} s")
-    return Answer(start, latency, down, problems)
+        answer.problems.append(f"HTTP {status}")
+        answer.checked = loop.create_future()
+        answer.checked.set_result(None)
+        return answer
+
+    async def checking() -> None:
+        down, problems = await loop.run_in_executor(
+            CHECKER[0], check, body.decode(), targets
+        )
+        answer.down = down
+        answer.problems += problems
+
+    answer.checked = asyncio.ensure_future(checking())
+    return answer
+
+
+async def checked(answers: list[Answer]) -> None:
+    await asyncio.gather(*(a.checked for a in answers if a.checked is not None))
 
 
 # --- the soak ---------------------------------------------------------------------
@@ -187,11 +206,11 @@ class Minute:
     p50_ms: float
     p99_ms: float
     max_ms: float
-    down_answers: int
-    unexpected_down: int
-    problems: int
     events: list[str]
     other_on_cpu1: float
+    down_answers: int = 0
+    unexpected_down: int = 0
+    problems: int = 0
 
 
 @dataclass(slots=True)
@@ -240,6 +259,35 @@ async def soak(
     return r
 
 
+async def finish_row(
+    row: Minute,
+    answers: list[Answer],
+    windows: list[tuple[str, float, float]],
+    r: Result,
+    start: float,
+) -> None:
+    """A minute's row, once its answers are checked (rows finish in order: the
+    checks run one at a time, in the order they were sent)."""
+    await checked(answers)
+    for a in answers:
+        for problem in a.problems:
+            r.wrong.append(f"{a.at - start:.0f}s: {problem}")
+        for name in a.down:
+            if not any(n == name and s <= a.at <= e for n, s, e in windows):
+                row.unexpected_down += 1
+    row.down_answers = sum(len(a.down) for a in answers)
+    row.problems = sum(len(a.problems) for a in answers)
+    r.minutes.append(row)
+    print(
+        f"{row.minute:>6} {row.scrapes:>7} {row.rss_mib:>7.1f} "
+        f"{row.cpu_ms_per_scrape:>13.1f} {row.p50_ms:>6.1f} "
+        f"{row.p99_ms:>6.1f} {row.max_ms:>6.1f} {row.down_answers:>4} "
+        f"{row.unexpected_down:>10} {row.problems:>5} "
+        f"{row.other_on_cpu1 * 100:>9.0f}% {'; '.join(row.events)}",
+        flush=True,
+    )
+
+
 async def _soak(
     session: aiohttp.ClientSession,
     ctl: aiohttp.ClientSession,
@@ -255,6 +303,7 @@ async def _soak(
     end = start + args.minutes * 60
     minute_answers: list[Answer] = []
     minute_events: list[str] = []
+    finishing: list[asyncio.Future[None]] = []
     cpu0, busy0, at0 = cpu_seconds(pid), core_busy(1), start
     r.start_rss_mib = rss_mib(pid)
     next_event = start + args.event_every / 2
@@ -292,18 +341,11 @@ async def _soak(
         answer = await scrape(session, metrics_url, targets)
         minute_answers.append(answer)
         r.scrapes += 1
-        for problem in answer.problems:
-            r.wrong.append(f"{answer.at - start:.0f}s: {problem}")
         tick += 1
         wake = start + tick * args.interval
         if time.monotonic() >= start + (minute + 1) * 60 or time.monotonic() >= end:
             cpu1, busy1, at1 = cpu_seconds(pid), core_busy(1), time.monotonic()
-            lat = [a.latency for a in minute_answers]
-            unexpected = 0
-            for a in minute_answers:
-                for name in a.down:
-                    if not any(n == name and s <= a.at <= e for n, s, e in windows):
-                        unexpected += 1
+            lat = [x.latency for x in minute_answers]
             row = Minute(
                 minute=minute,
                 scrapes=len(minute_answers),
@@ -312,20 +354,13 @@ async def _soak(
                 p50_ms=pct(lat, 50) * 1000,
                 p99_ms=pct(lat, 99) * 1000,
                 max_ms=max(lat) * 1000,
-                down_answers=sum(len(a.down) for a in minute_answers),
-                unexpected_down=unexpected,
-                problems=sum(len(a.problems) for a in minute_answers),
                 events=minute_events,
                 other_on_cpu1=max(0.0, busy1 - busy0 - (cpu1 - cpu0)) / (at1 - at0),
             )
-            r.minutes.append(row)
-            print(
-                f"{row.minute:>6} {row.scrapes:>7} {row.rss_mib:>7.1f} "
-                f"{row.cpu_ms_per_scrape:>13.1f} {row.p50_ms:>6.1f} "
-                f"{row.p99_ms:>6.1f} {row.max_ms:>6.1f} {row.down_answers:>4} "
-                f"{row.unexpected_down:>10} {row.problems:>5} "
-                f"{row.other_on_cpu1 * 100:>9.0f}% {'; '.join(row.events)}",
-                flush=True,
+            finishing.append(
+                asyncio.ensure_future(
+                    finish_row(row, minute_answers, windows, r, start)
+                )
             )
             minute += 1
             minute_answers, minute_events = [], []
@@ -338,6 +373,7 @@ async def _soak(
         else:  # late: take the next tick, as Prometheus does
             tick = int((time.monotonic() - start) / args.interval) + 1
             await asyncio.sleep(start + tick * args.interval - time.monotonic())
+    await asyncio.gather(*finishing)
     r.end_rss_mib = r.minutes[-1].rss_mib
     settled = [m for m in r.minutes if m.minute >= args.settle] or r.minutes
     xs = [float(m.minute) for m in settled]
@@ -372,6 +408,7 @@ async def _ha(
                 await asyncio.sleep(delay)
 
     await asyncio.gather(loop(), loop())
+    await checked(answers)
     lat = [a.latency for a in answers]
     wrong = [p for a in answers for p in a.problems]
     down = sum(len(a.down) for a in answers)
@@ -405,6 +442,7 @@ async def _burst(
         *(scrape(session, metrics_url, targets) for _ in range(args.burst))
     )
     wall = max(a.at + a.latency for a in answers) - start  # to the last byte read
+    await checked(list(answers))
     lat = [a.latency for a in answers]
     wrong = [p for a in answers for p in a.problems]
     down = sum(len(a.down) for a in answers)
