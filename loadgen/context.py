@@ -186,6 +186,7 @@ class RunContext:
         """A measured request finished: every sink gets it."""
         self.live.in_flight.dec()
         self.rundir.append_request(timing)
+        self.abort(self.rundir.failure)  # a full disk: stop, keep what is written
         self.live.observe(timing)
         self.tally.add(timing)
         self.progress.request_done(timing)
@@ -223,6 +224,7 @@ class RunContext:
         """A sample of the target's metrics (or of Prometheus' signals): record
         it, watch the queue."""
         self.rundir.append_server_sample(sample)
+        self.abort(self.rundir.failure)
         signals = sample.get("signals")
         if isinstance(signals, dict):
             self.signal_history.append((float(sample["mono_s"]), signals))

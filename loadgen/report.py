@@ -14,6 +14,7 @@ did not finish.
 
 from __future__ import annotations
 
+import contextlib
 import html
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -43,6 +44,7 @@ from loadgen.plots import (
 from loadgen.record import UNFINISHED, rebuild_summary
 from loadgen.runrecord import RunInfo, RunSummary, read_record, write_record
 from loadgen.scan import RunScan, scan
+from servemon.errors import RecordError
 
 __all__ = ["CSS", "RunData", "load_run", "render_report", "svg", "write_report"]
 
@@ -63,7 +65,10 @@ def load_run(path: Path, *, with_scan: bool = False) -> RunData:
     info, summary = read_record(path)
     if summary is None:
         summary = rebuild_summary(path, info)
-        write_record(path, info, summary)
+        # Kept for the next reader; a directory that cannot take it (a full disk)
+        # is still read.
+        with contextlib.suppress(RecordError):
+            write_record(path, info, summary)
     if summary.status == "unfinished":
         info = replace(info, status=f"unfinished: {UNFINISHED}")
     found = scan(path, info.origin_s) if with_scan else None
@@ -241,5 +246,8 @@ def write_report(run_dir: Path) -> Path:
     """Write ``RUN_DIR/report.html``; return its path."""
     page = render_report(load_run(run_dir, with_scan=True))
     path = run_dir / "report.html"
-    path.write_text(page, encoding="utf-8")
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
     return path
