@@ -102,8 +102,11 @@ def _conditions(data: RunData) -> list[tuple[str, str]]:
     info = data.info
     target, env, workload = info.target, info.environment, info.workload
     engine = info.engine_info
+    reason = data.summary.stop_reason
+    stopped = [("stopped because", reason)] if reason and reason != UNFINISHED else []
     return [
         ("status", info.status),
+        *stopped,
         ("target", f"{target.get('url')} (model {target.get('model')})"),
         ("engine", ", ".join(f"{k}={v}" for k, v in sorted(engine.items())) or "none"),
         (
