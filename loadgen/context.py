@@ -228,6 +228,8 @@ class RunContext:
         signals = sample.get("signals")
         if isinstance(signals, dict):
             self.signal_history.append((float(sample["mono_s"]), signals))
+        elif sample.get("source") == "prometheus":  # an error line: blind, no signal
+            self.signal_history.append((float(sample["mono_s"]), {}))
         values = sample.get("samples")
         if values:
             kept = history_samples(values)
