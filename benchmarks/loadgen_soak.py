@@ -24,6 +24,7 @@ import collections
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -118,21 +119,30 @@ def main() -> None:
         ]
         print(" ".join(command), flush=True)
         started = time.monotonic()
-        proc = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
+        out.mkdir(parents=True, exist_ok=True)
+        err_path = out / "ramp.stderr"
+        with err_path.open("w") as err:
+            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
         print("minute_at rss_MiB", flush=True)
         next_at = started
-        while proc.poll() is None:
-            next_at += args.every
-            time.sleep(max(0.0, next_at - time.monotonic()))
-            rss = rss_mib(proc.pid)
-            if rss is not None and proc.poll() is None:
-                at = (time.monotonic() - started) / 60
-                samples.append((at, rss))
-                print(f"{at:9.2f} {rss:7.1f}", flush=True)
-        assert proc.stderr is not None
-        stderr = proc.stderr.read()
+        try:
+            while proc.poll() is None:
+                next_at += args.every
+                time.sleep(max(0.0, next_at - time.monotonic()))
+                rss = rss_mib(proc.pid)
+                if rss is not None and proc.poll() is None:
+                    at = (time.monotonic() - started) / 60
+                    samples.append((at, rss))
+                    print(f"{at:9.2f} {rss:7.1f}", flush=True)
+        finally:  # interrupted: the ramp goes too (its own Ctrl-C handling)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        stderr = err_path.read_text()
         wall = time.monotonic() - started
     if proc.returncode != 0:
         raise SystemExit(f"servemon ramp failed ({proc.returncode}): {stderr[-2000:]}")
