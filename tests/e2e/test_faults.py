@@ -115,6 +115,20 @@ def test_a_hung_target_times_requests_out_and_the_run_stops(
     assert max(r["end_s"] for r in got) - min(r["sent_s"] for r in got) < 20
 
 
+def test_a_target_hung_from_the_start_is_one_line(
+    servemon: Start, tmp_path: Path
+) -> None:
+    with hung_target(lists_models=False) as url:
+        cli = servemon("ramp", "--target", url, "--out", str(tmp_path), *RAMP)
+        code = cli.wait(60)
+    no_traceback(cli)
+    assert code == 2, cli.stderr
+    assert error_lines(cli.stderr) == [
+        f"servemon: error: {url}/v1/models: no answer within 10 s"
+    ]
+    assert not list(tmp_path.glob("*/requests.jsonl"))
+
+
 # -- a gateway answering 502 with an HTML page -----------------------------------------
 
 

@@ -127,8 +127,9 @@ def tls_target(cert: Path, key: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def hung_target() -> Iterator[str]:
-    """Accepts completions and never answers them: the base URL."""
+def hung_target(*, lists_models: bool = True) -> Iterator[str]:
+    """Accepts completions and never answers them (nor anything at all, without
+    ``lists_models``): the base URL."""
     loop = _Loop()
     held: set[asyncio.StreamWriter] = set()
     listing = json.dumps(_LISTING).encode()
@@ -141,7 +142,7 @@ def hung_target() -> Iterator[str]:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 method, path = head.split(b" ", 2)[:2]
-                if b"/completions" in path:
+                if b"/completions" in path or not lists_models:
                     await reader.read()  # hold it, read on until the client leaves
                     return
                 length = 0
