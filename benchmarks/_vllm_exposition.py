@@ -335,7 +335,15 @@ def _registry(ranks: int, model: str) -> CollectorRegistry:
 class VllmExposition:
     """One vLLM server's ``/metrics`` text, with values that move between answers."""
 
-    def __init__(self, ranks: int = 4, seed: int = 0, model: str = MODEL) -> None:
+    def __init__(
+        self,
+        ranks: int = 4,
+        seed: int = 0,
+        model: str = MODEL,
+        history: int = HISTORY,
+    ) -> None:
+        """``history`` requests have finished on each rank before the first answer
+        (0: a server just started, every counter at 0)."""
         self.ranks = ranks
         self.model = model
         self._rng = random.Random(seed)
@@ -351,7 +359,7 @@ class VllmExposition:
             bounds.sort()
         self._dirty: set[int] = set()
         for rank in range(ranks):
-            self.finish_requests(rank, HISTORY)
+            self.finish_requests(rank, history)
         self.body = self.render()
 
     def _add_line(self, line: str) -> None:

@@ -7,6 +7,13 @@ of each other, or ``--max-duration`` runs out. A step is judged on the requests
 scheduled after its settle time: every ``--slo`` term must hold, and no saturation
 signal may have ended it early.
 
+Read from Prometheus (``--prometheus``), a step is judged on the server's signals
+only when it had them: if fewer than half of its Prometheus reads carried a fresh
+queue, KV-cache or preemption signal (Prometheus down, restarting or its series
+stale), the step is *blind*: never judged good (its client figures may still break
+the SLO), and the search stops there with the capacity found so far and the reason,
+rather than raise the rate on signals it never saw.
+
 While a step runs, the target's own metrics can cut it short: the waiting queue
 growing sample after sample, preemptions climbing, or the KV cache pinned at the top
 while the client's TTFT rises; and the client itself, if its dispatch lag grows (then
@@ -153,6 +160,33 @@ async def _watch(
             return
 
 
+#: The signals a step is judged on, by their names in Prometheus lines.
+_JUDGED_SIGNALS = ("waiting", "kv_cache_usage", "preemptions")
+
+
+def blind(
+    signal_history: Iterable[tuple[float, dict[str, float | None]]],
+    start: float,
+    end: float,
+) -> str | None:
+    """Why a step between ``start`` and ``end`` had too few fresh server signals
+    from Prometheus to be judged on them (None: it had enough): fewer than half of
+    its reads carried any of the signals a step is judged on."""
+    reads = fresh = 0
+    for at, signals in signal_history:
+        if start <= at <= end:
+            reads += 1
+            fresh += any(signals.get(k) is not None for k in _JUDGED_SIGNALS)
+    if reads == 0:
+        return "blind: no answer from Prometheus during the step"
+    if fresh * 2 < reads:
+        return (
+            f"blind: {reads - fresh} of {reads} reads from Prometheus during the "
+            "step had no fresh queue, KV-cache or preemption signal"
+        )
+    return None
+
+
 def _judge(
     history: History, step: _Step, slo: list[SloTerm], early: dict[str, str]
 ) -> StepVerdict:
@@ -225,18 +259,29 @@ async def drive_capacity(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dr
             ctx.sinks.remove(step)
         first_index += record.sent + record.skipped
         verdict = _judge(ctx.history, step, ctx.slo, early)
+        unseen = None
+        if c.prometheus is not None and verdict.good and record.start_s is not None:
+            unseen = blind(ctx.signal_history, record.start_s, time.monotonic())
+        if unseen is not None:
+            verdict.good, verdict.blind, verdict.early_stop = False, True, unseen
         steps.append(verdict)
         ctx.progress.console.print(
             f"capacity: {rate:.4g} req/s "
             + (
                 "meets the SLO"
                 if verdict.good
+                else f"cannot be judged: {unseen}"
+                if unseen is not None
                 else "breaks: "
                 + "; ".join(verdict.breaches or [verdict.early_stop or ""])
             )
         )
         if interrupted:
             ended = "stopped"
+            break
+        if unseen is not None:
+            ended = f"{unseen} at {rate:.4g} req/s"
+            ctx.abort(f"capacity search stopped: {ended}")
             break
         if verdict.good:
             good = rate
@@ -256,7 +301,7 @@ async def drive_capacity(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dr
             break
         else:
             rate = (good + bad) / 2
-    first_bad = next((s for s in steps if not s.good), None)
+    first_bad = next((s for s in steps if not s.good and not s.blind), None)
     found = CapacityResult(
         capacity_rps=good,
         bracket=(good, bad),

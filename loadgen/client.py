@@ -8,7 +8,10 @@ caller's own cancellation propagates.
 from __future__ import annotations
 
 import asyncio
+import html
 import json
+import re
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +30,7 @@ __all__ = [
     "parse_event",
     "send_request",
     "server_facts",
+    "tls_failure",
 ]
 
 
@@ -116,7 +120,7 @@ async def send_request(
             raise
         probe.fail(Outcome.CANCELLED, "interrupted: the run stopped first")
     except aiohttp.ClientConnectorError as exc:
-        probe.fail(Outcome.CONNECT_ERROR, str(exc))
+        probe.fail(Outcome.CONNECT_ERROR, tls_failure(exc) or str(exc))
     except NotAnswered as exc:
         what = (
             "the server closed a fresh connection before answering"
@@ -376,12 +380,48 @@ def _ms(value: object) -> float | None:
     return value / 1000.0
 
 
+_TITLE = re.compile(rb"<title[^>]*>(.*?)</title", re.I | re.S)
+_TAG = re.compile(r"<[^>]*>")
+
+
+def _text_message(raw: bytes) -> str:
+    """A body that is not JSON, on one line: an HTML page's title (a gateway's or a
+    load balancer's error page), else the start of its text without tags."""
+    head = raw[:4096]
+    title = _TITLE.search(head)
+    text = (title.group(1) if title else head).decode("utf-8", errors="replace")
+    if title is None and text.lstrip().startswith("<"):
+        text = _TAG.sub(" ", text)
+    return " ".join(html.unescape(text).split())[:200]
+
+
+def tls_failure(exc: aiohttp.ClientConnectorError) -> str | None:
+    """One line for a TLS failure (None for any other connection error): an
+    untrusted certificate says which host and why, and how to trust a private CA."""
+    where = f"{exc.host}:{exc.port}"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        cert = exc.certificate_error
+        why = getattr(cert, "verify_message", None) or cert
+        return (
+            f"TLS: the certificate of {where} is not trusted here ({why}); for a "
+            "private CA, set SSL_CERT_FILE to its PEM file"
+        )
+    if isinstance(exc, aiohttp.ClientConnectorSSLError):
+        cause = exc.os_error
+        why = (
+            getattr(cause, "reason", None) if isinstance(cause, ssl.SSLError) else None
+        )
+        return f"TLS handshake with {where} failed: {why or cause}"
+    return None
+
+
 def _error_message(raw: bytes) -> str:
-    """The message of an OpenAI error body, else the start of the body."""
+    """The message of an OpenAI error body, else the start of the body, on one
+    line."""
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return raw[:200].decode("utf-8", errors="replace")
+        return _text_message(raw)
     if isinstance(body, dict):
         err = body.get("error", body)
         if isinstance(err, dict) and "message" in err:

@@ -40,9 +40,21 @@ from loadgen.timing import RequestTiming
 from loadgen.workload import Prompt, Workload, request_body
 from monitor import names
 
-__all__ = ["Driven", "RunContext", "Sink"]
+__all__ = ["HISTORY_SERIES", "Driven", "RunContext", "Sink", "history_samples"]
 
 ENGINE_WAITING = names.ENGINE_REQUESTS_WAITING.name
+#: The series the drivers read back from :attr:`RunContext.history` (the capacity
+#: search's saturation signals, ``servemon control``'s direct signals). Only these
+#: are kept there: a whole sample of a target is about 15 kB in memory, an hour of
+#: them at one a second 54 MB (measured by benchmarks/loadgen_soak.py).
+HISTORY_SERIES = frozenset(
+    {
+        ENGINE_WAITING,
+        names.ENGINE_REQUESTS_RUNNING.name,
+        names.ENGINE_KV_CACHE_USAGE.name,
+        names.ENGINE_PREEMPTIONS.name,
+    }
+)
 #: Something that takes each finished request.
 Sink = Callable[[RequestTiming], None]
 
@@ -88,7 +100,8 @@ class RunContext:
     stop_reason: str | None = None
     #: How late a ``--start-at`` run started (its driver sets it).
     start_late_s: float | None = None
-    #: (monotonic time, normalized samples) of the target, newest last.
+    #: (monotonic time, normalized samples of :data:`HISTORY_SERIES`) of the
+    #: target, newest last.
     history: deque[tuple[float, list[list[Any]]]] = field(
         default_factory=lambda: deque(maxlen=3600)
     )
@@ -173,6 +186,7 @@ class RunContext:
         """A measured request finished: every sink gets it."""
         self.live.in_flight.dec()
         self.rundir.append_request(timing)
+        self.abort(self.rundir.failure)  # a full disk: stop, keep what is written
         self.live.observe(timing)
         self.tally.add(timing)
         self.progress.request_done(timing)
@@ -210,13 +224,17 @@ class RunContext:
         """A sample of the target's metrics (or of Prometheus' signals): record
         it, watch the queue."""
         self.rundir.append_server_sample(sample)
+        self.abort(self.rundir.failure)
         signals = sample.get("signals")
         if isinstance(signals, dict):
             self.signal_history.append((float(sample["mono_s"]), signals))
+        elif sample.get("source") == "prometheus":  # an error line: blind, no signal
+            self.signal_history.append((float(sample["mono_s"]), {}))
         values = sample.get("samples")
         if values:
-            self.history.append((float(sample["mono_s"]), values))
-            waiting = sum(v for n, _l, v in values if n == ENGINE_WAITING)
+            kept = history_samples(values)
+            self.history.append((float(sample["mono_s"]), kept))
+            waiting = sum(v for n, _l, v in kept if n == ENGINE_WAITING)
             self.abort(self.guard.observe_waiting(waiting))
 
     def abort(self, reason: str | None) -> None:
@@ -227,3 +245,8 @@ class RunContext:
         self.progress.console.print(f"servemon: stopping: {reason}")
         self.stopper.requested.set()
         self.stopper.hurry.set()
+
+
+def history_samples(values: list[list[Any]]) -> list[list[Any]]:
+    """The samples of one scrape that :attr:`RunContext.history` keeps."""
+    return [sample for sample in values if sample[0] in HISTORY_SERIES]

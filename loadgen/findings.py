@@ -28,6 +28,9 @@ class StepVerdict:
     saturated: str | None = None
     early_stop: str | None = None
     judged_requests: int = 0
+    #: Read from Prometheus, the step had too few fresh server signals to be judged
+    #: (Prometheus down or its series stale): not good, not a breach either.
+    blind: bool = False
 
 
 @dataclass(slots=True)

@@ -135,6 +135,7 @@ def merge_runs(dirs: Sequence[Path], out_parent: Path) -> Path:
         ended_utc=max(str(d.info.ended_utc) for d in shards),
     )
     rundir.close()
+    rundir.check()  # a line that could not be written (a full disk) fails the merge
     write_record(rundir.path, info, summary)
     write_report(rundir.path)
     return rundir.path

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -177,16 +178,22 @@ class PrometheusSampler:
                 headers=self._headers,
                 timeout=self._timeout,
             ) as resp:
-                body = await resp.json(content_type=None)
+                raw = await resp.read()
                 status = resp.status
         except TimeoutError:
             raise QueryFailed(
                 f"Prometheus did not answer within {self._timeout.total:g} s"
             ) from None
-        except (aiohttp.ClientError, ValueError) as exc:
+        except aiohttp.ClientError as exc:
             raise QueryFailed(f"Prometheus: {type(exc).__name__}: {exc}") from None
+        try:
+            body = json.loads(raw)
+        except ValueError:  # a starting Prometheus' 503 is plain text
+            body = None
         if not isinstance(body, dict) or body.get("status") != "success":
             why = body.get("error") if isinstance(body, dict) else None
+            if why is None and body is None:
+                why = " ".join(raw[:100].decode("utf-8", "replace").split())
             if status in (400, 422):
                 raise QueryRefused(f"HTTP {status}: {why or 'bad query'}")
             raise QueryFailed(f"Prometheus: HTTP {status}: {why or 'not an answer'}")

@@ -13,6 +13,11 @@
       summary.json         per stage or level, and overall
       summary.csv          the same, one row per stage, flat
 
+A full disk (or any failed write) never cuts a line: a line is written whole or
+not at all (a partial write is truncated away), the first failure is kept as
+:attr:`RunDirectory.failure` and nothing more is appended, so that the run can stop
+with that reason and every line already written stays readable.
+
 ``run.json`` is written at the start (``status: running``) and rewritten at the end,
 ``run.json`` and the summaries through :func:`loadgen.runrecord.write_record`. The
 format of a ``requests.jsonl`` line is documented in ``docs/metrics.md`` and is
@@ -22,18 +27,21 @@ stable: fields are only ever added. Readers go through it in one pass
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any
 
 import orjson
 
 from loadgen.runrecord import RunInfo, RunSummary, StageResult, Tally
 from loadgen.slo import parse_slo
 from loadgen.timing import Outcome, RequestTiming, TokenSource
+from servemon.errors import RecordError
 
 __all__ = [
     "UNFINISHED",
@@ -140,11 +148,56 @@ def timing_from_line(line: dict[str, Any], shift_s: float = 0.0) -> RequestTimin
     )
 
 
+def write_failed(path: Path, exc: OSError) -> str:
+    """One line saying which file could not be written and why."""
+    return f"cannot write {path}: {exc.strerror or exc}"
+
+
+class _Lines:
+    """An append-only file of lines, each written whole or not at all."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._end = 0  # where the last whole line ends (this is the one writer)
+
+    def open(self) -> int:
+        if self._fd is None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+            self._fd = os.open(self.path, flags, 0o644)
+            self._end = os.fstat(self._fd).st_size
+        return self._fd
+
+    def append(self, line: bytes) -> None:
+        """Write ``line`` unbuffered (in the OS when this returns); on an OSError,
+        truncate what part of it got written, then raise."""
+        fd = self.open()
+        view = memoryview(line)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            with contextlib.suppress(OSError):  # else a reader skips the cut line
+                os.ftruncate(fd, self._end)
+            raise
+        self._end += len(line)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class RunDirectory:
     """Creates and fills one run directory."""
 
     def __init__(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=False)
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise RecordError(write_failed(path, exc)) from None
         self.path = path
         #: The monotonic time of the run's start; stage times in run.json are
         #: offsets from it, request times in requests.jsonl are absolute.
@@ -154,9 +207,15 @@ class RunDirectory:
             "utc": datetime.now(UTC).isoformat(timespec="milliseconds"),
             "clock": "CLOCK_MONOTONIC (time.monotonic)",
         }
-        self._requests: BinaryIO = (path / "requests.jsonl").open("ab")
-        self._server: TextIO | None = None
-        self._control: TextIO | None = None
+        self._requests = _Lines(path / "requests.jsonl")
+        self._server = _Lines(path / "server_metrics.jsonl")
+        self._control = _Lines(path / "control.jsonl")
+        #: The first failed write, in one line (then nothing more is appended).
+        self.failure: str | None = None
+        try:
+            self._requests.open()  # created now: a run has one from its start
+        except OSError as exc:
+            raise RecordError(write_failed(self._requests.path, exc)) from None
 
     @classmethod
     def create(cls, parent: Path, kind: str) -> RunDirectory:
@@ -170,33 +229,37 @@ class RunDirectory:
                 continue  # another run (a shard) took it a moment ago
         raise FileExistsError(f"{parent}: too many runs named {stamp}-{kind}")
 
+    def _append(self, lines: _Lines, line: bytes) -> None:
+        if self.failure is not None:
+            return
+        try:
+            lines.append(line)
+        except OSError as exc:
+            self.failure = write_failed(lines.path, exc)
+
     def append_request(self, timing: RequestTiming) -> None:
-        """Append one finished request and flush it to the OS."""
-        self._requests.write(encode_line(request_line(timing)))
-        self._requests.flush()
+        """Append one finished request, handed to the OS before this returns."""
+        self._append(self._requests, encode_line(request_line(timing)))
 
     def append_server_sample(self, sample: Mapping[str, Any]) -> None:
         """Append one sample of the target's metrics."""
-        if self._server is None:
-            self._server = (self.path / "server_metrics.jsonl").open(
-                "a", encoding="utf-8"
-            )
-        self._server.write(json.dumps(sample, separators=(",", ":")) + "\n")
-        self._server.flush()
+        line = json.dumps(sample, separators=(",", ":")) + "\n"
+        self._append(self._server, line.encode())
 
     def append_control(self, tick: Mapping[str, Any]) -> None:
         """Append one tick of ``servemon control`` to ``control.jsonl``."""
-        if self._control is None:
-            self._control = (self.path / "control.jsonl").open("a", encoding="utf-8")
-        self._control.write(json.dumps(tick, separators=(",", ":")) + "\n")
-        self._control.flush()
+        line = json.dumps(tick, separators=(",", ":")) + "\n"
+        self._append(self._control, line.encode())
+
+    def check(self) -> None:
+        """Raise :class:`RecordError` if a write has failed."""
+        if self.failure is not None:
+            raise RecordError(self.failure)
 
     def close(self) -> None:
         """Close the open files."""
-        self._requests.close()
-        for handle in (self._server, self._control):
-            if handle is not None:
-                handle.close()
+        for lines in (self._requests, self._server, self._control):
+            lines.close()
 
 
 def encode_line(data: Mapping[str, Any]) -> bytes:

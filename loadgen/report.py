@@ -14,6 +14,7 @@ did not finish.
 
 from __future__ import annotations
 
+import contextlib
 import html
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -44,6 +45,7 @@ from loadgen.plots import (
 from loadgen.record import UNFINISHED, rebuild_summary
 from loadgen.runrecord import RunInfo, RunSummary, read_record, write_record
 from loadgen.scan import RunScan, scan
+from servemon.errors import RecordError
 
 __all__ = ["CSS", "RunData", "load_run", "render_report", "svg", "write_report"]
 
@@ -64,7 +66,10 @@ def load_run(path: Path, *, with_scan: bool = False) -> RunData:
     info, summary = read_record(path)
     if summary is None:
         summary = rebuild_summary(path, info)
-        write_record(path, info, summary)
+        # Kept for the next reader; a directory that cannot take it (a full disk)
+        # is still read.
+        with contextlib.suppress(RecordError):
+            write_record(path, info, summary)
     if summary.status == "unfinished":
         info = replace(info, status=f"unfinished: {UNFINISHED}")
     found = scan(path, info.origin_s) if with_scan else None
@@ -98,8 +103,11 @@ def _conditions(data: RunData) -> list[tuple[str, str]]:
     info = data.info
     target, env, workload = info.target, info.environment, info.workload
     engine = info.engine_info
+    reason = data.summary.stop_reason
+    stopped = [("stopped because", reason)] if reason and reason != UNFINISHED else []
     return [
         ("status", info.status),
+        *stopped,
         ("target", f"{target.get('url')} (model {target.get('model')})"),
         ("engine", ", ".join(f"{k}={v}" for k, v in sorted(engine.items())) or "none"),
         (
@@ -263,5 +271,8 @@ def write_report(run_dir: Path) -> Path:
     """Write ``RUN_DIR/report.html``; return its path."""
     page = render_report(load_run(run_dir, with_scan=True))
     path = run_dir / "report.html"
-    path.write_text(page, encoding="utf-8")
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
     return path

@@ -62,7 +62,7 @@ from loadgen.workload import Workload, build_workload
 from monitor.config import load_auth
 from monitor.signals import SignalQuery, parse_selector, queries
 from monitor.webconfig import load_web_config
-from servemon.errors import ConfigError
+from servemon.errors import ConfigError, RecordError
 
 __all__ = [
     "DRIVERS",
@@ -262,8 +262,10 @@ async def _execute(
         await asyncio.gather(sampling, watching, return_exceptions=True)
         ctx.live.stage(-1, 0.0)
         ctx.progress.stop()
-        result = _finish(ctx, info, status, sampler, driven.capacity)
-        ctx.rundir.close()
+        try:
+            result = _finish(ctx, info, status, sampler, driven.capacity)
+        finally:
+            ctx.rundir.close()
     return result
 
 
@@ -337,7 +339,16 @@ def _finish(
             **_source(ctx.config),
         },
     )
-    write_record(ctx.rundir.path, info, summary)
+    try:
+        write_record(ctx.rundir.path, info, summary)
+    except RecordError as exc:
+        raise RecordError(
+            f"{exc} (run {status}"
+            + (f": {ctx.stop_reason}" if ctx.stop_reason else "")
+            + f"); requests.jsonl keeps every request recorded before; "
+            f"servemon report {ctx.rundir.path} rebuilds the summary once the "
+            "directory can be written"
+        ) from None
     return RunResult(ctx.rundir.path, info, summary)
 
 

@@ -17,10 +17,11 @@ changes); unknown fields of a newer record are ignored when read.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypedDict
@@ -31,7 +32,7 @@ from loadgen.findings import CapacityResult, ClientLimit, ControlResult, StepVer
 from loadgen.slo import SloTerm
 from loadgen.summary import Summarizer, Summary, flat_row
 from loadgen.timing import RequestTiming
-from servemon.errors import ConfigError
+from servemon.errors import ConfigError, RecordError
 
 __all__ = [
     "RECORD_VERSION",
@@ -290,10 +291,24 @@ class Tally:
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
-    """Write ``data`` as JSON atomically (a reader never sees half a file)."""
+    """Write ``data`` as JSON atomically (a reader never sees half a file); a
+    failed write is a one-line :class:`RecordError` and leaves no ``.tmp``."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=2, default=str) + "\n"
+    with _writing(path, tmp):
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _writing(path: Path, tmp: Path) -> Iterator[None]:
+    """An OSError inside becomes a RecordError naming ``path``; ``tmp`` goes."""
+    try:
+        yield
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def write_record(
@@ -308,11 +323,12 @@ def write_record(
         for row in rows:
             columns += [key for key in row if key not in columns]
         tmp = run_dir / "summary.csv.tmp"
-        with tmp.open("w", encoding="utf-8", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, run_dir / "summary.csv")
+        with _writing(run_dir / "summary.csv", tmp):
+            with tmp.open("w", encoding="utf-8", newline="") as handle:
+                writer = csv.DictWriter(handle, fieldnames=columns)
+                writer.writeheader()
+                writer.writerows(rows)
+            os.replace(tmp, run_dir / "summary.csv")
     write_json(run_dir / "run.json", info.to_json())
 
 

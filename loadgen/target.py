@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from loadgen.client import tls_failure
 from servemon.errors import TargetError
 
 __all__ = [
@@ -75,7 +76,12 @@ async def discover_model(
             if resp.status != 200:
                 raise TargetError(f"{url}: HTTP {resp.status}")
             listing = await resp.json(content_type=None)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+    except TimeoutError:
+        raise TargetError(f"{url}: no answer within 10 s") from None
+    except aiohttp.ClientConnectorError as exc:
+        why = tls_failure(exc) or f"{type(exc).__name__}: {exc}"
+        raise TargetError(f"{url}: {why}") from None
+    except (aiohttp.ClientError, ValueError) as exc:
         raise TargetError(f"{url}: {type(exc).__name__}: {exc}") from None
     ids = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
     if model is None:

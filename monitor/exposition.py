@@ -124,6 +124,7 @@ class ExpositionParser:
         """What each line is; raises ValueError where the text format is broken."""
         keys, comments = self._keys, self._comments
         out = Lines([], [], [], [])
+        learned = False
         for i, raw in enumerate(lines):
             key, _, value = raw.rpartition(" ")
             entry: Entry = keys.get(key) if key else None
@@ -151,10 +152,20 @@ class ExpositionParser:
             out.samples.append(i)
             if stamp is None and key and value == text:
                 self._remember(keys, key, entry)
+                learned = True
                 out.starts.append(key + " ")
             else:
                 out.starts.append(raw)
                 out.irregular[i] = stamp
+        if learned and len(self._keys) > len(out.samples):
+            # A new shape: keep this exposition's line keys, forget those only
+            # older shapes had (a changed label value must not leave them behind).
+            current: dict[str, SampleKey] = {}
+            for i in out.samples:
+                entry = out.entries[i]
+                if i not in out.irregular and isinstance(entry, SampleKey):
+                    current[out.starts[i][:-1]] = entry
+            self._keys = current
         return out
 
     def _remember(self, cache: dict[str, _V], key: str, entry: _V) -> None:

@@ -88,13 +88,20 @@ def line_starts(
     slots: Sequence[Slot], chunks: Sequence[Chunk], encoder: Encoder, known: LineStarts
 ) -> list[str]:
     """Each slot's line up to its value, as ``encoder`` writes it; ``known`` keeps
-    them (for this format) across shapes."""
+    them (for this format) from one shape to the next: a new shape's lines that the
+    last shape had are not written again, and the lines only older shapes had are
+    forgotten (a label value that changes, a new model name, must not leave its
+    lines behind: 1.6 MiB per shape of an 8k-line exposition)."""
     keys = [(slot.name, tuple(slot.labels.items())) for slot in slots]
     missing = [i for i, key in enumerate(keys) if key not in known]
     if missing:
         if len(known) + len(missing) > _CACHE_LIMIT:
             known.clear()
             missing = list(range(len(keys)))
+        elif len(known) > len(keys) - len(missing):  # lines of a shape gone by
+            kept = {key: known[key] for key in keys if key in known}
+            known.clear()
+            known.update(kept)
         families: list[Metric] = []
         wanted = set(missing)
         for chunk in chunks:  # each sample in its own family, as published

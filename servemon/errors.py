@@ -5,6 +5,7 @@
     ServemonError                 anything servemon raises on purpose
     ├── ConfigError               a bad flag, YAML field or config file (one line)
     ├── TargetError               the endpoint under test did not answer as expected
+    ├── RecordError               a run directory could not be written (disk full, ...)
     └── GpuUnavailable            NVML missing, no GPU (defined in monitor.gpu)
 
 Outcomes of single requests are never exceptions: they are an enum on the request's
@@ -13,7 +14,7 @@ record. This module imports nothing of servemon's own.
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "ServemonError", "TargetError"]
+__all__ = ["ConfigError", "RecordError", "ServemonError", "TargetError"]
 
 
 class ServemonError(Exception):
@@ -26,3 +27,9 @@ class ConfigError(ServemonError):
 
 class TargetError(ServemonError):
     """The target endpoint could not be used (unreachable, no models, bad answer)."""
+
+
+class RecordError(ServemonError):
+    """A run directory could not be written (a full disk, a read-only mount).
+
+    ``str()`` is one line naming the file and the OS's reason."""

@@ -159,7 +159,9 @@ def control_lines(held: ControlResult) -> str:
 def capacity_lines(found: CapacityResult) -> str:
     """The capacity search's answer, in a few lines."""
     low, high = found.bracket
-    if found.capacity_rps is None:
+    if found.capacity_rps is None and any(s.blind for s in found.steps):
+        head = "capacity: unknown (blind before any rate was judged good)"
+    elif found.capacity_rps is None:
         head = "capacity: below --rps-min (no rate met the SLO)"
     else:
         head = f"capacity: {found.capacity_rps:.4g} req/s meets the SLO"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pytest
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
 from monitor import names
@@ -704,6 +705,25 @@ def test_the_same_normalizer_gives_the_same_result_twice() -> None:
     assert normalizer.compiles == 1  # the second from the plan
     assert first == second
     assert first == values(normalize(VLLM_010, target="t"))
+
+
+def test_a_changing_label_value_leaves_no_lines_behind() -> None:
+    # A new model name on every exposition (redeploys, a label that churns): what
+    # one target's normalizer remembers (line keys, written line starts) stays one
+    # shape's worth. The exporter soak (benchmarks/exporter_soak.py) found 1.6 MiB
+    # kept per shape of a full vLLM exposition, up to caps of 50,000 lines each.
+    normalizer = Normalizer()
+    encoder, content_type = choose_encoder("application/openmetrics-text")
+    lines_per_shape = 0
+    for k in range(30):
+        text = PROCESS + vllm_v1(f'engine="0",model_name="m{k}"')
+        normalizer.normalize(text, target="t").chunks(encoder, content_type)
+        lines_per_shape = max(lines_per_shape, text.count("\n"))
+        remembered = len(normalizer._parser._keys)
+        starts = sum(len(known) for known in normalizer._known.values())
+        assert remembered <= lines_per_shape, (k, remembered)
+        assert starts <= lines_per_shape, (k, starts)
+    assert normalizer.compiles == 30
 
 
 # -- vLLM's lora_requests_info: read from its newest sample ---------------------------
