@@ -382,11 +382,14 @@ async def _soak(
         [float(m.minute) for m in r.minutes], [m.rss_mib for m in r.minutes]
     )
     r.cpu_slope_ms_per_hour = slope_per_hour(xs, [m.cpu_ms_per_scrape for m in settled])
-    quiet = [m for m in r.minutes if not m.events] or r.minutes
+    # Every minute but the last has an event (one a minute by default): the
+    # medians of the first and the last five settled minutes, events and all.
     r.cpu_ms_per_scrape_start = statistics.median(
-        m.cpu_ms_per_scrape for m in quiet[:5]
+        m.cpu_ms_per_scrape for m in settled[:5]
     )
-    r.cpu_ms_per_scrape_end = statistics.median(m.cpu_ms_per_scrape for m in quiet[-5:])
+    r.cpu_ms_per_scrape_end = statistics.median(
+        m.cpu_ms_per_scrape for m in settled[-5:]
+    )
 
 
 async def _ha(
@@ -475,8 +478,8 @@ def report(r: Result, args: argparse.Namespace) -> None:
             f"({r.rss_slope_all_mib_per_hour:+.2f} over all)"
         )
         print(
-            f"CPU per scrape (median of the first and last 5 minutes without an "
-            f"event): {r.cpu_ms_per_scrape_start:.1f} ms -> "
+            f"CPU per scrape (median of the first and last 5 minutes from minute "
+            f"{args.settle}): {r.cpu_ms_per_scrape_start:.1f} ms -> "
             f"{r.cpu_ms_per_scrape_end:.1f} ms; slope "
             f"{r.cpu_slope_ms_per_hour:+.2f} ms/hour"
         )
