@@ -57,7 +57,13 @@ from typing import Literal
 from loadgen.promptfile import Conversation, read_conversations
 from loadgen.prompts import OutputBudget, Prompt
 from loadgen.specs import spec_int, spec_options, spec_range
-from loadgen.tokens import WORDS, TextFitter, TokenCounter, count_each
+from loadgen.tokens import (
+    WORDS,
+    TextFitter,
+    TokenCounter,
+    count_each,
+)
+from loadgen.wordpool import POOL_WORDS, pool_text
 from servemon.errors import ConfigError
 
 __all__ = [
@@ -84,7 +90,6 @@ _KEYS = (
     "users",
     "file",
 )
-_POOL_WORDS = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,22 +256,7 @@ class SessionWorkload:
 
     def words(self, key: str, tokens: int) -> str:
         """``tokens`` words of the pool from an offset seeded by ``key``."""
-        count = tokens if self.exact else max(1, round(tokens / 1.3))
-        rng = random.Random(f"{self.seed}:{key}")
-        start = rng.randrange(_POOL_WORDS - count)
-        return " ".join(_pool(self.pool, self.seed)[start : start + count])
-
-
-_POOLS: dict[tuple[tuple[str, ...], int], tuple[str, ...]] = {}
-
-
-def _pool(words: tuple[str, ...], seed: int) -> tuple[str, ...]:
-    key = (words, seed)
-    pool = _POOLS.get(key)
-    if pool is None:
-        rng = random.Random(f"sessions-pool:{seed}")
-        pool = _POOLS[key] = tuple(rng.choice(words) for _ in range(_POOL_WORDS))
-    return pool
+        return pool_text(self.pool, self.seed, key, tokens, exact=self.exact)
 
 
 def system_messages(session: Session) -> tuple[dict[str, str], ...]:
@@ -321,9 +311,9 @@ def parse_sessions(text: str, default_output: int) -> SessionsSpec:
         ("first", spec.first.high if spec.first else 0),
         ("user", spec.user.high),
     ):
-        if longest >= _POOL_WORDS:
+        if longest >= POOL_WORDS:
             raise ConfigError(
-                f"--workload: sessions: {key}={longest}: at most {_POOL_WORDS - 1} "
+                f"--workload: sessions: {key}={longest}: at most {POOL_WORDS - 1} "
                 "tokens"
             )
     return spec

@@ -16,20 +16,24 @@ An entry with only a length gets words of its own. Under the estimate counter
 from __future__ import annotations
 
 import asyncio
-import random
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from pathlib import Path
 
 from loadgen.prompts import OutputBudget, Prompt, Workload
-from loadgen.tokens import WORDS, TextFitter, TokenCounter, count_each, estimate_tokens
+from loadgen.tokens import (
+    WORDS,
+    TextFitter,
+    TokenCounter,
+    count_each,
+    estimate_tokens,
+)
 from loadgen.tracefile import BLOCK_TOKENS, TraceEntry, read_trace
+from loadgen.wordpool import POOL_WORDS, pool_text
 from servemon.errors import ConfigError
 
 __all__ = ["TraceWorkload", "build_trace"]
 
 #: Words of the pool blocks are cut from; a block starts at a seeded offset.
-_POOL_WORDS = 1 << 17
 _VERIFY = 4  # prompts counted whole when the workload is built
 
 
@@ -101,15 +105,7 @@ class TraceWorkload:
 
     def _words(self, key: str, tokens: int) -> str:
         """``tokens`` words of the pool from an offset seeded by ``key``."""
-        count = tokens if self.exact else max(1, round(tokens / 1.3))
-        start = random.Random(f"{self.seed}:{key}").randrange(_POOL_WORDS - count)
-        return " ".join(_pool(self.pool, self.seed)[start : start + count])
-
-
-@lru_cache(maxsize=4)
-def _pool(words: tuple[str, ...], seed: int) -> tuple[str, ...]:
-    rng = random.Random(f"trace-pool:{seed}")
-    return tuple(rng.choice(words) for _ in range(_POOL_WORDS))
+        return pool_text(self.pool, self.seed, key, tokens, exact=self.exact)
 
 
 async def build_trace(
@@ -122,11 +118,11 @@ async def build_trace(
 ) -> Workload:
     entries = tuple(await asyncio.to_thread(read_trace, path))
     longest = max((e.prompt_tokens or 0 for e in entries), default=0)
-    if longest >= _POOL_WORDS:
+    if longest >= POOL_WORDS:
         raise ConfigError(
             f"--workload: trace: {path}: line "
             f"{next(e.line for e in entries if (e.prompt_tokens or 0) == longest)}: "
-            f"a prompt of {longest} tokens is longer than {_POOL_WORDS - 1}"
+            f"a prompt of {longest} tokens is longer than {POOL_WORDS - 1}"
         )
     real = [(i, e) for i, e in enumerate(entries) if e.text is not None or e.messages]
     texts = [

@@ -51,7 +51,7 @@ def sessions(spec: str, seed: int = 0) -> SessionWorkload:
         ("sessions:user=8,user=9", "'user' given twice"),
         ("sessions:answer=file", "answer must be own, filler or (with file=) file"),
         ("sessions:users=2:4", "users must be one integer"),
-        ("sessions:system=70000", "system=70000: at most"),
+        ("sessions:system=140000", "system=140000: at most"),
         ("sessions:file=x.jsonl,turns=3", "come from the file"),
     ],
 )
