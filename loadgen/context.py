@@ -159,14 +159,15 @@ class RunContext:
         pick = self.pick_model
         return self.model if pick is None else pick(index)
 
-    def request_options(self, index: int) -> dict[str, Any]:
+    def request_options(self, index: int, model: str | None = None) -> dict[str, Any]:
         """Keyword arguments of :func:`~loadgen.client.send_request` for request
         ``index``: whether the client walks away from it (seeded), and the model
-        of a mix it asked for."""
+        of a mix it asked for (``model``, where the caller has drawn it already)."""
         c = self.config
         options: dict[str, Any] = {}
         if self.pick_model is not None:
-            options["tags"] = RequestTags(model=self.pick_model(index))
+            drawn = self.pick_model(index) if model is None else model
+            options["tags"] = RequestTags(model=drawn)
         if c.cancel_fraction <= 0:
             return options
         if random.Random(f"cancel:{c.seed}:{index}").random() >= c.cancel_fraction:

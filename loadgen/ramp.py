@@ -13,6 +13,7 @@ import gc
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import Any
 
 from loadgen.arrivals import Arrival, Due, Shard, Stage
 from loadgen.arrivals import schedule as make_schedule
@@ -114,31 +115,46 @@ async def open_loop(
     def stage_at(t: float) -> int:
         return plan[min(bisect.bisect_left(ends, t), len(plan) - 1)].index
 
-    async def send(due: Due, at: float) -> None:
-        index = first_index + due.index
+    def prepare(due: Due) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The body and options of request ``due``, built before its time."""
         if sessions:
+            return None
+        index = first_index + due.index
+        model = ctx.model_of(index)
+        return (
+            ctx.body_of(ctx.workload.prompt(index), model),
+            ctx.request_options(index, model),
+        )
+
+    async def send(
+        due: Due, at: float, ready: tuple[dict[str, Any], dict[str, Any]] | None
+    ) -> None:
+        index = first_index + due.index
+        if ready is None:
             ended = await run_session(ctx, index, at, stage_at=stage_at, until_s=until)
             if ended.cut:
                 ctx.sessions_cut[due.stage] += 1
             return
+        body, options = ready
         ctx.started()
         timing = await send_request(
             ctx.session,
             ctx.url,
-            ctx.body(index),
+            body,
             request_id=f"{ctx.tag}-{index}",
             stage=due.stage,
             scheduled_s=at,
             headers=ctx.headers,
             timeout_s=c.timeout,
             record_interruption=True,
-            **ctx.request_options(index),
+            **options,
         )
         ctx.finished(timing)
 
     loop = OpenLoop(
         send,
         max_inflight=c.max_inflight,
+        prepare=prepare,
         late=c.late,
         late_tolerance_s=c.late_tolerance,
         on_stage=on_stage,

@@ -92,7 +92,7 @@ def test_the_dispatcher_never_sends_early_and_leaves_nothing_behind(
     fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
     sent: list[tuple[float, float]] = []
 
-    async def send(due: Due, at: float) -> None:
+    async def send(due: Due, at: float, _: object) -> None:
         sent.append((at, time.monotonic()))
 
     async def go() -> None:

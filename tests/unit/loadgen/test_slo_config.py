@@ -211,7 +211,7 @@ async def test_the_cap_holds_requests_back_and_counts_them() -> None:
     release = asyncio.Event()
     started: list[int] = []
 
-    async def send(due: Due, at: float) -> None:
+    async def send(due: Due, at: float, _: object) -> None:
         started.append(due.index)
         await release.wait()
 
@@ -235,7 +235,7 @@ async def test_the_cap_holds_requests_back_and_counts_them() -> None:
 async def test_late_requests_are_skipped_and_counted_with_skip() -> None:
     sent: list[int] = []
 
-    async def send(due: Due, at: float) -> None:
+    async def send(due: Due, at: float, _: object) -> None:
         sent.append(due.index)
 
     skipped: list[int] = []
