@@ -10,13 +10,19 @@ are compared with the trace's: the schedule servemon followed must be the trace'
 offsets scaled (checked to the microsecond), and the dispatch lag (actual minus
 scheduled send, from ``requests.jsonl``) is printed as p50/p99/max.
 
-    .venv/bin/python benchmarks/replay_timing.py [--requests 10000] [--rate-scale 1]
+Each trace is replayed as a user gets it by default, then with
+``--cpu-dma-latency 0`` (idle CPUs kept polling, :mod:`loadgen.cpulatency`) where
+this machine lets the device be written; ``--repeats`` runs each pair that many
+times, alternating, and prints the median of each figure.
+
+    .venv/bin/python benchmarks/replay_timing.py [--requests 10000] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -25,6 +31,7 @@ from pathlib import Path
 
 from _common import SERVEMON, sim_process
 
+from loadgen.cpulatency import PM_QOS_PATH
 from loadgen.replayplan import replay_plan
 from loadgen.tracefile import prefix_hit_ratio, read_trace
 from loadgen.tracesynth import SynthSpec, synthesize
@@ -99,10 +106,24 @@ def replay(
     }
 
 
+FIGURES = ("schedule_error_us", "lag_p50_ms", "lag_p99_ms", "lag_max_ms", "early")
+
+
+def row(name: str, r: dict[str, float]) -> str:
+    return (
+        f"{name:<46} {r['requests']:>8.0f} {r['errors']:>6.0f} "
+        f"{r['duration_s']:>7.0f} {r['schedule_error_us']:>12.2f} "
+        f"{r['lag_p50_ms']:>7.2f} {r['lag_p99_ms']:>7.2f} "
+        f"{r['lag_max_ms']:>7.2f} {r['early']:>5.0f} "
+        f"{r['hit_ratio_trace']:>9.3f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--rate-scale", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument(
         "--replay-arg",
         action="append",
@@ -115,28 +136,37 @@ def main() -> None:
     synthetic(traces["synthetic (Mooncake JSONL)"], args.requests)
     traces["plain CSV, bursty"] = work / "plain.csv"
     plain(traces["plain CSV, bursty"], args.requests)
+    conditions = {"default": list(args.replay_arg)}
+    if PM_QOS_PATH.exists() and os.access(PM_QOS_PATH, os.W_OK):
+        conditions["--cpu-dma-latency 0"] = [*args.replay_arg, "--cpu-dma-latency=0"]
     print(
         f"replay_timing: servemon replay against servemon sim --profile tiny; sim "
         f"on CPU 0, client on CPU 1; no real-time scheduling; rate scale "
         f"{args.rate_scale:g}; replay flags {' '.join(args.replay_arg) or 'none'}; "
-        "dispatch lag in ms"
+        f"{args.repeats} run(s) of each; dispatch lag in ms"
     )
     print(
-        f"{'trace':<28} {'requests':>8} {'errors':>6} {'seconds':>7} "
+        f"{'trace, condition':<46} {'requests':>8} {'errors':>6} {'seconds':>7} "
         f"{'sched err us':>12} {'lag p50':>7} {'lag p99':>7} {'lag max':>7} "
         f"{'early':>5} {'hit ratio':>9}"
     )
+    results: dict[tuple[str, str], list[dict[str, float]]] = {}
     with sim_process("--profile", "tiny", cpu=0) as url:
-        for name, trace in traces.items():
-            out = work / trace.stem
-            r = replay(trace, url, out, args.rate_scale, args.replay_arg)
-            print(
-                f"{name:<28} {r['requests']:>8.0f} {r['errors']:>6.0f} "
-                f"{r['duration_s']:>7.0f} {r['schedule_error_us']:>12.2f} "
-                f"{r['lag_p50_ms']:>7.2f} {r['lag_p99_ms']:>7.2f} "
-                f"{r['lag_max_ms']:>7.2f} {r['early']:>5.0f} "
-                f"{r['hit_ratio_trace']:>9.3f}"
-            )
+        for repeat in range(args.repeats):
+            for name, trace in traces.items():
+                for condition, extra in conditions.items():
+                    out = work / f"{trace.stem}-{repeat}-{len(results)}"
+                    r = replay(trace, url, out, args.rate_scale, extra)
+                    results.setdefault((name, condition), []).append(r)
+                    print(row(f"{name}, {condition}", r), flush=True)
+                    subprocess.run(["rm", "-rf", str(out)], check=False)
+    if args.repeats > 1:
+        print(f"medians of {args.repeats}:")
+        for (name, condition), runs in results.items():
+            median = dict(runs[0])
+            for key in FIGURES:
+                median[key] = statistics.median(r[key] for r in runs)
+            print(row(f"{name}, {condition}", median))
     subprocess.run(["rm", "-rf", str(work)], check=False)
 
 

@@ -107,6 +107,9 @@ class LoadConfig:
     grace: Annotated[float, Ge(0)] = 5.0
     max_connections: Annotated[int, Ge(1)] = 10_000
     sample_interval: Positive = 1.0
+    #: A PM QoS bound on CPU wake-up latency held while the run sends, in
+    #: microseconds (:mod:`loadgen.cpulatency`); None asks for nothing.
+    cpu_dma_latency: Annotated[int, Ge(0)] | None = None
     # open loop (ramp)
     stages: Stages | None = None
     rps_start: Positive | None = None

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from loadgen.arrivals import linear_stages, parse_stages
 from loadgen.config import LoadConfig, auth_headers, config_text
 from loadgen.controllaw import PROMETHEUS_ONLY, parse_hold
+from loadgen.cpulatency import check_cpu_latency
 from loadgen.modelmix import parse_model
 from loadgen.replayplan import ReplayPlan, replay_plan
 from loadgen.runrecord import ClientLimit, StageResult
@@ -125,6 +126,8 @@ def check_load_config(kind: Kind, config: LoadConfig) -> None:
         load_web_config(Path(config.web_config_file))
     if config.model:
         parse_model(config.model)
+    if config.cpu_dma_latency is not None:
+        check_cpu_latency(config.cpu_dma_latency)
 
 
 def step_seconds(config: LoadConfig) -> float:

@@ -28,6 +28,7 @@ from loadgen.client import ClientSettings, make_session
 from loadgen.config import LoadConfig, auth_headers
 from loadgen.context import Driven, RunContext
 from loadgen.control import drive_control
+from loadgen.cpulatency import hold_cpu_latency
 from loadgen.live import LiveMetrics
 from loadgen.modelmix import ModelMix, parse_model
 from loadgen.plan import (
@@ -215,6 +216,7 @@ async def run_load(
                     **asdict(settings),
                     "trust_env": False,
                     "loop": _loop_name(),
+                    "cpu_dma_latency_us": config.cpu_dma_latency,
                     "live_metrics": live.url,
                 },
                 arrival=str(arrival) if kind != "sweep" else None,
@@ -231,7 +233,8 @@ async def run_load(
                 stages=[r.result(rundir.origin_s) for r in stages],
             )
             write_record(rundir.path, info)
-            return await _execute(ctx, info, stop, arrival)
+            with hold_cpu_latency(config.cpu_dma_latency):
+                return await _execute(ctx, info, stop, arrival)
         finally:
             await live.stop()
 

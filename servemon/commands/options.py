@@ -342,6 +342,15 @@ def load_options() -> Callable[[F], F]:
             shown="5",
         ),
         _option(
+            "--cpu-dma-latency",
+            type=int,
+            help="Keep this machine's CPUs out of idle states slower to leave than "
+            "this many microseconds while the run sends (PM QoS, "
+            "/dev/cpu_dma_latency; 0: idle CPUs poll). An idle VM's CPU can take "
+            "milliseconds to wake, which lands in every dispatch lag and token "
+            "time. Needs write access to the device (root or a udev rule).",
+        ),
+        _option(
             "--sim-arg",
             "sim_args",
             multiple=True,
