@@ -46,7 +46,7 @@ __all__ = ["DispatchCounts", "KernelTimer", "OpenLoop", "Pacer"]
 Send = Callable[[Due, float, Any], Awaitable[None]]
 Prepare = Callable[[Due], Any]
 #: How long before its time a request is made ready and its task started.
-LEAD_S = float(os.environ.get("SM_LEAD", "0.005"))
+LEAD_S = 0.005
 #: The last stretch of a wait that a thread sleeps, for precision.
 PRECISE_S = 0.003
 
