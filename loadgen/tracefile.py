@@ -21,6 +21,7 @@ first entry.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
@@ -63,10 +64,25 @@ class TraceEntry:
 
 
 def read_trace(path: Path) -> list[TraceEntry]:
-    """Read and check a trace file (``.csv``: CSV, else JSONL)."""
+    """Read and check a trace file (``.csv``: CSV, else JSONL).
+
+    The config check, the plan and the workload each ask for the trace before a
+    run starts; the last text parsed is kept with its entries (frozen), so an
+    unchanged file is parsed once (read and hashed each time: a file rewritten
+    within the file system's timestamp granularity is still seen to change)."""
     where = f"--workload: trace: {path}"
     content = read_text(path, where)
-    return parse_trace(content, where, csv_format=path.suffix.lower() == ".csv")
+    csv_format = path.suffix.lower() == ".csv"
+    key = (csv_format, hashlib.blake2b(content.encode(), digest_size=16).digest())
+    if _LAST[0] == key:
+        return list(_LAST[1])
+    entries = parse_trace(content, where, csv_format=csv_format)
+    _LAST[:] = [key, tuple(entries)]
+    return entries
+
+
+#: The last trace parsed: [(format, hash of its text), its entries].
+_LAST: list[Any] = [None, ()]
 
 
 def parse_trace(content: str, where: str, *, csv_format: bool) -> list[TraceEntry]:

@@ -7,6 +7,7 @@ import itertools
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -272,3 +273,27 @@ async def test_trace_prompts_keep_the_prefix_structure_token_for_token(
     # Under the estimate the lengths are as close as it allows.
     rough = await build_workload(spec, counter=EstimateCounter(), seed=1)
     assert rough.prompt(0).prompt_tokens == pytest.approx(1100, rel=0.1)
+
+
+def test_an_unchanged_trace_is_parsed_once_and_a_changed_one_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import loadgen.tracefile as tracefile
+
+    parsed: list[str] = []
+    real = tracefile.parse_trace
+
+    def counting(content: str, where: str, *, csv_format: bool) -> list[Any]:
+        parsed.append(content)
+        return real(content, where, csv_format=csv_format)
+
+    monkeypatch.setattr(tracefile, "parse_trace", counting)
+    path = tmp_path / "t.csv"
+    path.write_text("timestamp,prompt_tokens,output_tokens\n0,10,2\n1,20,3\n")
+    first = tracefile.read_trace(path)
+    assert tracefile.read_trace(path) == first
+    assert len(parsed) == 1
+    # The same size, rewritten at once (the same timestamp, often): parsed again.
+    path.write_text("timestamp,prompt_tokens,output_tokens\n0,10,2\n1,30,3\n")
+    assert [e.prompt_tokens for e in tracefile.read_trace(path)] == [10, 30]
+    assert len(parsed) == 2
