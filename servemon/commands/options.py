@@ -342,6 +342,13 @@ def load_options() -> Callable[[F], F]:
             shown="5",
         ),
         _option(
+            "--sample-interval",
+            type=float,
+            help="Seconds between reads of the server's signals (the target's "
+            "/metrics, or Prometheus with --prometheus) into server_metrics.jsonl.",
+            shown="1",
+        ),
+        _option(
             "--cpu-dma-latency",
             type=int,
             help="Keep this machine's CPUs out of idle states slower to leave than "

@@ -1,4 +1,5 @@
-"""``--cpu-dma-latency``: the PM QoS request is checked before anything starts,
+"""``--cpu-dma-latency`` and ``--sample-interval``, the client-side measurement
+flags: the PM QoS request is checked before anything starts,
 held while the run sends, and dropped after; a bad value or a device that cannot be
 written is one line naming the flag."""
 
@@ -71,3 +72,10 @@ def test_the_kernel_holds_the_bound_while_asked_and_drops_it_after() -> None:
     with hold_cpu_latency(bound):
         assert _current() == bound
     assert _current() == before
+
+
+def test_the_sample_interval_is_a_flag_of_every_load_command() -> None:
+    for command in (["ramp"], ["sweep"], ["capacity"], ["control"], ["replay", "t"]):
+        result = CliRunner().invoke(cli, [*command, "--sample-interval", "0"])
+        assert result.exit_code == 2, (command, result.output)
+        assert "sample_interval" in result.output.strip().splitlines()[-1]
