@@ -5,13 +5,12 @@ For each signal (``waiting``, ``kv_cache_usage``, ``ttft_p95``) a ``servemon sim
 is started with an engine shaped so that the setpoint sits inside its range (a
 batch limit for the queue, a small KV cache for KV usage), and ``servemon control
 --hold SIGNAL=SETPOINT`` runs for ``--soak`` seconds against it, as a user runs it
-(Poisson arrivals, the signal read from the target's ``/metrics`` every 0.5 s, no
-real-time scheduling; ``ttft_p95`` is the client's own over a 10 s window, held
-through the queue). Halfway through, the simulator's speed is changed (``PUT /sim/config
-{"speed": ...}``): the server gets slower and the same rate means a different
-signal. From ``control.jsonl`` it prints, for each half after its settle time, the
-share of control ticks whose measured signal was within ±15 % of the setpoint, the
-signal's median and the median offered rate.
+(Poisson arrivals, the signal read from the target's ``/metrics``, every 0.5 s for
+the queue and KV usage, no real-time scheduling). Halfway through, the simulator's
+speed is changed (``PUT /sim/config {"speed": ...}``): the server gets slower and the
+same rate means a different signal. From ``control.jsonl`` it prints, for each half
+after its settle time, the share of control ticks whose measured signal was within
+±15 % of the setpoint, the signal's median and the median offered rate.
 
     .venv/bin/python benchmarks/control_hold.py [--soak 600] [--signals waiting,...]
 """
@@ -57,8 +56,8 @@ CASES: dict[str, tuple[float, list[str], list[str]]] = {
             "random:prompt=64,output=32",
             "--signal-window",
             "10",
-            "--sample-interval",
-            "0.5",
+            "--control-interval",
+            "10",
         ],
     ),
 }

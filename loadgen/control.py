@@ -6,20 +6,15 @@ seeded ``--arrival`` process) at a rate the controller sets every control interv
 from the measured signal (``--hold waiting=8``, ``kv_cache_usage=0.8``,
 ``ttft_p95=0.4``, ``burn_rate=1``, ``gpu_utilization=0.9``).
 
-The control law (:mod:`loadgen.controllaw`) steers the logarithm of the rate:
+The control law (:class:`loadgen.controllaw.ControlLaw`) is a PI controller in
+velocity form on the logarithm of the rate::
 
-- ``waiting`` (a queue, the integral of offered minus served): the queue law,
-  ``r[k+1] = served[k] + (setpoint - waiting[k]) / (2 T)``, which halves the error
-  every interval ``T`` whatever the server's speed;
-- ``kv_cache_usage``, ``burn_rate``, ``gpu_utilization`` (monotone in the rate):
-  ``log r[k+1] = log r[k] + ki * clamp(log(setpoint / measured[k]), -1, 1)``;
-- ``ttft_p95``: a cascade (:class:`loadgen.controllaw.CascadeLaw`): the queue law
-  every interval, its queue setpoint moved by the same integral step from TTFT's
-  error every TTFT interval; the rate itself steps down when TTFT is too high with
-  no queue left to take away.
+    e[k] = clamp(log(setpoint / measured[k]), -1, 1)
+    log r[k+1] = log r[k] + kp * (e[k] - e[k-1]) + ki * e[k]      (step-limited)
+    r[k+1] = clamp(r[k+1], rps_min, rps_max)
 
-Each step is limited (x1.25 up, x0.5 down an interval) and the rate clamped to
-``--rps-min``/``--rps-max``.
+except for ``waiting``, a queue, held by the queue law ``r[k+1] = served[k] +
+(setpoint - waiting[k]) / (2 T)`` (see :class:`~loadgen.controllaw.ControlLaw`).
 
 Why this shape:
 
@@ -39,8 +34,7 @@ Why this shape:
 - **Aware of the signal's delay.** A change of the rate shows in the signal only
   after the signal's delay: the sample interval (direct) or the scrape interval plus
   half the rate window (Prometheus). The control interval is twice that delay (at
-  least 1 s), so each step is judged on a signal that saw the previous one; the
-  cascade's outer step waits for TTFT's own (window-long) delay.
+  least 1 s), so each step is judged on a signal that saw the previous one.
 - **Unreachable.** When the rate has sat at a bound for three intervals with the
   signal still off by more than the tolerance, the setpoint cannot be reached with
   these bounds; the run says so (once, and in every tick's ``state``) and holds the
@@ -68,13 +62,7 @@ from typing import Any
 
 from loadgen.arrivals import Arrival, Due, Stage
 from loadgen.context import Driven, RunContext
-from loadgen.controllaw import (
-    CascadeLaw,
-    ControlLaw,
-    cascade,
-    control_interval,
-    parse_hold,
-)
+from loadgen.controllaw import ControlLaw, control_interval, parse_hold
 from loadgen.ramp import open_loop, wait_for_start
 from loadgen.runrecord import ControlResult
 from loadgen.stopping import Stopper
@@ -140,7 +128,7 @@ def _measure(
 
 
 def _arrivals(
-    law: ControlLaw | CascadeLaw, arrival: Arrival, seed: int, duration_s: float
+    law: ControlLaw, arrival: Arrival, seed: int, duration_s: float
 ) -> Iterator[Due]:
     """Open-loop sends at the law's current rate, for ``duration_s``: each gap is
     drawn at the rate of the moment it is drawn."""
@@ -161,19 +149,14 @@ async def drive_control(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dri
     rps_max = c.rps_max if c.rps_max is not None else 1000.0
     start_rate = c.rps_start if c.rps_start is not None else max(c.rps_min, 1.0)
     interval = control_interval(c, signal)
-    rate = min(rps_max, max(c.rps_min, start_rate))
-    law: ControlLaw | CascadeLaw
-    if signal == "ttft_p95":
-        law = cascade(c, setpoint, rate)
-    else:
-        law = ControlLaw(
-            signal=signal,
-            setpoint=setpoint,
-            rps_min=c.rps_min,
-            rps_max=rps_max,
-            rate=rate,
-            interval_s=interval,
-        )
+    law = ControlLaw(
+        signal=signal,
+        setpoint=setpoint,
+        rps_min=c.rps_min,
+        rps_max=rps_max,
+        rate=min(rps_max, max(c.rps_min, start_rate)),
+        interval_s=interval,
+    )
     window = _ClientWindow(c.signal_window)
     ctx.sinks.append(window)
     record = ctx.stages[0]
@@ -213,7 +196,7 @@ async def drive_control(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dri
 
 async def _ticks(
     ctx: RunContext,
-    law: ControlLaw | CascadeLaw,
+    law: ControlLaw,
     signal: str,
     interval: float,
     start: float,
@@ -249,11 +232,7 @@ async def _ticks(
                 )
         else:
             blind_since = None
-            if isinstance(law, CascadeLaw):
-                waiting = _measure(ctx, "waiting", now - interval, now, window)
-                offered = law.update(measured, served_rps, waiting)
-            else:
-                offered = law.update(measured, served_rps)
+            offered = law.update(measured, served_rps)
             state = "unreachable" if law.unreachable else "tracking"
             if law.unreachable and not warned:
                 warned = True
@@ -281,8 +260,5 @@ async def _ticks(
             "served_rps": served_rps,
             "state": state,
         }
-        if isinstance(law, CascadeLaw):
-            line["queue_setpoint"] = round(law.queue_setpoint, 3)
-            line["mode"] = law.mode
         result.add(line, now - start)
         ctx.rundir.append_control(line)

@@ -15,13 +15,7 @@ import pytest
 from aiohttp import web
 
 from loadgen.config import LoadConfig
-from loadgen.controllaw import (
-    ControlLaw,
-    cascade,
-    control_interval,
-    parse_hold,
-    signal_interval,
-)
+from loadgen.controllaw import ControlLaw, control_interval, parse_hold
 from loadgen.plan import check_load_config
 from loadgen.promsource import PrometheusSampler
 from monitor.signals import SIGNALS, parse_selector, queries
@@ -70,46 +64,6 @@ def test_the_log_pi_law_settles_on_a_monotone_signal_without_oscillating() -> No
     knee = lambda r: 0.05 + 0.05 * r / max(1e-3, 30.0 - r) if r < 30 else 60.0  # noqa: E731
     seen = _settle(ttft, knee)
     assert seen[-1] == pytest.approx(0.4, rel=0.05)
-
-
-def test_the_cascade_holds_ttft_through_the_queue_whatever_the_servers_speed() -> None:
-    """A fluid queue whose TTFT is time in the queue: from below the knee (no queue,
-    TTFT at its floor) the cascade ramps, hands over to the queue law once a queue
-    forms, and settles TTFT on its setpoint, for a slow and a fast server alike;
-    after the server slows down by 30 % it comes back."""
-    config = LoadConfig(hold="ttft_p95=0.4", sample_interval=0.5, signal_window=10.0)
-    for capacity in (5.0, 50.0, 500.0):
-        law = cascade(config, 0.4, rate=1.0)
-        assert law.inner.interval_s == 1.0
-        assert law.outer_every == 10
-        queue = 0.0
-        for speed, ticks in ((1.0, 600), (0.7, 400)):
-            seen = []
-            for _ in range(ticks):
-                served = min(capacity * speed, law.rate + queue)
-                queue = max(0.0, queue + law.rate - served)
-                ttft = 0.05 + 1.5 * queue / (capacity * speed)
-                seen.append(ttft)
-                law.update(ttft, served, queue)
-            assert law.mode == "queue"
-            assert seen[-1] == pytest.approx(0.4, rel=0.05), (capacity, speed)
-            assert max(seen[-50:]) - min(seen[-50:]) < 0.05 * 0.4
-            assert law.rate == pytest.approx(capacity * speed, rel=0.05)
-
-
-def test_the_cascade_holds_ttft_below_the_knee_by_the_rate() -> None:
-    """A server that never queues but whose TTFT grows with the load: the cascade
-    stays on the rate and settles there without swinging."""
-    config = LoadConfig(hold="ttft_p95=0.3", sample_interval=0.5, signal_window=10.0)
-    law = cascade(config, 0.3, rate=1.0)
-    seen = []
-    for _ in range(1500):
-        ttft = 0.1 + 0.01 * law.rate
-        seen.append(ttft)
-        law.update(ttft, law.rate, 0.0)
-    assert law.mode == "rate"
-    assert seen[-1] == pytest.approx(0.3, rel=0.05)
-    assert max(seen[-100:]) - min(seen[-100:]) < 0.05 * 0.3
 
 
 def test_the_rate_stays_in_its_bounds_and_an_unreachable_setpoint_is_said() -> None:
@@ -162,10 +116,7 @@ def test_control_checks_its_settings_before_anything_starts() -> None:
     assert control_interval(direct, "waiting") == 2.0
     prom = LoadConfig(prometheus="http://p:9090", scrape_interval=15.0)
     assert control_interval(prom, "waiting") == 32.0  # a scrape and servemon's poll
-    # TTFT is held through the queue: ticks at the queue's interval, the queue
-    # setpoint moved at TTFT's (a scrape, a poll and half the window).
-    assert control_interval(prom, "ttft_p95") == 32.0
-    assert signal_interval(prom, "ttft_p95") == 62.0
+    assert control_interval(prom, "ttft_p95") == 62.0
 
 
 def test_a_selector_is_label_matchers_or_a_one_line_error() -> None:
