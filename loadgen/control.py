@@ -14,7 +14,9 @@ velocity form on the logarithm of the rate::
     r[k+1] = clamp(r[k+1], rps_min, rps_max)
 
 except for ``waiting``, a queue, held by the queue law ``r[k+1] = served[k] +
-(setpoint - waiting[k]) / (2 T)`` (see :class:`~loadgen.controllaw.ControlLaw`).
+(setpoint - waiting[k]) / (2 T)``, and for a ratio at its ceiling (KV usage or GPU
+utilization at 0.95 or more), which drains the queue behind it: ``r[k+1] <=
+served[k] - waiting[k] / (2 T)`` (see :class:`~loadgen.controllaw.ControlLaw`).
 
 Why this shape:
 
@@ -35,6 +37,13 @@ Why this shape:
   after the signal's delay: the sample interval (direct) or the scrape interval plus
   half the rate window (Prometheus). The control interval is twice that delay (at
   least 1 s), so each step is judged on a signal that saw the previous one.
+- **Saturation.** A full cache reads 1.0 whether the backlog behind it is one
+  request or a thousand: the integral step, at most ``0.15 x log(setpoint)`` a tick,
+  would take tens of intervals to drain it and then overshoot the other way once
+  the backlog is gone. While the ratio is at its ceiling the queue says how far over
+  the rate is, so the queue law (towards no queue) sets an upper bound, and the
+  integral step takes over from that rate when the ratio comes off its ceiling
+  (the state is the rate, so the hand-over has no bump).
 - **Unreachable.** When the rate has sat at a bound for three intervals with the
   signal still off by more than the tolerance, the setpoint cannot be reached with
   these bounds; the run says so (once, and in every tick's ``state``) and holds the
@@ -62,7 +71,7 @@ from typing import Any
 
 from loadgen.arrivals import Arrival, Due, Stage
 from loadgen.context import Driven, RunContext
-from loadgen.controllaw import ControlLaw, control_interval, parse_hold
+from loadgen.controllaw import SATURATING, ControlLaw, control_interval, parse_hold
 from loadgen.ramp import open_loop, wait_for_start
 from loadgen.runrecord import ControlResult
 from loadgen.stopping import Stopper
@@ -232,8 +241,12 @@ async def _ticks(
                 )
         else:
             blind_since = None
-            offered = law.update(measured, served_rps)
+            queue = None
+            if signal in SATURATING:
+                queue = _measure(ctx, "waiting", now - interval, now, window)
+            offered = law.update(measured, served_rps, queue)
             state = "unreachable" if law.unreachable else "tracking"
+            state = "draining" if law.draining else state
             if law.unreachable and not warned:
                 warned = True
                 bound = "--rps-max" if offered >= law.rps_max else "--rps-min"

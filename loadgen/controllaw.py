@@ -13,6 +13,7 @@ from servemon.errors import ConfigError
 __all__ = [
     "HOLDABLE",
     "PROMETHEUS_ONLY",
+    "SATURATING",
     "TOLERANCE",
     "ControlLaw",
     "control_interval",
@@ -23,6 +24,9 @@ __all__ = [
 HOLDABLE = ("waiting", "kv_cache_usage", "ttft_p95", "burn_rate", "gpu_utilization")
 #: Signals only Prometheus has (the generated rules, the GPU exporter).
 PROMETHEUS_ONLY = ("burn_rate", "gpu_utilization")
+#: Ratios that stop at 1: at their ceiling they no longer say how far over the
+#: rate is (a full cache hides the backlog behind it).
+SATURATING = ("kv_cache_usage", "gpu_utilization")
 TOLERANCE = 0.15
 #: Intervals at a bound, signal still off, before the setpoint is unreachable.
 UNREACHABLE_AFTER = 3
@@ -61,6 +65,15 @@ class ControlLaw:
     ``log(setpoint / measured)`` clamped to ±1 (a PI law in velocity form whose
     proportional gain ``kp`` is 0 by default: on a static map it only adds the
     noise of each reading to the rate).
+
+    A saturating signal (:data:`SATURATING`) at its ceiling (0.95, or halfway from
+    the setpoint to 1) is read with the queue behind it: the law offers what the
+    server served less the queue spread over ``drain`` intervals (the queue law with
+    a setpoint of no queue), but not below ``setpoint`` times what it served (where
+    the ratio would sit, by Little's law) and never more than the last rate, until
+    the signal leaves the ceiling; then the integral step goes on from that rate.
+    Without the queue (no series) it offers no more than was served, and the
+    integral step's cut where that is deeper.
     """
 
     signal: str
@@ -76,6 +89,13 @@ class ControlLaw:
     drain: float = 2.0
     last_error: float = 0.0
     at_bound: int = 0
+    #: The last step drained a backlog behind a saturated signal.
+    draining: bool = False
+
+    @property
+    def ceiling(self) -> float:
+        """Where a saturating signal stops telling the rate apart."""
+        return max(0.95, (1.0 + self.setpoint) / 2)
 
     def error(self, measured: float) -> float:
         """The logarithmic error, clamped (1 when the signal is at 0)."""
@@ -83,9 +103,12 @@ class ControlLaw:
             return 1.0
         return max(-1.0, min(1.0, math.log(self.setpoint / measured)))
 
-    def update(self, measured: float, served_rps: float) -> float:
-        """The rate for the next interval, given the signal over the last one and
-        the requests the server completed per second meanwhile."""
+    def update(
+        self, measured: float, served_rps: float, waiting: float | None = None
+    ) -> float:
+        """The rate for the next interval, given the signal over the last one, the
+        requests the server completed per second meanwhile and, for a saturating
+        signal, the queue over the last interval (None: not known, read as none)."""
         low = math.log(1 - self.max_down)
         high = math.log(1 + self.max_up)
         if self.signal == "waiting":
@@ -103,6 +126,19 @@ class ControlLaw:
             e = self.error(measured)
             step = self.kp * (e - self.last_error) + self.ki * e
             self.last_error = e
+        self.draining = self.signal in SATURATING and measured >= self.ceiling
+        if self.draining:
+            # What a full cache serves is what the server can do; the ratio grows
+            # with the requests held, the rate times their latency (Little), so
+            # ``setpoint x served`` is about where it would sit: drain no lower.
+            # Without the queue, no more than served, and the integral step.
+            wanted = served_rps
+            if waiting is not None:
+                spread = self.drain * self.interval_s
+                wanted = max(self.setpoint * wanted, wanted - waiting / spread)
+            drain = math.log(max(wanted, 1e-9) / self.rate)
+            step = drain if waiting is not None else min(step, drain)
+            high = 0.0
         step = max(low, min(high, step))
         rate = min(self.rps_max, max(self.rps_min, self.rate * math.exp(step)))
         off = abs(self.setpoint - measured) > TOLERANCE * self.setpoint

@@ -66,6 +66,43 @@ def test_the_log_pi_law_settles_on_a_monotone_signal_without_oscillating() -> No
     assert seen[-1] == pytest.approx(0.4, rel=0.05)
 
 
+def _full_cache(law: ControlLaw, queue: float, know_queue: bool) -> list[float]:
+    """A server that completes at most 40 requests/s, each holding the cache for 3 s
+    (120 requests fill it): KV usage is rate / 40 below that and 1.0 while a backlog
+    waits; returns KV usage tick by tick."""
+    seen = []
+    for _ in range(60):
+        served = min(40.0, law.rate + queue / law.interval_s)
+        queue = max(0.0, queue + (law.rate - served) * law.interval_s)
+        kv = 1.0 if queue > 0 else min(1.0, served * 3.0 / 120.0)
+        seen.append(kv)
+        law.update(kv, served, queue if know_queue else None)
+    return seen
+
+
+def test_a_full_cache_drains_its_backlog_on_the_queue_then_holds_kv() -> None:
+    """At the ceiling KV usage hides the backlog: the law steers on the queue
+    (towards none) while the cache is full, then on KV usage, and gets there far
+    sooner than with the integral step alone."""
+    law = ControlLaw("kv_cache_usage", 0.7, 0.5, 1000.0, rate=60.0, interval_s=4.0)
+    seen = _full_cache(law, queue=400.0, know_queue=True)
+    full = sum(kv >= 0.95 for kv in seen)
+    assert full <= 12  # 400 requests of backlog, drained at 40 - 0.7 x 40 a second
+    assert all(kv >= 0.95 for kv in seen[:full])
+    # Handed over where the ratio sits by Little's law: no undershoot, no collapse.
+    assert min(seen[full:]) >= 0.6
+    assert seen[-1] == pytest.approx(0.7, rel=0.03)
+    blind = ControlLaw("kv_cache_usage", 0.7, 0.5, 1000.0, rate=60.0, interval_s=4.0)
+    slow = _full_cache(blind, 400.0, know_queue=False)  # no queue series
+    assert sum(kv >= 0.95 for kv in slow) > full
+    assert slow[-1] == pytest.approx(0.7, rel=0.05)
+    # Below the ceiling the queue is not read: the integral step alone.
+    calm = ControlLaw("kv_cache_usage", 0.7, 0.5, 1000.0, rate=10.0, interval_s=4.0)
+    calm.update(0.3, 10.0, 50.0)
+    assert not calm.draining
+    assert calm.rate > 10.0
+
+
 def test_the_rate_stays_in_its_bounds_and_an_unreachable_setpoint_is_said() -> None:
     law = ControlLaw("kv_cache_usage", 0.9, 1.0, 10.0, rate=5.0, interval_s=2.0)
     for _ in range(10):
