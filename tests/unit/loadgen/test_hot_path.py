@@ -91,12 +91,21 @@ def test_the_dispatcher_never_sends_early_and_leaves_nothing_behind(
         warm.run(asyncio.sleep(0))
     fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
     sent: list[tuple[float, float]] = []
+    ready: dict[int, float] = {}
 
-    async def send(due: Due, at: float, _: object) -> None:
+    def prepare(due: Due) -> int:
+        ready[due.index] = time.monotonic()
+        return due.index * 10
+
+    async def send(due: Due, at: float, prepared: object) -> None:
         sent.append((at, time.monotonic()))
+        # Each request gets what its own prepare made, made before it is sent
+        # (ahead of its time unless the loop was late: not asserted, a timing).
+        assert prepared == due.index * 10
+        assert ready[due.index] <= sent[-1][1]
 
     async def go() -> None:
-        loop = OpenLoop(send, max_inflight=100)
+        loop = OpenLoop(send, max_inflight=100, prepare=prepare)
         # gaps below and above the loop's millisecond timers, and two at once
         offsets = [0.0004, 0.0011, 0.0011, 0.004, 0.0093, 0.02, 0.0201, 0.05]
         schedule = [Due(i, 0, x) for i, x in enumerate(offsets)]
