@@ -14,9 +14,7 @@ velocity form on the logarithm of the rate::
     r[k+1] = clamp(r[k+1], rps_min, rps_max)
 
 except for ``waiting``, a queue, held by the queue law ``r[k+1] = served[k] +
-(setpoint - waiting[k]) / (2 T)``; for ``kv_cache_usage``, held by the same law on
-the requests running, whose target is ``running[k] x setpoint / kv[k]``; and for a
-ratio at its ceiling (KV usage or GPU
+(setpoint - waiting[k]) / (2 T)``, and for a ratio at its ceiling (KV usage or GPU
 utilization at 0.95 or more), which drains the queue behind it: ``r[k+1] <=
 served[k] - waiting[k] / (2 T)`` (see :class:`~loadgen.controllaw.ControlLaw`).
 
@@ -39,12 +37,6 @@ Why this shape:
   after the signal's delay: the sample interval (direct) or the scrape interval plus
   half the rate window (Prometheus). The control interval is twice that delay (at
   least 1 s), so each step is judged on a signal that saw the previous one.
-- **KV usage is held through the requests running.** The cache is what the
-  requests in the engine hold, and their number is a queue: arrivals in,
-  completions out. Read as a static function of the rate, KV usage swung by ±30 %
-  at a constant rate in the benchmark (the arrivals' own noise, amplified because
-  more requests running make every step longer); the queue law reacts to that
-  within an interval, as it does for ``waiting``.
 - **Saturation.** A full cache reads 1.0 whether the backlog behind it is one
   request or a thousand: the integral step, at most ``0.15 x log(setpoint)`` a tick,
   would take tens of intervals to drain it and then overshoot the other way once
@@ -132,7 +124,6 @@ def _measure(
         return sum(values) / len(values) if values else None
     key = {
         "waiting": names.ENGINE_REQUESTS_WAITING.name,
-        "running": names.ENGINE_REQUESTS_RUNNING.name,
         "kv_cache_usage": names.ENGINE_KV_CACHE_USAGE.name,
     }[signal]
     for at, samples in reversed(ctx.history):
@@ -250,11 +241,10 @@ async def _ticks(
                 )
         else:
             blind_since = None
-            queue = running = None
+            queue = None
             if signal in SATURATING:
                 queue = _measure(ctx, "waiting", now - interval, now, window)
-                running = _measure(ctx, "running", now - interval, now, window)
-            offered = law.update(measured, served_rps, queue, running)
+            offered = law.update(measured, served_rps, queue)
             state = "unreachable" if law.unreachable else "tracking"
             state = "draining" if law.draining else state
             if law.unreachable and not warned:

@@ -60,13 +60,8 @@ class ControlLaw:
     ``waiting`` is a queue, an integrator of (offered - served): the queue law
     offers what the server served plus the queue error spread over ``drain``
     intervals, which closes the error geometrically (half of it an interval) however
-    fast the server is. ``kv_cache_usage`` is the cache the running requests hold,
-    and the requests running are a queue too (arrivals in, completions out): the
-    queue law holds them at ``running x setpoint / measured``, the number that
-    would hold the setpoint at the present mix of lengths (without a running
-    series, the integral step below). Every other signal is a monotone function
-    of the rate: an integral step on the logarithm of the rate, ``ki`` times the
-    logarithmic error
+    fast the server is. Every other signal is a monotone function of the rate: an
+    integral step on the logarithm of the rate, ``ki`` times the logarithmic error
     ``log(setpoint / measured)`` clamped to ±1 (a PI law in velocity form whose
     proportional gain ``kp`` is 0 by default: on a static map it only adds the
     noise of each reading to the rate).
@@ -108,42 +103,25 @@ class ControlLaw:
             return 1.0
         return max(-1.0, min(1.0, math.log(self.setpoint / measured)))
 
-    def _queue_law(
-        self, queue: float, target: float, served_rps: float
-    ) -> tuple[float, float]:
-        """The step of the queue law holding ``queue`` at ``target``, and its
-        upper limit."""
-        if queue < target / 2 and served_rps >= 0.9 * self.rate:
-            # Far below, and the server serves all it is offered: it has room.
-            wanted = self.rate * (1 + self.max_up)
-        else:
-            spread = self.drain * self.interval_s
-            wanted = served_rps + (target - queue) / spread
-        # Steps up are limited against what the server served, not only the last
-        # rate: after a drain the rate may go straight back to it.
-        high = math.log(max(1.0, served_rps / self.rate) * (1 + self.max_up))
-        return math.log(max(wanted, 1e-9) / self.rate), high
-
     def update(
-        self,
-        measured: float,
-        served_rps: float,
-        waiting: float | None = None,
-        running: float | None = None,
+        self, measured: float, served_rps: float, waiting: float | None = None
     ) -> float:
         """The rate for the next interval, given the signal over the last one, the
-        requests the server completed per second meanwhile and, for KV usage, the
-        queue and the requests running over the last interval (None: not known;
-        a queue not known is read as none)."""
+        requests the server completed per second meanwhile and, for a saturating
+        signal, the queue over the last interval (None: not known, read as none)."""
         low = math.log(1 - self.max_down)
         high = math.log(1 + self.max_up)
         if self.signal == "waiting":
-            step, high = self._queue_law(measured, self.setpoint, served_rps)
-        elif self.signal == "kv_cache_usage" and running and measured > 0:
-            # The cache is what the requests in the engine hold: at this mix of
-            # lengths, ``setpoint / measured`` times as many would hold the setpoint.
-            target = running * self.setpoint / measured
-            step, high = self._queue_law(running, target, served_rps)
+            if measured < self.setpoint / 2 and served_rps >= 0.9 * self.rate:
+                # Far below, and the server serves all it is offered: it has room.
+                wanted = self.rate * (1 + self.max_up)
+            else:
+                spread = self.drain * self.interval_s
+                wanted = served_rps + (self.setpoint - measured) / spread
+            # Steps up are limited against what the server served, not only the
+            # last rate: after a drain the rate may go straight back to it.
+            high = math.log(max(1.0, served_rps / self.rate) * (1 + self.max_up))
+            step = math.log(max(wanted, 1e-9) / self.rate)
         else:
             e = self.error(measured)
             step = self.kp * (e - self.last_error) + self.ki * e
