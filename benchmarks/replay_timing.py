@@ -135,11 +135,7 @@ def replay_peer(
         "--save-result", "--save-detailed", "--result-dir", str(out),
         "--result-filename", "result.json",
     ]  # fmt: skip
-    steal0, total0 = cpu_steal(1)
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    steal1, total1 = cpu_steal(1)
-    if done.returncode != 0:
-        raise SystemExit(f"vllm bench serve failed: {done.stderr[-2000:]}")
+    steal_pct = run_client(command, "vllm bench serve")
     data: dict[str, Any] = json.loads((out / "result.json").read_text())
     starts: list[float] = data["start_times"]
     offsets = [e.at_s for e in entries]
@@ -156,7 +152,7 @@ def replay_peer(
         "lag_max_ms": float("nan"),
         "early": float("nan"),
         "over_1ms": sum(x > 0.001 for x in lags),
-        "steal_pct": 100.0 * (steal1 - steal0) / max(1, total1 - total0),
+        "steal_pct": steal_pct,
         "same_p50_ms": q[49] * 1000,
         "same_p99_ms": q[98] * 1000,
         "hit_ratio_trace": prefix_hit_ratio(entries) or 0.0,
@@ -178,6 +174,16 @@ def cpu_steal(cpu: int) -> tuple[int, int]:
     return 0, 0
 
 
+def run_client(command: list[str], name: str) -> float:
+    """Run a client to its end; CPU 1's steal time meanwhile, in % of its time."""
+    steal0, total0 = cpu_steal(1)
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    steal1, total1 = cpu_steal(1)
+    if done.returncode != 0:
+        raise SystemExit(f"{name} failed: {done.stderr[-2000:]}")
+    return 100.0 * (steal1 - steal0) / max(1, total1 - total0)
+
+
 def replay(
     trace: Path, url: str, out: Path, rate_scale: float, extra: list[str]
 ) -> dict[str, float]:
@@ -186,11 +192,7 @@ def replay(
         "--target", url, "--rate-scale", f"{rate_scale:g}", "--metrics-port", "0",
         "--max-inflight", "100000", "--timeout", "60", "--out", str(out), *extra,
     ]  # fmt: skip
-    steal0, total0 = cpu_steal(1)
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    steal1, total1 = cpu_steal(1)
-    if done.returncode != 0:
-        raise SystemExit(f"servemon replay failed: {done.stderr[-2000:]}")
+    steal_pct = run_client(command, "servemon replay")
     (run,) = out.glob("*-replay")
     records = [json.loads(x) for x in (run / "requests.jsonl").read_text().splitlines()]
     entries = read_trace(trace)
@@ -215,7 +217,7 @@ def replay(
         "lag_max_ms": lags[-1] * 1000,
         "early": sum(x < 0 for x in lags),
         "over_1ms": sum(x > 0.001 for x in lags),
-        "steal_pct": 100.0 * (steal1 - steal0) / max(1, total1 - total0),
+        "steal_pct": steal_pct,
         "same_p50_ms": qs[49] * 1000,
         "same_p99_ms": qs[98] * 1000,
         "hit_ratio_trace": prefix_hit_ratio(entries) or 0.0,
