@@ -44,6 +44,12 @@ Why this shape:
   the rate is, so the queue law (towards no queue) sets an upper bound, and the
   integral step takes over from that rate when the ratio comes off its ceiling
   (the state is the rate, so the hand-over has no bump).
+- **The lifetime's lag (KV usage).** KV usage is what the running requests hold,
+  so it follows a change of rate only as they are replaced, over about their
+  lifetime ``L`` (the client's mean end-to-end latency over the last interval). An
+  integral step alone on such a lag swings slowly; the law adds the proportional
+  gain ``kp = ki * a / (1 - a)``, ``a = exp(-T / L)``, whose zero cancels it (0.02
+  for 2-s requests at 4-s intervals: the static map again; 0.86 for 25-s ones).
 - **Unreachable.** When the rate has sat at a bound for three intervals with the
   signal still off by more than the tolerance, the setpoint cannot be reached with
   these bounds; the run says so (once, and in every tick's ``state``) and holds the
@@ -84,18 +90,33 @@ __all__ = ["drive_control"]
 @dataclass(slots=True)
 class _ClientWindow:
     """The client's own TTFTs of the last ``window_s`` (``ttft_p95`` without
-    Prometheus): a sink of finished requests."""
+    Prometheus) and the requests' lifetimes: a sink of finished requests."""
 
     window_s: float
     ttfts: deque[tuple[float, float]] = field(default_factory=deque)
     #: Requests completed (ok) so far.
     served: int = 0
+    #: End-to-end seconds of the requests completed since :meth:`lifetime`.
+    e2e_sum: float = 0.0
+    e2e_count: int = 0
+    #: The last interval's mean lifetime (kept through an interval with none).
+    mean_lifetime: float | None = None
 
     def __call__(self, timing: RequestTiming) -> None:
         if timing.outcome is Outcome.OK:
             self.served += 1
+            self.e2e_sum += timing.e2e
+            self.e2e_count += 1
             if timing.ttft is not None:
                 self.ttfts.append((timing.end_s, timing.ttft))
+
+    def lifetime(self) -> float | None:
+        """The mean end-to-end latency of the requests completed since the last
+        call (the last known one if none completed)."""
+        if self.e2e_count:
+            self.mean_lifetime = self.e2e_sum / self.e2e_count
+        self.e2e_sum, self.e2e_count = 0.0, 0
+        return self.mean_lifetime
 
     def p95(self, now: float) -> float | None:
         while self.ttfts and self.ttfts[0][0] < now - self.window_s:
@@ -230,6 +251,7 @@ async def _ticks(
         served_rps = (served - served_before) / span
         sent_before, served_before, tick_start = sent, served, now
         measured = _measure(ctx, signal, now - interval, now, window)
+        lifetime = window.lifetime()
         offered = law.rate
         if measured is None:
             blind_since = blind_since if blind_since is not None else now
@@ -244,7 +266,7 @@ async def _ticks(
             queue = None
             if signal in SATURATING:
                 queue = _measure(ctx, "waiting", now - interval, now, window)
-            offered = law.update(measured, served_rps, queue)
+            offered = law.update(measured, served_rps, queue, lifetime)
             state = "unreachable" if law.unreachable else "tracking"
             state = "draining" if law.draining else state
             if law.unreachable and not warned:
@@ -271,6 +293,8 @@ async def _ticks(
             "offered_rps": offered,
             "achieved_rps": achieved,
             "served_rps": served_rps,
+            "lifetime_s": lifetime,
+            "gain": law.gain,
             "state": state,
         }
         result.add(line, now - start)

@@ -12,6 +12,7 @@ from servemon.errors import ConfigError
 
 __all__ = [
     "HOLDABLE",
+    "KP_MAX",
     "PROMETHEUS_ONLY",
     "SATURATING",
     "TOLERANCE",
@@ -28,6 +29,9 @@ PROMETHEUS_ONLY = ("burn_rate", "gpu_utilization")
 #: rate is (a full cache hides the backlog behind it).
 SATURATING = ("kv_cache_usage", "gpu_utilization")
 TOLERANCE = 0.15
+#: The largest proportional gain the lag of a long lifetime gets (a lifetime of
+#: about 7 intervals).
+KP_MAX = 1.0
 #: Intervals at a bound, signal still off, before the setpoint is unreachable.
 UNREACHABLE_AFTER = 3
 
@@ -74,6 +78,14 @@ class ControlLaw:
     the signal leaves the ceiling; then the integral step goes on from that rate.
     Without the queue (no series) it offers no more than was served, and the
     integral step's cut where that is deeper.
+
+    KV usage is not a static map when requests live longer than an interval: it is
+    what the requests running hold, so it follows a change of rate with a lag of
+    about their lifetime ``L``. An integral step alone then rings (a slow,
+    poorly damped swing of several lifetimes). Given ``lifetime_s``, the law adds
+    the proportional gain that cancels that lag, ``ki * a / (1 - a)`` with
+    ``a = exp(-T / L)`` (at most :data:`KP_MAX`): about 0 for requests shorter than
+    an interval, where the map is static again.
     """
 
     signal: str
@@ -91,6 +103,8 @@ class ControlLaw:
     at_bound: int = 0
     #: The last step drained a backlog behind a saturated signal.
     draining: bool = False
+    #: The proportional gain of the last step (``kp``, or the lag's, see above).
+    gain: float = 0.0
 
     @property
     def ceiling(self) -> float:
@@ -103,12 +117,24 @@ class ControlLaw:
             return 1.0
         return max(-1.0, min(1.0, math.log(self.setpoint / measured)))
 
+    def proportional_gain(self, lifetime_s: float | None) -> float:
+        """``kp``, or for KV usage the gain that cancels a lag of ``lifetime_s``."""
+        if self.signal != "kv_cache_usage" or not lifetime_s or lifetime_s <= 0:
+            return self.kp
+        a = math.exp(-self.interval_s / lifetime_s)
+        return max(self.kp, min(KP_MAX, self.ki * a / (1 - a)))
+
     def update(
-        self, measured: float, served_rps: float, waiting: float | None = None
+        self,
+        measured: float,
+        served_rps: float,
+        waiting: float | None = None,
+        lifetime_s: float | None = None,
     ) -> float:
         """The rate for the next interval, given the signal over the last one, the
-        requests the server completed per second meanwhile and, for a saturating
-        signal, the queue over the last interval (None: not known, read as none)."""
+        requests the server completed per second meanwhile, for a saturating
+        signal the queue over the last interval (None: not known, read as none),
+        and the requests' mean lifetime (end-to-end latency; None: not known)."""
         low = math.log(1 - self.max_down)
         high = math.log(1 + self.max_up)
         if self.signal == "waiting":
@@ -124,7 +150,8 @@ class ControlLaw:
             step = math.log(max(wanted, 1e-9) / self.rate)
         else:
             e = self.error(measured)
-            step = self.kp * (e - self.last_error) + self.ki * e
+            self.gain = self.proportional_gain(lifetime_s)
+            step = self.gain * (e - self.last_error) + self.ki * e
             self.last_error = e
         self.draining = self.signal in SATURATING and measured >= self.ceiling
         if self.draining:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from loadgen.config import LoadConfig
-from loadgen.controllaw import ControlLaw, control_interval, parse_hold
+from loadgen.controllaw import KP_MAX, ControlLaw, control_interval, parse_hold
 from loadgen.plan import check_load_config
 from loadgen.promsource import PrometheusSampler
 from monitor.signals import SIGNALS, parse_selector, queries
@@ -64,6 +65,37 @@ def test_the_log_pi_law_settles_on_a_monotone_signal_without_oscillating() -> No
     knee = lambda r: 0.05 + 0.05 * r / max(1e-3, 30.0 - r) if r < 30 else 60.0  # noqa: E731
     seen = _settle(ttft, knee)
     assert seen[-1] == pytest.approx(0.4, rel=0.05)
+
+
+def _lagged_kv(law: ControlLaw, lifetime_s: float, tell: bool) -> list[float]:
+    """KV usage that follows ``rate / 40`` with the requests' lifetime as its lag."""
+    a = math.exp(-law.interval_s / lifetime_s)
+    kv, seen = 0.0, []
+    for _ in range(120):
+        kv = a * kv + (1 - a) * min(1.0, law.rate / 40.0)
+        seen.append(kv)
+        law.update(kv, law.rate, 0.0, lifetime_s if tell else None)
+    return seen
+
+
+def test_kv_usage_behind_long_lived_requests_settles_without_overshoot() -> None:
+    """Requests living ten intervals: the integral step alone overshoots out of
+    the ±15 % band; with the lifetime the lag is cancelled, and requests shorter
+    than an interval get (almost) no proportional gain."""
+    blind = _lagged_kv(
+        ControlLaw("kv_cache_usage", 0.7, 0.5, 1000.0, rate=1.0, interval_s=4.0),
+        40.0,
+        tell=False,
+    )
+    assert max(blind) > 0.7 * 1.15
+    law = ControlLaw("kv_cache_usage", 0.7, 0.5, 1000.0, rate=1.0, interval_s=4.0)
+    told = _lagged_kv(law, 40.0, tell=True)
+    assert max(told) < 0.7 * 1.05
+    assert all(abs(x - 0.7) <= 0.7 * 0.15 for x in told[40:])
+    assert law.gain == KP_MAX
+    assert law.proportional_gain(2.0) < 0.03
+    ttft = ControlLaw("ttft_p95", 0.4, 0.5, 1000.0, rate=1.0, interval_s=4.0)
+    assert ttft.proportional_gain(40.0) == 0.0
 
 
 def _full_cache(law: ControlLaw, queue: float, know_queue: bool) -> list[float]:
