@@ -3,8 +3,8 @@ change of the server's speed back to the setpoint.
 
 For each signal (``waiting``, ``kv_cache_usage``, ``ttft_p95``) a ``servemon sim``
 is started with an engine shaped so that the setpoint sits inside its range (a
-batch limit for the queue, a small KV cache for KV usage, 1,024-token prompts for
-TTFT), and ``servemon control
+batch limit for the queue, long-lived requests for KV usage, 1,024-token prompts
+for TTFT), and ``servemon control
 --hold SIGNAL=SETPOINT`` runs for ``--soak`` seconds against it, as a user runs it
 (Poisson arrivals, the signal read from the target's ``/metrics``, every 0.5 s for
 the queue and KV usage, no real-time scheduling). Halfway through, the simulator's

@@ -13,6 +13,7 @@ from servemon.errors import ConfigError
 __all__ = [
     "HOLDABLE",
     "KP_MAX",
+    "LAGGED_BY_LIFETIME",
     "PROMETHEUS_ONLY",
     "SATURATING",
     "TOLERANCE",
@@ -28,6 +29,9 @@ PROMETHEUS_ONLY = ("burn_rate", "gpu_utilization")
 #: Ratios that stop at 1: at their ceiling they no longer say how far over the
 #: rate is (a full cache hides the backlog behind it).
 SATURATING = ("kv_cache_usage", "gpu_utilization")
+#: Ratios of what the running requests hold: they follow a change of rate over
+#: about a request's lifetime.
+LAGGED_BY_LIFETIME = ("kv_cache_usage",)
 TOLERANCE = 0.15
 #: The largest proportional gain the lag of a long lifetime gets (a lifetime of
 #: about 7 intervals).
@@ -118,8 +122,9 @@ class ControlLaw:
         return max(-1.0, min(1.0, math.log(self.setpoint / measured)))
 
     def proportional_gain(self, lifetime_s: float | None) -> float:
-        """``kp``, or for KV usage the gain that cancels a lag of ``lifetime_s``."""
-        if self.signal != "kv_cache_usage" or not lifetime_s or lifetime_s <= 0:
+        """``kp``, or for a signal :data:`LAGGED_BY_LIFETIME` the gain that cancels
+        a lag of ``lifetime_s``."""
+        if self.signal not in LAGGED_BY_LIFETIME or not lifetime_s or lifetime_s < 0:
             return self.kp
         a = math.exp(-self.interval_s / lifetime_s)
         return max(self.kp, min(KP_MAX, self.ki * a / (1 - a)))
