@@ -33,17 +33,17 @@ async def run_closed_loop(
     timeout_s: float = 600.0,
     stage: int = 0,
     on_done: Callable[[RequestTiming], None] | None = None,
-    on_send: Callable[[], None] | None = None,
+    on_send: Callable[[str], None] | None = None,
     stop: asyncio.Event | None = None,
     options: Callable[[int], dict[str, Any]] | None = None,
 ) -> list[RequestTiming]:
     """Run ``warmup + number`` requests with ``concurrency`` in flight.
 
     ``options(index)`` may add keyword arguments of :func:`send_request` (such as
-    ``cancel_after_s``) per request; ``on_send`` and ``on_done`` see each measured
-    request go out and finish. The measured timings are returned when there is no
-    ``on_done`` (with one, the caller keeps what it needs: a long level stays
-    bounded in memory).
+    ``cancel_after_s``) per request; ``on_send`` (given the request id) and
+    ``on_done`` see each measured request go out and finish. The measured timings
+    are returned when there is no ``on_done`` (with one, the caller keeps what it
+    needs: a long level stays bounded in memory).
     """
     total = warmup + number
     counter = itertools.count()  # rebound per phase below; workers read the current
@@ -54,13 +54,14 @@ async def run_closed_loop(
             index = next(counter)
             if index >= end:
                 return
+            request_id = f"{id_prefix}-{index}"
             if index >= warmup and on_send is not None:
-                on_send()
+                on_send(request_id)
             timing = await send_request(
                 session,
                 url,
                 make_body(index),
-                request_id=f"{id_prefix}-{index}",
+                request_id=request_id,
                 stage=stage,
                 headers=headers,
                 timeout_s=timeout_s,

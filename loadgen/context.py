@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import secrets
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,7 +41,14 @@ from loadgen.timing import RequestTiming
 from loadgen.workload import Prompt, Workload, request_body
 from monitor import names
 
-__all__ = ["HISTORY_SERIES", "Driven", "RunContext", "Sink", "history_samples"]
+__all__ = [
+    "HISTORY_SERIES",
+    "Driven",
+    "RunContext",
+    "Sink",
+    "Starter",
+    "history_samples",
+]
 
 ENGINE_WAITING = names.ENGINE_REQUESTS_WAITING.name
 #: The series the drivers read back from :attr:`RunContext.history` (the capacity
@@ -57,6 +65,7 @@ HISTORY_SERIES = frozenset(
 )
 #: Something that takes each finished request.
 Sink = Callable[[RequestTiming], None]
+Starter = Callable[[str, float, int | None], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +115,9 @@ class RunContext:
         default_factory=lambda: deque(maxlen=3600)
     )
     sinks: list[Sink] = field(default_factory=list)
+    #: Told of every measured request as it goes out: (request id, monotonic
+    #: time, prompt tokens where the workload knows them).
+    starters: list[Starter] = field(default_factory=list)
     #: (monotonic time, signals) read from Prometheus (``--prometheus``), newest
     #: last; a missing signal is None.
     signal_history: deque[tuple[float, dict[str, float | None]]] = field(
@@ -178,10 +190,14 @@ class RunContext:
             "cancel_after_tokens": c.cancel_after_tokens,
         }
 
-    def started(self) -> None:
-        """A measured request goes out."""
+    def started(self, request_id: str, prompt_tokens: int | None = None) -> None:
+        """A measured request goes out (every starter is told)."""
         self.sent += 1
         self.live.in_flight.inc()
+        if self.starters:
+            now = time.monotonic()
+            for starter in self.starters:
+                starter(request_id, now, prompt_tokens)
 
     def finished(self, timing: RequestTiming) -> None:
         """A measured request finished: every sink gets it."""

@@ -44,12 +44,22 @@ Why this shape:
   the rate is, so the queue law (towards no queue) sets an upper bound, and the
   integral step takes over from that rate when the ratio comes off its ceiling
   (the state is the rate, so the hand-over has no bump).
-- **The lifetime's lag (KV usage).** KV usage is what the running requests hold,
-  so it follows a change of rate only as they are replaced, over about their
-  lifetime ``L`` (the client's mean end-to-end latency over the last interval). An
-  integral step alone on such a lag swings slowly; the law adds the proportional
-  gain ``kp = ki * a / (1 - a)``, ``a = exp(-T / L)``, whose zero cancels it (0.02
-  for 2-s requests at 4-s intervals: the static map again; 0.86 for 25-s ones).
+- **The lifetime's lag (KV usage): a model, not a gain.** KV usage is what the
+  running requests hold, so it answers a change of rate only as they are replaced,
+  over about their lifetime, and a new request holds little until it decodes: a
+  change of rate reaches the gauge as a ramp over a lifetime, with the noise of how
+  many requests happen to be in flight on top. No gain on the gauge alone cancels
+  that (a proportional gain for a single lag and a cascade on the count in flight
+  were both measured and fell short, ``benchmarks/RESULTS.md``). The client knows
+  the population without lag (:mod:`loadgen.heldtokens`): what each request in
+  flight holds now and will hold ``max(T, L / 2)`` ahead, at the decode speed of
+  the last seconds of recent streams. The law scales that model to the gauge (an
+  average of their ratio) and offers the rate whose forecast is the setpoint: a
+  receding-horizon predictor. Looking half a lifetime ahead is the measured middle
+  (one interval ahead over-reacts, since new requests keep growing after it; a whole
+  lifetime ahead sees none of the requests now in flight, which is a fixed rate).
+  Until a few requests have finished, the integral step with the proportional gain
+  ``kp = ki * a / (1 - a)``, ``a = exp(-T / L)``, stands in.
 - **Unreachable.** When the rate has sat at a bound for three intervals with the
   signal still off by more than the tolerance, the setpoint cannot be reached with
   these bounds; the run says so (once, and in every tick's ``state``) and holds the
@@ -77,7 +87,14 @@ from typing import Any
 
 from loadgen.arrivals import Arrival, Due, Stage
 from loadgen.context import Driven, RunContext
-from loadgen.controllaw import SATURATING, ControlLaw, control_interval, parse_hold
+from loadgen.controllaw import (
+    HORIZON_LIFETIMES,
+    SATURATING,
+    ControlLaw,
+    control_interval,
+    parse_hold,
+)
+from loadgen.heldtokens import Forecast, HeldTokens
 from loadgen.ramp import open_loop, wait_for_start
 from loadgen.runrecord import ControlResult
 from loadgen.stopping import Stopper
@@ -189,6 +206,11 @@ async def drive_control(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dri
     )
     window = _ClientWindow(c.signal_window)
     ctx.sinks.append(window)
+    held = None
+    if signal == "kv_cache_usage":
+        held = HeldTokens()
+        ctx.sinks.append(held)
+        ctx.starters.append(held.started)
     record = ctx.stages[0]
     start = await wait_for_start(ctx, stop)
     if start is None:
@@ -204,7 +226,7 @@ async def drive_control(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dri
     )
     ctx.control = result
     ticking = asyncio.create_task(
-        _ticks(ctx, law, signal, interval, start, window, result, gauges)
+        _ticks(ctx, law, signal, interval, start, window, held, result, gauges)
     )
     try:
         interrupted = await open_loop(
@@ -231,10 +253,16 @@ async def _ticks(
     interval: float,
     start: float,
     window: _ClientWindow,
+    held: HeldTokens | None,
     result: ControlResult,
     gauges: Any,
 ) -> None:
     c = ctx.config
+    # The model of what the requests hold, sampled as often as the gauge, over the
+    # window the gauge's samples of an interval describe (Prometheus: a scrape ago).
+    modelled: deque[tuple[float, float]] = deque(maxlen=4096)
+    every = min(c.sample_interval, interval / 4)
+    lag = 0.0 if c.prometheus is None else c.scrape_interval
     blind_since: float | None = None
     warned = False
     tick_start = start
@@ -243,8 +271,10 @@ async def _ticks(
         due = start + tick * interval
         if due > start + c.duration + 1e-6:
             return  # the schedule is over: the requests in flight drain unsteered
-        await asyncio.sleep(max(0.0, due - time.monotonic()))
-        now = time.monotonic()
+        while (now := time.monotonic()) < due:
+            if held is not None and (tokens := held.held(now)) is not None:
+                modelled.append((now, tokens))
+            await asyncio.sleep(min(every, due - now))
         sent, served = ctx.sent, window.served
         span = max(now - tick_start, 1e-9)
         achieved = (sent - sent_before) / span
@@ -266,7 +296,10 @@ async def _ticks(
             queue = None
             if signal in SATURATING:
                 queue = _measure(ctx, "waiting", now - interval, now, window)
-            offered = law.update(measured, served_rps, queue, lifetime)
+            model = None
+            if held is not None:
+                model = _held_model(held, modelled, now, interval, lag)
+            offered = law.update(measured, served_rps, queue, lifetime, model)
             state = "unreachable" if law.unreachable else "tracking"
             state = "draining" if law.draining else state
             if law.unreachable and not warned:
@@ -295,7 +328,29 @@ async def _ticks(
             "served_rps": served_rps,
             "lifetime_s": lifetime,
             "gain": law.gain,
+            "scale": law.scale,
             "state": state,
         }
         result.add(line, now - start)
         ctx.rundir.append_control(line)
+
+
+def _held_model(
+    held: HeldTokens,
+    modelled: deque[tuple[float, float]],
+    now: float,
+    interval: float,
+    lag: float,
+) -> tuple[float, Forecast] | None:
+    """The model's mean over the interval the gauge saw, and its forecast
+    :data:`~loadgen.controllaw.HORIZON_LIFETIMES` of a lifetime (at least an
+    interval) ahead; None until the model has a shape and samples."""
+    shape = held.shape()
+    if shape is None:
+        return None
+    seen = [v for at, v in modelled if now - interval - lag <= at <= now - lag]
+    horizon = max(interval, HORIZON_LIFETIMES * shape.lifetime_s)
+    forecast = held.forecast(now, horizon)
+    if not seen or forecast is None:
+        return None
+    return sum(seen) / len(seen), forecast

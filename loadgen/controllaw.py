@@ -8,10 +8,12 @@ import math
 from dataclasses import dataclass
 
 from loadgen.config import LoadConfig
+from loadgen.heldtokens import Forecast
 from servemon.errors import ConfigError
 
 __all__ = [
     "HOLDABLE",
+    "HORIZON_LIFETIMES",
     "KP_MAX",
     "LAGGED_BY_LIFETIME",
     "PROMETHEUS_ONLY",
@@ -36,6 +38,10 @@ TOLERANCE = 0.15
 #: The largest proportional gain the lag of a long lifetime gets (a lifetime of
 #: about 7 intervals).
 KP_MAX = 1.0
+#: How far ahead the KV forecast looks, in lifetimes (at least an interval).
+HORIZON_LIFETIMES = 0.5
+#: How fast the scale of the KV model follows the measured gauge (per interval).
+SCALE_ALPHA = 0.3
 #: Intervals at a bound, signal still off, before the setpoint is unreachable.
 UNREACHABLE_AFTER = 3
 
@@ -85,11 +91,17 @@ class ControlLaw:
 
     KV usage is not a static map when requests live longer than an interval: it is
     what the requests running hold, so it follows a change of rate with a lag of
-    about their lifetime ``L``. An integral step alone then rings (a slow,
-    poorly damped swing of several lifetimes). Given ``lifetime_s``, the law adds
-    the proportional gain that cancels that lag, ``ki * a / (1 - a)`` with
-    ``a = exp(-T / L)`` (at most :data:`KP_MAX`): about 0 for requests shorter than
-    an interval, where the map is static again.
+    about their lifetime ``L``, and carries the noise of how many happen to be in
+    flight. Given the client's model of what its requests in flight hold
+    (``held``: the model's mean over the interval and its forecast, see
+    :mod:`loadgen.heldtokens`), the law is predictive: ``scale``, the measured
+    usage per modelled token, follows the gauge (an average, :data:`SCALE_ALPHA`
+    of the way each interval), and the rate is the one whose forecast
+    :data:`HORIZON_LIFETIMES` of a lifetime ahead is ``setpoint / scale``
+    (step-limited like the rest). Until the model has a shape (a few requests
+    finished), the integral step with the proportional gain that cancels the lag,
+    ``ki * a / (1 - a)`` with ``a = exp(-T / L)`` (at most :data:`KP_MAX`), given
+    ``lifetime_s``.
     """
 
     signal: str
@@ -109,6 +121,8 @@ class ControlLaw:
     draining: bool = False
     #: The proportional gain of the last step (``kp``, or the lag's, see above).
     gain: float = 0.0
+    #: Measured KV usage per token of the client's model (None: not used yet).
+    scale: float | None = None
 
     @property
     def ceiling(self) -> float:
@@ -135,11 +149,14 @@ class ControlLaw:
         served_rps: float,
         waiting: float | None = None,
         lifetime_s: float | None = None,
+        held: tuple[float, Forecast] | None = None,
     ) -> float:
         """The rate for the next interval, given the signal over the last one, the
         requests the server completed per second meanwhile, for a saturating
         signal the queue over the last interval (None: not known, read as none),
-        and the requests' mean lifetime (end-to-end latency; None: not known)."""
+        the requests' mean lifetime (end-to-end latency; None: not known), and for
+        KV usage the client's model of what its requests hold (its mean over the
+        interval and its forecast; None: no model yet)."""
         low = math.log(1 - self.max_down)
         high = math.log(1 + self.max_up)
         if self.signal == "waiting":
@@ -153,6 +170,14 @@ class ControlLaw:
             # last rate: after a drain the rate may go straight back to it.
             high = math.log(max(1.0, served_rps / self.rate) * (1 + self.max_up))
             step = math.log(max(wanted, 1e-9) / self.rate)
+        elif self.signal == "kv_cache_usage" and held and held[0] > 0 < measured:
+            modelled, forecast = held
+            seen = measured / modelled
+            scale = self.scale
+            self.scale = seen if scale is None else scale + SCALE_ALPHA * (seen - scale)
+            wanted = forecast.rate_for(self.setpoint / self.scale)
+            step = math.log(max(wanted, 1e-9) / self.rate)
+            self.gain = 0.0
         else:
             e = self.error(measured)
             self.gain = self.proportional_gain(lifetime_s)

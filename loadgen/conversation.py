@@ -76,7 +76,7 @@ async def run_session(
         )
         stage = stage_at(scheduled)
         ctx.turns_sent[stage] += 1
-        ctx.started()
+        ctx.started(request_id)
         timing = await send_request(
             ctx.session,
             ctx.url,

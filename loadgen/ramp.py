@@ -26,6 +26,10 @@ from loadgen.stopping import Stopper, grace, until_stopped
 
 __all__ = ["drive_ramp", "open_loop", "wait_for_start"]
 
+#: A request made ready ahead of its time: its body, its options of
+#: :func:`~loadgen.client.send_request` and its prompt tokens (where known).
+Ready = tuple[dict[str, Any], dict[str, Any], int | None]
+
 
 async def drive_ramp(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
     """Send the planned stages open loop, from ``--start-at`` or now."""
@@ -115,33 +119,35 @@ async def open_loop(
     def stage_at(t: float) -> int:
         return plan[min(bisect.bisect_left(ends, t), len(plan) - 1)].index
 
-    def prepare(due: Due) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        """The body and options of request ``due``, built before its time."""
+    def prepare(due: Due) -> Ready | None:
+        """The body, options and prompt tokens of request ``due``, built before its
+        time."""
         if sessions:
             return None
         index = first_index + due.index
         model = ctx.model_of(index)
+        prompt = ctx.workload.prompt(index)
         return (
-            ctx.body_of(ctx.workload.prompt(index), model),
+            ctx.body_of(prompt, model),
             ctx.request_options(index, model),
+            prompt.prompt_tokens,
         )
 
-    async def send(
-        due: Due, at: float, ready: tuple[dict[str, Any], dict[str, Any]] | None
-    ) -> None:
+    async def send(due: Due, at: float, ready: Ready | None) -> None:
         index = first_index + due.index
         if ready is None:
             ended = await run_session(ctx, index, at, stage_at=stage_at, until_s=until)
             if ended.cut:
                 ctx.sessions_cut[due.stage] += 1
             return
-        body, options = ready
-        ctx.started()
+        body, options, prompt_tokens = ready
+        request_id = f"{ctx.tag}-{index}"
+        ctx.started(request_id, prompt_tokens)
         timing = await send_request(
             ctx.session,
             ctx.url,
             body,
-            request_id=f"{ctx.tag}-{index}",
+            request_id=request_id,
             stage=due.stage,
             scheduled_s=at,
             headers=ctx.headers,

@@ -136,3 +136,39 @@ def test_a_blind_controller_holds_its_rate_then_stops(tmp_path: Path) -> None:
         "servemon_engine_requests_waiting"
         in (info["server_metrics"]["queries"]["waiting"]["value"])
     )
+
+
+def test_control_holds_kv_usage_on_its_model_of_the_requests(tmp_path: Path) -> None:
+    """Requests that live a few seconds into a small cache: once a few have
+    finished, the law steers on the client's model of what its requests hold (each
+    tick says the model's scale), and KV usage ends near the setpoint."""
+
+    async def go() -> RunResult:
+        # 1,000 blocks of 16 tokens; a request holds up to 160 tokens (10 blocks):
+        # about 50 in flight at the setpoint.
+        config = SimConfig(host="127.0.0.1", port=0, num_gpu_blocks=1000, block_size=16)
+        async with SimServer(config) as server:
+            load = config_for(
+                server,
+                tmp_path,
+                hold="kv_cache_usage=0.5",
+                duration=40.0,
+                rps_start=4.0,
+                workload="random:prompt=64,output=96",
+                ignore_eos=True,
+                sample_interval=0.5,
+                control_interval=2.0,
+                timeout=30.0,
+            )
+            return await run("control", load)
+
+    result = asyncio.run(asyncio.wait_for(go(), 120))
+    assert result.status == "completed"
+    ticks = _ticks(result)
+    assert ticks[0]["scale"] is None  # nothing had finished: the integral step
+    modelled = [t for t in ticks if t["scale"] is not None]
+    assert len(modelled) >= len(ticks) // 2
+    # The scale is KV usage per modelled token: 1 / (1,000 x 16), and rounding.
+    assert 0.5 / 16_000 < statistics.median(t["scale"] for t in modelled) < 2 / 16_000
+    late = [t["measured"] for t in ticks[-len(ticks) // 3 :]]
+    assert 0.3 < statistics.mean(late) < 0.7
