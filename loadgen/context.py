@@ -65,6 +65,7 @@ HISTORY_SERIES = frozenset(
 )
 #: Something that takes each finished request.
 Sink = Callable[[RequestTiming], None]
+#: Something told of each measured request as it goes out.
 Starter = Callable[[str, float, int | None], None]
 
 
