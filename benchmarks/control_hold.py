@@ -7,13 +7,19 @@ batch limit for the queue, long-lived requests for KV usage, 1,024-token prompts
 for TTFT), and ``servemon control
 --hold SIGNAL=SETPOINT`` runs for ``--soak`` seconds against it, as a user runs it
 (Poisson arrivals, the signal read from the target's ``/metrics``, every 0.5 s for
-the queue and KV usage, no real-time scheduling). Halfway through, the simulator's
+the queue and KV usage, no real-time scheduling; ``--pace`` passes ``--pace``, the
+TTFT law's pace on the sends). Halfway through, the simulator's
 speed is changed (``PUT /sim/config {"speed": ...}``): the server gets slower and the
 same rate means a different signal. From ``control.jsonl`` it prints, for each half
 after its settle time, the share of control ticks whose measured signal was within
 ±15 % of the setpoint, the signal's median and the median offered rate.
 
     .venv/bin/python benchmarks/control_hold.py [--soak 600] [--signals waiting,...]
+
+With ``--pin RATE`` the law's rate is pinned (``--rps-min = --rps-max = RATE``) and
+no speed change is made: for ``ttft_p95``, runs with and without ``--no-pace``
+print the share of 30-s p95s within ±15 % of their own median: the noise floor of
+the signal itself, which the pace on the sends lowers (``loadgen/backlog.py``).
 """
 
 from __future__ import annotations
@@ -105,7 +111,9 @@ def _half(ticks: list[dict[str, float]], setpoint: float) -> dict[str, float]:
     }
 
 
-def run_case(signal: str, soak: float, settle: float, work: Path) -> list[str]:
+def run_case(
+    signal: str, soak: float, settle: float, work: Path, pace: bool = False
+) -> list[str]:
     setpoint, sim_args, control_args = CASES[signal]
     out = work / signal
     with sim_process("--profile", "qwen3-0.6b-eager", *sim_args) as url:
@@ -116,7 +124,7 @@ def run_case(signal: str, soak: float, settle: float, work: Path) -> list[str]:
             str(SERVEMON), "control", "--target", url,
             "--hold", f"{signal}={setpoint:g}", "--duration", f"{soak:g}",
             "--rps-start", "4", "--metrics-port", "0", "--out", str(out),
-            *control_args,
+            *control_args, *(["--pace"] if pace else []),
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         slower.join()
@@ -138,6 +146,43 @@ def run_case(signal: str, soak: float, settle: float, work: Path) -> list[str]:
     return rows
 
 
+def pinned(signal: str, rate: float, soak: float, settle: float, work: Path) -> None:
+    """The signal's own spread at a pinned rate, paced and not (see the module)."""
+    setpoint, sim_args, control_args = CASES[signal]
+    pin = [f"--rps-{x}={rate:g}" for x in ("start", "min", "max")]
+    print(
+        f"{'pace':<8} {'ticks':>5} {'within':>7} {'median':>8} {'range':>13} {'rps':>6}"
+    )
+    for pace in ("--pace", "--no-pace"):
+        out = work / f"pinned{pace}"
+        with sim_process("--profile", "qwen3-0.6b-eager", *sim_args) as url:
+            command = [
+                str(SERVEMON), "control", "--target", url,
+                "--hold", f"{signal}={setpoint:g}", "--duration", f"{soak:g}",
+                "--metrics-port", "0", "--out", str(out), *control_args, *pin, pace,
+            ]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"servemon control failed: {done.stderr[-2000:]}")
+        (run,) = out.glob("*-control")
+        lines = (run / "control.jsonl").read_text().splitlines()
+        start = json.loads((run / "summary.json").read_text())["stages"][0]["start_s"]
+        ticks = [json.loads(x) for x in lines]
+        seen = [
+            t["measured"]
+            for t in ticks
+            if t["measured"] is not None and t["t_s"] - float(start) >= settle
+        ]
+        median = statistics.median(seen)
+        inside = sum(abs(m - median) <= TOLERANCE * median for m in seen) / len(seen)
+        sent = statistics.mean(t["achieved_rps"] for t in ticks[1:])
+        print(
+            f"{pace.lstrip('-'):<8} {len(seen):>5} {inside:>7.0%} {median:>8.3f} "
+            f"{min(seen):>6.3f}-{max(seen):.3f} {sent:>6.2f}",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--soak", type=float, default=600.0)
@@ -146,8 +191,25 @@ def main() -> None:
     parser.add_argument(
         "--keep", type=Path, default=None, help="keep the run directories here"
     )
+    parser.add_argument(
+        "--pace", action="store_true", help="servemon control --pace (ttft_p95)"
+    )
+    parser.add_argument(
+        "--pin", type=float, default=None, help="pin the rate (see the module)"
+    )
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="control-hold-"))
+    if args.pin is not None:
+        print(
+            f"control_hold --pin: servemon control at a pinned {args.pin:g} req/s "
+            f"against servemon sim (qwen3-0.6b-eager), {args.soak:g} s each, "
+            f"Poisson arrivals, the first {args.settle:g} s not judged"
+        )
+        for signal in args.signals.split(","):
+            pinned(signal, args.pin, args.soak, args.settle, work)
+        if args.keep is None:
+            subprocess.run(["rm", "-rf", str(work)], check=False)
+        return
     print(
         f"control_hold: servemon control against servemon sim (qwen3-0.6b-eager); "
         f"{args.soak:g} s a signal, the speed changed to {SPEED_AFTER:g} at half "
@@ -158,7 +220,7 @@ def main() -> None:
         f"{'median':>8} {'rps':>8}"
     )
     for signal in args.signals.split(","):
-        for row in run_case(signal, args.soak, args.settle, work):
+        for row in run_case(signal, args.soak, args.settle, work, args.pace):
             print(row, flush=True)
     if args.keep is None:
         subprocess.run(["rm", "-rf", str(work)], check=False)

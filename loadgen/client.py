@@ -13,6 +13,7 @@ import json
 import re
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,7 @@ async def send_request(
     record_interruption: bool = False,
     keep_text: bool = False,
     tags: RequestTags | None = None,
+    on_first_token: Callable[[], None] | None = None,
 ) -> RequestTiming:
     """POST ``body`` to ``url`` and time it; streaming if ``body["stream"]``.
 
@@ -78,6 +80,7 @@ async def send_request(
     being stopped) also returns a ``cancelled`` record with what was measured so far,
     instead of raising. ``keep_text`` keeps the answer's text on the record (a
     session sends it back in its next turn); ``tags`` go on the record as they are.
+    ``on_first_token`` is called as the first content chunk of a stream arrives.
     """
     probe = _Probe(request_id, time.monotonic() if scheduled_s is None else scheduled_s)
     probe.stage = stage
@@ -85,6 +88,7 @@ async def send_request(
     if keep_text:
         probe.text = []
     probe.cancel_after_tokens = cancel_after_tokens
+    probe.on_first_token = on_first_token
     sent_headers = {"X-Request-Id": request_id, **(headers or {})}
     resends = [0]
     probe.sent_s = time.monotonic()
@@ -156,6 +160,7 @@ class _Probe:
         self.request_id = request_id
         self.stage = 0
         self.cancel_after_tokens: int | None = None
+        self.on_first_token: Callable[[], None] | None = None
         self.scheduled_s = scheduled_s
         self.sent_s = scheduled_s
         self.headers_s: float | None = None
@@ -241,6 +246,8 @@ class _Probe:
                 continue
             if choice_text(choice):
                 self.content_s.append(now)
+                if len(self.content_s) == 1 and self.on_first_token is not None:
+                    self.on_first_token()
                 if self.first_answer_s is None or self.text is not None:
                     answer = answer_text(choice)
                     if answer is not None:

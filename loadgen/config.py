@@ -151,6 +151,8 @@ class LoadConfig:
     control_interval: Positive | None = None
     #: Stop when the signal has been missing this long (the controller is blind).
     blind_timeout: Positive = 60.0
+    #: ttft_p95: pace each gap by the client's prefill backlog (loadgen.backlog).
+    pace: bool = False
     # guard rails (every load command)
     abort_error_rate: Annotated[float, Ge(0), Le(1)] = 0.2
     abort_waiting: Annotated[float, Gt(0)] = 5000.0

@@ -44,6 +44,7 @@ from monitor import names
 __all__ = [
     "HISTORY_SERIES",
     "Driven",
+    "FirstToken",
     "RunContext",
     "Sink",
     "Starter",
@@ -67,6 +68,9 @@ HISTORY_SERIES = frozenset(
 Sink = Callable[[RequestTiming], None]
 #: Something told of each measured request as it goes out.
 Starter = Callable[[str, float, int | None], None]
+#: Something told as a measured request's first token arrives (request id,
+#: monotonic time).
+FirstToken = Callable[[str, float], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +123,8 @@ class RunContext:
     #: Told of every measured request as it goes out: (request id, monotonic
     #: time, prompt tokens where the workload knows them).
     starters: list[Starter] = field(default_factory=list)
+    #: Told as a measured request's first token arrives (streams only).
+    first_tokens: list[FirstToken] = field(default_factory=list)
     #: (monotonic time, signals) read from Prometheus (``--prometheus``), newest
     #: last; a missing signal is None.
     signal_history: deque[tuple[float, dict[str, float | None]]] = field(
@@ -199,6 +205,20 @@ class RunContext:
             now = time.monotonic()
             for starter in self.starters:
                 starter(request_id, now, prompt_tokens)
+
+    def first_token_hook(self, request_id: str) -> Callable[[], None] | None:
+        """What ``send_request`` calls at request ``request_id``'s first token
+        (None when nothing listens)."""
+        if not self.first_tokens:
+            return None
+        listeners = tuple(self.first_tokens)
+
+        def arrived() -> None:
+            now = time.monotonic()
+            for listener in listeners:
+                listener(request_id, now)
+
+        return arrived
 
     def finished(self, timing: RequestTiming) -> None:
         """A measured request finished: every sink gets it."""

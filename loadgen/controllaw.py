@@ -19,6 +19,7 @@ __all__ = [
     "PROMETHEUS_ONLY",
     "SATURATING",
     "TOLERANCE",
+    "TTFT_DRAIN_OVER",
     "ControlLaw",
     "control_interval",
     "parse_hold",
@@ -42,6 +43,10 @@ KP_MAX = 1.0
 HORIZON_LIFETIMES = 0.5
 #: How fast the scale of the KV model follows the measured gauge (per interval).
 SCALE_ALPHA = 0.3
+#: How far over its setpoint a TTFT p95 is read as a queue to drain: past twice
+#: it, the clamped integral step (-14 % an interval) lets a server that got
+#: slower build a backlog faster than the step cuts.
+TTFT_DRAIN_OVER = 2.0
 #: Intervals at a bound, signal still off, before the setpoint is unreachable.
 UNREACHABLE_AFTER = 3
 
@@ -87,7 +92,10 @@ class ControlLaw:
     the ratio would sit, by Little's law) and never more than the last rate, until
     the signal leaves the ceiling; then the integral step goes on from that rate.
     Without the queue (no series) it offers no more than was served, and the
-    integral step's cut where that is deeper.
+    integral step's cut where that is deeper. A TTFT p95 past
+    :data:`TTFT_DRAIN_OVER` times its setpoint, given the client's backlog of
+    prompts not yet answered (``waiting``), drains it the same way, at no less than
+    half of what was served.
 
     KV usage is not a static map when requests live longer than an interval: it is
     what the requests running hold, so it follows a change of rate with a lag of
@@ -183,16 +191,25 @@ class ControlLaw:
             self.gain = self.proportional_gain(lifetime_s)
             step = self.gain * (e - self.last_error) + self.ki * e
             self.last_error = e
-        self.draining = self.signal in SATURATING and measured >= self.ceiling
+        saturated = self.signal in SATURATING and measured >= self.ceiling
+        queued = (
+            self.signal == "ttft_p95"
+            and waiting is not None
+            and measured >= TTFT_DRAIN_OVER * self.setpoint
+        )
+        self.draining = saturated or queued
         if self.draining:
             # What a full cache serves is what the server can do; the ratio grows
             # with the requests held, the rate times their latency (Little), so
             # ``setpoint x served`` is about where it would sit: drain no lower.
-            # Without the queue, no more than served, and the integral step.
+            # A TTFT far over is a backlog of prompts: drain it at no less than
+            # half of what was served. Without the queue, no more than served,
+            # and the integral step.
             wanted = served_rps
             if waiting is not None:
                 spread = self.drain * self.interval_s
-                wanted = max(self.setpoint * wanted, wanted - waiting / spread)
+                floor = self.setpoint if saturated else 1 - self.max_down
+                wanted = max(floor * wanted, wanted - waiting / spread)
             drain = math.log(max(wanted, 1e-9) / self.rate)
             step = drain if waiting is not None else min(step, drain)
             high = 0.0

@@ -89,6 +89,7 @@ async def run_session(
             record_interruption=True,
             keep_text=answer_mode == "own",
             tags=tags,
+            on_first_token=ctx.first_token_hook(request_id),
         )
         ctx.finished(timing)
         sent += 1

@@ -153,6 +153,7 @@ async def open_loop(
             headers=ctx.headers,
             timeout_s=c.timeout,
             record_interruption=True,
+            on_first_token=ctx.first_token_hook(request_id),
             **options,
         )
         ctx.finished(timing)

@@ -220,6 +220,13 @@ def replay(trace: Path, config_file: Path | None, **flags: Any) -> None:
     type=float,
     help="Stop when the signal has been missing this long. [default: 60]",
 )
+@click.option(
+    "--pace/--no-pace",
+    default=None,
+    help="ttft_p95: draw each gap at the rate times a factor from the client's "
+    "prefill backlog (prompts sent, no first token yet), so bursts do not pile "
+    "up; the sends are then less bursty than --arrival. [default: off]",
+)
 @options.arrival()
 @options.prometheus()
 def control(config_file: Path | None, **flags: Any) -> None:

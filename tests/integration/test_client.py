@@ -12,6 +12,7 @@ import itertools
 import json
 import socket
 import statistics
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,28 @@ async def test_ttft_is_measured_to_the_first_content_not_the_role_chunk(
     assert t.first_chunk_s is not None
     assert t.sent_s <= t.headers_s <= t.first_chunk_s < t.content_s[0]
     assert t.output_tokens == 4
+
+
+@pytest.mark.asyncio
+async def test_the_first_token_hook_fires_once_at_the_first_content(
+    start_sim: Any, session: aiohttp.ClientSession, make_prompt: Any
+) -> None:
+    """The hook the prefill backlog listens on: at the first content chunk,
+    after the role chunk and the stall, and never again in the stream."""
+    called: list[float] = []
+    faults = {"role_chunk_delay_s": 0, "first_token_stall_s": 0.2}
+    async with start_sim(faults=faults) as server:
+        t = await send_request(
+            session,
+            chat_url(server),
+            body(make_prompt(10), 6),
+            request_id="hook",
+            on_first_token=lambda: called.append(time.monotonic()),
+        )
+    assert_ok(t)
+    assert len(called) == 1
+    assert t.first_chunk_s is not None
+    assert t.first_chunk_s < t.content_s[0] <= called[0] < t.content_s[1]
 
 
 @pytest.mark.asyncio

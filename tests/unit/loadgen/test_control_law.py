@@ -135,6 +135,45 @@ def test_a_full_cache_drains_its_backlog_on_the_queue_then_holds_kv() -> None:
     assert calm.rate > 10.0
 
 
+def _slower_prefill(law: ControlLaw, know_backlog: bool) -> list[float]:
+    """A server whose prefill serves 10 prompts a second, offered 14 (it was
+    faster): TTFT is the wait at the knee plus the backlog's, its p95 read over
+    the last three intervals (a 30-s window at 10-s intervals)."""
+    capacity, backlog, recent, seen = 10.0, 0.0, [], []
+    for _ in range(60):
+        served = min(law.rate + backlog / law.interval_s, capacity)
+        backlog = max(0.0, backlog + (law.rate - served) * law.interval_s)
+        r = min(law.rate, 0.99 * capacity)
+        recent = [*recent[-2:], 0.05 + 0.05 * r / (capacity - r) + backlog / capacity]
+        p95 = max(recent)
+        seen.append(p95)
+        law.update(p95, served, backlog if know_backlog else None)
+    return seen
+
+
+def test_a_ttft_far_over_drains_the_clients_backlog_then_holds() -> None:
+    """Past twice its setpoint TTFT is a queue of prompts: the law drains the
+    client's backlog (towards none, at no less than half of what was served),
+    where the clamped integral step alone lets it grow for minutes."""
+    drained = _slower_prefill(
+        ControlLaw("ttft_p95", 0.4, 0.5, 1000.0, rate=14.0, interval_s=10.0), True
+    )
+    stepped = _slower_prefill(
+        ControlLaw("ttft_p95", 0.4, 0.5, 1000.0, rate=14.0, interval_s=10.0), False
+    )
+    over = [sum(v > 0.8 for v in seen) for seen in (drained, stepped)]
+    assert over[0] < over[1]
+    # ...and it drains no deeper than it must: no undershoot once it is gone.
+    assert min(drained[over[0] :]) > 0.6 * 0.4 > min(stepped[over[1] :])
+
+    def back(seen: list[float]) -> int:
+        return next(i for i, v in enumerate(seen) if i > 3 and abs(v - 0.4) <= 0.06)
+
+    assert back(drained) < back(stepped)
+    assert drained[-1] == pytest.approx(0.4, rel=0.1)
+    assert all(abs(v - 0.4) <= 0.06 for v in drained[-20:])
+
+
 def test_the_rate_stays_in_its_bounds_and_an_unreachable_setpoint_is_said() -> None:
     law = ControlLaw("kv_cache_usage", 0.9, 1.0, 10.0, rate=5.0, interval_s=2.0)
     for _ in range(10):

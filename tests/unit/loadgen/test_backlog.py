@@ -1,0 +1,104 @@
+"""The client's prefill backlog and the pace it puts on the sends of
+``servemon control --hold ttft_p95``."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import statistics
+
+import pytest
+
+from loadgen.backlog import PACE_MAX, PACE_MIN, PrefillBacklog
+from loadgen.timing import Outcome, RequestTiming
+
+
+def _ended(request_id: str, end: float) -> RequestTiming:
+    return RequestTiming(
+        request_id=request_id,
+        scheduled_s=0.0,
+        sent_s=0.0,
+        end_s=end,
+        outcome=Outcome.HTTP_ERROR,
+    )
+
+
+def test_the_backlog_is_the_prompts_sent_and_not_yet_answered() -> None:
+    backlog = PrefillBacklog(tau_s=10.0)
+    assert backlog.prompt_size() == 1.0  # nothing known: a request counts as 1
+    backlog.started("a", 0.0, 1000)
+    backlog.started("b", 0.1, 500)
+    backlog.started("c", 0.2, None)  # the workload does not know: a mean prompt
+    assert backlog.tokens() == 1000 + 500 + 750
+    backlog.first_token("a", 0.3)
+    assert backlog.tokens() == 500 + 750
+    backlog(_ended("b", 0.4))  # failed before any token: answered all the same
+    backlog(_ended("a", 0.5))  # finished after its first token: counted once
+    assert backlog.tokens() == 750
+    backlog.first_token("c", 0.6)
+    assert backlog.tokens() == 0
+
+
+def test_a_burst_slows_the_sends_and_a_lull_speeds_them() -> None:
+    backlog = PrefillBacklog(tau_s=10.0)
+    for i in range(2):  # a steady backlog of two prompts for a while
+        backlog.started(f"s{i}", 0.0, 1000)
+    for k in range(100):
+        assert backlog.pace(k * 0.1) == pytest.approx(1.0)
+    for i in range(6):  # a burst: four more prompts waiting
+        backlog.started(f"b{i}", 10.0, 1000)
+    slow = backlog.pace(10.0)
+    assert PACE_MIN <= slow < 0.5
+    for i in range(6):
+        backlog.first_token(f"b{i}", 10.5)
+    for i in range(2):
+        backlog.first_token(f"s{i}", 10.5)
+    fast = backlog.pace(10.5)  # nothing waiting: below its average
+    assert 1.0 < fast <= PACE_MAX
+    # What went out over what was drawn at: the inverse of the mean stretch.
+    assert backlog.mean_pace() == pytest.approx(102 / (100 + 1 / slow + 1 / fast))
+    assert backlog.mean_pace() is None
+
+
+def _prefill_queue(seed: int, paced: bool) -> tuple[float, float, float]:
+    """A toy server: one FIFO prefill at 15 prompts a second, Poisson sends at
+    11/s (times the pace) for 600 s. The 30-s TTFT p95 read every 10 s: the share
+    within ±15 % of its median, the median, and the rate sent."""
+    rng = random.Random(seed)
+    backlog = PrefillBacklog(tau_s=10.0)
+    answers: list[tuple[float, str]] = []
+    ttfts: list[tuple[float, float]] = []
+    now = free = 0.0
+    index = 0
+    while now < 600.0:
+        factor = backlog.pace(now) if paced else 1.0
+        now += rng.expovariate(11.0 * factor)
+        while answers and answers[0][0] <= now:
+            at, answered = heapq.heappop(answers)
+            backlog.first_token(answered, at)
+        request_id = str(index)
+        index += 1
+        backlog.started(request_id, now, 1024)
+        free = max(now, free) + 1 / 15
+        heapq.heappush(answers, (free, request_id))
+        ttfts.append((free, free - now))
+    p95s = []
+    for tick in range(60, 601, 10):
+        window = sorted(v for at, v in ttfts if tick - 30 <= at < tick)
+        p95s.append(window[math.ceil(0.95 * len(window)) - 1])
+    median = statistics.median(p95s)
+    within = sum(abs(p - median) <= 0.15 * median for p in p95s) / len(p95s)
+    return within, median, index / 600.0
+
+
+def test_the_pace_steadies_the_ttft_p95_of_poisson_arrivals() -> None:
+    """At the same rate, the paced sends' 30-s p95 is steadier (and lower) than
+    the Poisson process they are drawn from: bursts no longer pile up."""
+    for seed in range(3):
+        fixed, fixed_p95, fixed_rps = _prefill_queue(seed, paced=False)
+        paced, paced_p95, paced_rps = _prefill_queue(seed, paced=True)
+        assert fixed < 0.7, seed
+        assert paced >= 0.75, seed
+        assert paced_p95 < 0.8 * fixed_p95, seed
+        assert paced_rps == pytest.approx(fixed_rps, rel=0.05), seed
