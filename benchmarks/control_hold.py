@@ -8,7 +8,9 @@ for TTFT), and ``servemon control
 --hold SIGNAL=SETPOINT`` runs for ``--soak`` seconds against it, as a user runs it
 (Poisson arrivals, the signal read from the target's ``/metrics``, every 0.5 s for
 the queue and KV usage, no real-time scheduling; ``--pace`` passes ``--pace``, the
-TTFT law's pace on the sends). Halfway through, the simulator's
+TTFT law's pace on the sends; ``--seed`` passes ``--seed``: every run of a seed draws
+the same arrivals, so variants compare on the same draws and repeats take other
+seeds). Halfway through, the simulator's
 speed is changed (``PUT /sim/config {"speed": ...}``): the server gets slower and the
 same rate means a different signal. From ``control.jsonl`` it prints, for each half
 after its settle time, the share of control ticks whose measured signal was within
@@ -112,7 +114,7 @@ def _half(ticks: list[dict[str, float]], setpoint: float) -> dict[str, float]:
 
 
 def run_case(
-    signal: str, soak: float, settle: float, work: Path, pace: bool = False
+    signal: str, soak: float, settle: float, work: Path, pace: bool, seed: int
 ) -> list[str]:
     setpoint, sim_args, control_args = CASES[signal]
     out = work / signal
@@ -124,7 +126,7 @@ def run_case(
             str(SERVEMON), "control", "--target", url,
             "--hold", f"{signal}={setpoint:g}", "--duration", f"{soak:g}",
             "--rps-start", "4", "--metrics-port", "0", "--out", str(out),
-            *control_args, *(["--pace"] if pace else []),
+            "--seed", str(seed), *control_args, *(["--pace"] if pace else []),
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         slower.join()
@@ -197,6 +199,7 @@ def main() -> None:
     parser.add_argument(
         "--pin", type=float, default=None, help="pin the rate (see the module)"
     )
+    parser.add_argument("--seed", type=int, default=0, help="servemon control --seed")
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="control-hold-"))
     if args.pin is not None:
@@ -213,14 +216,15 @@ def main() -> None:
     print(
         f"control_hold: servemon control against servemon sim (qwen3-0.6b-eager); "
         f"{args.soak:g} s a signal, the speed changed to {SPEED_AFTER:g} at half "
-        f"time; Poisson arrivals; the first {args.settle:g} s of each half not judged"
+        f"time; Poisson arrivals (seed {args.seed}); the first {args.settle:g} s of "
+        "each half not judged"
     )
     print(
         f"{'signal':<15} {'setpoint':>8} {'half':<17} {'ticks':>5} {'within':>7} "
         f"{'median':>8} {'rps':>8}"
     )
     for signal in args.signals.split(","):
-        for row in run_case(signal, args.soak, args.settle, work, args.pace):
+        for row in run_case(signal, args.soak, args.settle, work, args.pace, args.seed):
             print(row, flush=True)
     if args.keep is None:
         subprocess.run(["rm", "-rf", str(work)], check=False)
