@@ -71,9 +71,10 @@ Why this shape:
   and at a fixed rate the 30-s p95 is within ±15 % of its median only 67-80 % of
   the time. With ``--pace`` each gap is drawn at the law's rate times
   ``exp(-(b - b̄) / b̄)`` of the backlog ``b`` against its average over an
-  interval (clamped to [0.25, 2], normalized so that what goes out is the law's
-  rate; not while draining): a bunch slows the sends behind it, a lull speeds
-  them, and the law on the p95 still sets the level. The sends stay open loop
+  interval, times ``exp(d / 2 s of sends)`` of the sends ``d`` owed to the law's
+  rate (clamped to [0.25, 2]; not while draining): a bunch slows the sends behind
+  it, a lull speeds them, what goes out is the law's rate within seconds, and the
+  law on the p95 still sets the level. The sends stay open loop
   (none waits for an answer) but are less bursty than the ``--arrival`` asked
   for, which is why it is not the default. Every tick records ``pace`` (what went
   out over what was drawn at) and ``backlog``.
@@ -206,8 +207,11 @@ def _arrivals(
     offset = 0.0
     for index in itertools.count():
         rate = law.rate
-        if backlog is not None and not law.draining:  # a drain is not paced
-            rate *= backlog.pace(time.monotonic())
+        if backlog is not None:
+            if law.draining:  # a drain is not paced
+                backlog.unpaced(time.monotonic())
+            else:
+                rate *= backlog.pace(time.monotonic(), rate)
         offset += arrival.gap(rng, rate)
         if offset > duration_s:
             return

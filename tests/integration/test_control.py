@@ -209,7 +209,7 @@ def test_control_of_ttft_paces_its_sends_by_the_prefill_backlog(
         return
     assert all(p is not None for p in paces)
     # The record of the pace is what went out over what was drawn at, which the
-    # stretch keeps near 1 however the backlog moves (it is not always 1).
+    # sends owed keep near 1 however the backlog moves (it is not always 1).
     assert 0.7 < statistics.median(paces) < 1.3
     assert min(paces) != max(paces)
     sent = sum(t["achieved_rps"] for t in ticks[1:])
