@@ -210,10 +210,17 @@ def _check_signals(kind: Kind, config: LoadConfig) -> None:
     if kind != "control":
         if config.hold is not None:
             raise ConfigError("--hold: only servemon control holds a signal")
+        if config.pace:
+            raise ConfigError("--pace: only servemon control paces its sends")
         return
     if config.hold is None:
         raise ConfigError("--hold: control needs SIGNAL=SETPOINT, e.g. waiting=8")
     signal, _ = parse_hold(config.hold)
+    if config.pace and signal != "ttft_p95":
+        raise ConfigError(
+            f"--pace: paces the sends of --hold ttft_p95 by the prefill backlog, "
+            f"not of --hold {signal}"
+        )
     if signal in PROMETHEUS_ONLY and config.prometheus is None:
         raise ConfigError(
             f"--hold {signal}: read from Prometheus (the generated rules, the GPU "

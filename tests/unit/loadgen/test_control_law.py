@@ -217,6 +217,11 @@ def test_control_checks_its_settings_before_anything_starts() -> None:
         check("ramp", select='model="q"')
     with pytest.raises(ConfigError, match="only servemon control holds"):
         check("ramp", hold="waiting=8")
+    check("control", hold="ttft_p95=0.4", pace=True)
+    with pytest.raises(ConfigError, match="--pace: paces the sends of --hold ttft_p95"):
+        check("control", hold="waiting=8", pace=True)
+    with pytest.raises(ConfigError, match="--pace: only servemon control"):
+        check("ramp", pace=True)
     with pytest.raises(ConfigError, match="expected an http"):
         check("capacity", slo="ttft_p95<=1", prometheus="localhost:9090")
     # The interval follows the signal's delay: a scrape and half the rate window.
