@@ -54,11 +54,9 @@ def test_panels_have_unique_ids_a_query_and_a_unit(name: str) -> None:
         targets = panel.get("targets", [])
         assert targets, f"{panel['title']}: no query"
         assert all(t["expr"].strip() for t in targets), panel["title"]
-        unit = (
-            panel.get("fieldConfig", {}).get("defaults", {}).get("unit")
-            or panel.get("format")
-            or panel.get("yAxis", {}).get("format")
-            or panel.get("yaxes", [{}])[0].get("format")
+        unit = panel["fieldConfig"]["defaults"].get("unit") or (
+            # A heatmap's unit is its buckets': on the y axis.
+            panel["options"].get("yAxis", {}).get("unit")
         )
         assert unit, f"{panel['title']}: no unit"
 
