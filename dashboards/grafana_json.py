@@ -13,7 +13,8 @@ shows (queries, legends, units, axes, overrides, stacking):
 - panels: the schema's keys without the unset (null) ones; the stat and timeseries
   options Grafana's panel schemas require, at the values Grafana defaults them to (a
   legend is shown unless its display mode was ``hidden``; a stat whose thresholds
-  grafanalib leaves empty gets the one base step that thresholds must start with);
+  grafanalib leaves empty gets the one base step that thresholds must start with, and
+  a threshold step is a colour and a value only);
   queries without the deprecated ``intervalFactor`` and the legacy ``step``,
   ``metric``, ``target`` and duplicate ``query`` fields;
 - the legacy heatmap grafanalib writes (``dataFormat``, ``cards``, ``yAxis``, ...)
@@ -178,12 +179,21 @@ def _field_config(config: Mapping[str, Any], kind: str) -> dict[str, Any]:
     if custom:
         defaults["custom"] = custom
     thresholds = dict(defaults.get("thresholds") or {"mode": "absolute"})
-    if not isinstance(thresholds.get("steps"), list) or not thresholds["steps"]:
-        thresholds["steps"] = [dict(_BASE_STEP)]
+    steps = thresholds.get("steps")
+    if not isinstance(steps, list) or not steps:
+        steps = [_BASE_STEP]
+    thresholds["steps"] = [_step(step) for step in steps]
     defaults["thresholds"] = thresholds
     if kind == "stat":
         defaults.setdefault("color", {"mode": "thresholds"})
     return {"defaults": defaults, "overrides": list(config.get("overrides", []))}
+
+
+def _step(step: Mapping[str, Any]) -> dict[str, Any]:
+    """A threshold step as the schema has it: a colour from a value (null: -Infinity;
+    grafanalib's legacy steps also carry graph-panel fields, and "null" as a string)."""
+    value = step.get("value")
+    return {"color": step["color"], "value": None if value == "null" else value}
 
 
 def _timeseries_options(options: dict[str, Any]) -> dict[str, Any]:
