@@ -18,9 +18,9 @@ shows (queries, legends, units, axes, overrides, stacking):
   queries without the deprecated ``intervalFactor`` and the legacy ``step``,
   ``metric``, ``target`` and duplicate ``query`` fields;
 - the legacy heatmap grafanalib writes (``dataFormat``, ``cards``, ``yAxis``, ...)
-  becomes the current heatmap panel: pre-bucketed data (``calculate: false``), the
-  bucket unit on the y axis, zero buckets hidden as a value filter, the same colour
-  scheme and scale;
+  becomes the current heatmap panel, as Grafana's migration of it on load would make
+  it: pre-bucketed data (``calculate: false``), the bucket unit on the y axis, zero
+  buckets hidden as a value filter, the same colour scheme and scale;
 - template variables without the removed tag fields and the interval-only ``auto``
   fields.
 
@@ -232,7 +232,7 @@ def _heatmap(panel: Mapping[str, Any]) -> dict[str, Any]:
     options: dict[str, Any] = {
         # tsbuckets: the query returns the buckets; Grafana does not bucket again.
         "calculate": panel.get("dataFormat") != "tsbuckets",
-        "cellGap": panel.get("cards", {}).get("cardPadding") or 1,
+        "cellGap": panel.get("cards", {}).get("cardPadding") or 2,
         "color": {
             "mode": "opacity" if color.get("mode") == "opacity" else "scheme",
             "scheme": color.get("colorScheme", "interpolateOranges").removeprefix(
@@ -241,7 +241,7 @@ def _heatmap(panel: Mapping[str, Any]) -> dict[str, Any]:
             "fill": color.get("cardColor", "#b4ff00"),
             "scale": scale,
             "exponent": color.get("exponent", 0.5),
-            "steps": 64,
+            "steps": 128,
             "reverse": False,
             **_present(color, ("min", "max")),
         },
