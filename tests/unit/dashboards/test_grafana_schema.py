@@ -136,3 +136,48 @@ def test_rows_panels_are_checked_too() -> None:
     panel["datasource"] = "${datasource}"
     row["panels"] = [panel]
     assert any("is not of type 'object'" in e for e in dashboard_errors(data))
+
+
+def _meaning(panel: dict[str, Any]) -> dict[str, Any]:
+    """What a panel shows, in either shape: its place, queries, unit and overrides."""
+    defaults = panel.get("fieldConfig", {}).get("defaults", {})
+    options = panel.get("options") or {}
+    unit = defaults.get("unit") or options.get("yAxis", {}).get("unit")
+    series = panel["type"] == "timeseries"
+    return {
+        "type": panel["type"],
+        "title": panel["title"],
+        "gridPos": panel["gridPos"],
+        "queries": [
+            (
+                t["refId"],
+                t["expr"],
+                t.get("legendFormat"),
+                t.get("format", "time_series"),
+            )
+            for t in panel.get("targets", [])
+        ],
+        "unit": unit or panel.get("yAxis", {}).get("format"),
+        "custom": {k: v for k, v in defaults.get("custom", {}).items() if v is not None}
+        if series
+        else None,
+        "overrides": panel.get("fieldConfig", {}).get("overrides", []),
+        # The heatmap's legacy options were elsewhere; checked by the test below.
+        "legend": options.get("legend", {}).get("displayMode") if series else None,
+        "tooltip": options.get("tooltip", {}).get("mode") if series else None,
+        "reduce": options.get("reduceOptions"),
+    }
+
+
+@pytest.mark.parametrize("name", DASHBOARDS)
+def test_every_panel_shows_what_grafanalib_described(name: str) -> None:
+    data = DASHBOARDS[name]().to_json_data()
+    legacy = json.loads(json.dumps(data, cls=DashboardEncoder))["panels"]
+    panels = generated(name)["panels"]
+    assert [p["id"] for p in panels] == [p["id"] for p in legacy]
+    for old, new in zip(legacy, panels, strict=True):
+        assert _meaning(new) == _meaning(old), old["title"]
+    heatmaps = [p for p in panels if p["type"] == "heatmap"]
+    for panel in heatmaps:
+        assert panel["options"]["calculate"] is False  # the query returns buckets
+        assert panel["options"]["filterValues"] == {"le": 1e-9}  # hideZeroBuckets
