@@ -35,7 +35,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from dashboards.build import DASHBOARDS, dashboard_json
+from dashboards.build import dashboard_json
 from dashboards.rules import (
     ALERT_BURN,
     SloConfig,
@@ -57,10 +57,16 @@ from dashboards.rules import (
 from servemon.embedded import free_port
 from tests.support.alerting import (
     PrometheusApi,
-    PrometheusError,
     Webhook,
     alertmanager_file,
     prometheus_file,
+)
+from tests.support.dashboards import (
+    LABEL_VALUES,
+    dashboard_queries,
+    instantiate,
+    missing_data,
+    panels,
 )
 from tests.support.processes import (
     SERVEMON,
@@ -106,15 +112,12 @@ LOADGEN_SLO = "ttft_p95<=0.1"
 #: 1/60: the SRE workbook's 1h/5m page pair becomes 60 s / 5 s, 30 days 12 hours.
 SCALE = 1 / 60
 MIN_REQUEST_RATE = 1.0
-#: What ``$__rate_interval`` becomes (four scrape intervals and more).
-RATE_INTERVAL = "30s"
 #: Seconds of healthy traffic, from the first client series in Prometheus, before
 #: the healthy phase is judged.
 HEALTHY_S = 25.0
 
 READY_SIM = re.compile(r"servemon sim: serving .* on (http://127\.0\.0\.1:\d+)")
 READY_EXPORTER = re.compile(r"servemon exporter: serving (http://127\.0\.0\.1:\d+)/")
-LABEL_VALUES = re.compile(r"^label_values\((?P<expr>.*),\s*(?P<label>\w+)\)$")
 
 
 # -- configuration ------------------------------------------------------------------
@@ -343,53 +346,11 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
 # -- the dashboards' queries ----------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class PanelQuery:
-    where: str
-    expr: str
-
-
-#: Panel queries that return no data from this healthy stack because of a product
-#: bug: where (dashboard / panel [refId]) -> the bug.
-
 #: Series only some runs have, and why this stack has none: their panels are
 #: checked for being valid PromQL, not for data.
 ONLY_IN_SOME_RUNS = {
     "servemon_client_control_": "only a servemon control run serves them",
 }
-
-
-def _instantiate(expr: str) -> str:
-    """A panel's PromQL as Grafana sends it with every variable at "All"."""
-    out = expr.replace("$__rate_interval", RATE_INTERVAL)
-    for var in ("target", "model", "gpu"):
-        out = out.replace("${" + var + "}", ".*").replace("$" + var, ".*")
-    assert "$" not in out, f"a variable is left in {out}"
-    return out
-
-
-def _panels(panels: Sequence[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    for panel in panels:
-        yield panel
-        yield from _panels(panel.get("panels", []))
-
-
-def dashboard_queries() -> tuple[list[PanelQuery], list[PanelQuery], list[PanelQuery]]:
-    """(panel targets, annotations, variable queries) of every dashboard."""
-    targets, annotations, variables = [], [], []
-    for name in DASHBOARDS:
-        data = json.loads(dashboard_json(name))
-        for panel in _panels(data["panels"]):
-            for target in panel.get("targets", []):
-                where = f"{name} / {panel['title']} [{target['refId']}]"
-                targets.append(PanelQuery(where, target["expr"]))
-        for note in data["annotations"]["list"]:
-            if "expr" in note:
-                annotations.append(PanelQuery(f"{name} / {note['name']}", note["expr"]))
-        for var in data["templating"]["list"]:
-            if var.get("type") == "query":
-                variables.append(PanelQuery(f"{name} / ${var['name']}", var["query"]))
-    return targets, annotations, variables
 
 
 async def stage_boundaries(stack: Stack, promql: str) -> list[dict[str, Any]]:
@@ -416,41 +377,21 @@ async def test_every_dashboard_query_returns_data(stack: Stack) -> None:
     everything, annotations, variables = dashboard_queries()
     assert len(everything) > 50, "fewer panel queries than the dashboards have"
     assert annotations, "the stage annotation query is missing"
-    targets = list(everything)
     empty: list[str] = []
-
-    async def check(query: PanelQuery) -> None:
-        promql = _instantiate(query.expr)
-        try:
-            result = await stack.query(promql)
-        except PrometheusError as exc:
-            empty.append(f"{query.where}: error {exc}")
-            return
-        if not result:
-            if any(name in promql for name in ONLY_IN_SOME_RUNS):
-                return
-            empty.append(f"{query.where}: no data: {promql}")
-        elif not any(math.isfinite(float(r["value"][1])) for r in result):
-            empty.append(f"{query.where}: only NaN or Inf: {promql}")
 
     # The rate windows need a few scrapes of every series, the burn-rate panel a
     # few rule evaluations: poll until all return data or the deadline passes.
-    async def all_have_data() -> bool:
-        stack.alive()
-        empty.clear()
-        for query in targets:
-            await check(query)
-        return not empty
-
     for _ in range(10):
-        if await all_have_data():
+        stack.alive()
+        empty = await missing_data(stack.query, everything, ONLY_IN_SOME_RUNS)
+        if not empty:
             break
         await asyncio.sleep(2)
 
     # The stage annotation marks a change of stage within the last minute: over the
     # run it must mark the boundary between the ramp's two stages.
     for note in annotations:
-        promql = _instantiate(note.expr)
+        promql = instantiate(note.expr)
         if not await stage_boundaries(stack, promql):
             empty.append(f"{note.where}: no stage boundary over the run: {promql}")
 
@@ -458,7 +399,7 @@ async def test_every_dashboard_query_returns_data(stack: Stack) -> None:
     for var in variables:
         match = LABEL_VALUES.match(var.expr)
         assert match, var
-        promql = _instantiate(match["expr"])
+        promql = instantiate(match["expr"])
         result = await stack.query(promql)
         if not [s for s in result if s["metric"].get(match["label"])]:
             empty.append(f"{var.where}: no {match['label']} values: {promql}")
@@ -475,7 +416,7 @@ TEMPLATE_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 async def test_the_stage_annotation_has_the_labels_its_text_names(stack: Stack) -> None:
     data = json.loads(dashboard_json("servemon-ramp"))
     (note,) = [n for n in data["annotations"]["list"] if "expr" in n]
-    found = await stage_boundaries(stack, _instantiate(note["expr"]))
+    found = await stage_boundaries(stack, instantiate(note["expr"]))
     if not found:
         pytest.fail("no stage boundary marked")  # not the bug this test is about
     named = set(TEMPLATE_LABEL.findall(note["titleFormat"] + note["textFormat"]))
@@ -491,15 +432,15 @@ async def test_a_picked_target_shows_client_and_server_ttft_side_by_side(
     (variable,) = [v for v in data["templating"]["list"] if v["name"] == "target"]
     match = LABEL_VALUES.match(variable["query"])
     assert match, variable["query"]
-    offered = await stack.query(_instantiate(match["expr"]))
+    offered = await stack.query(instantiate(match["expr"]))
     values = sorted({s["metric"][match["label"]] for s in offered})
-    (panel,) = [p for p in _panels(data["panels"]) if p["title"] == "TTFT"]
+    (panel,) = [p for p in panels(data["panels"]) if p["title"] == "TTFT"]
     exprs = {t["legendFormat"]: t["expr"] for t in panel["targets"]}
     shown: dict[str, dict[str, bool]] = {}
     for value in values:
         shown[value] = {}
         for legend in ("client p95", "server p95"):
-            promql = _instantiate(exprs[legend].replace("$target", value))
+            promql = instantiate(exprs[legend].replace("$target", value))
             shown[value][legend] = bool(await stack.query(promql))
         if all(shown[value].values()):
             return

@@ -1,7 +1,11 @@
 """Real engines nobody here wrote, on CPU, with tiny models made by the tests.
 
-``scripts/engines`` installs them into ``.venv-engines`` (``scripts/test`` runs it
-first); without it the tier is skipped, except under CI, where it fails. The models
+``scripts/engines`` installs Transformers Serve and llama.cpp into ``.venv-engines``,
+``scripts/vllm`` vLLM's CPU build into ``.venv-vllm`` (``scripts/test`` runs both
+first); without them the tier is skipped, except under CI, where it fails. vLLM's
+tests (``test_vllm*.py``) also carry the ``vllm`` marker, so that ``-m vllm`` runs
+them alone and ``-m "engines and not vllm"`` the others; vLLM starts once per test
+session (it takes one to two minutes). The models
 come from ``make_models.py`` (random weights, a few MB, nothing downloaded). Each
 server runs as its own process on a free loopback port, is polled until it answers
 ``/health`` (with a deadline, never a sleep), and is killed at the end of the module
@@ -28,7 +32,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 VENV = ROOT / ".venv-engines"
 PYTHON = VENV / "bin" / "python"
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 START_TIMEOUT_S = 180.0
+#: vLLM compiles and warms its model before it answers /health: 1.5 to 2.5 minutes
+#: on 2 busy cores were seen.
+VLLM_START_TIMEOUT_S = 420.0
 
 pytestmark = [pytest.mark.e2e, pytest.mark.engines]
 
@@ -36,9 +44,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.engines]
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
-        if here in Path(str(item.fspath)).parents:
+        path = Path(str(item.fspath))
+        if here in path.parents:
             item.add_marker(pytest.mark.engines)
             item.add_marker(pytest.mark.e2e)
+            if path.name.startswith("test_vllm"):
+                item.add_marker(pytest.mark.vllm)
 
 
 @dataclass(frozen=True)
@@ -64,10 +75,10 @@ class Engine:
         return self.log.read_text(errors="replace")[-3000:]
 
 
-def _need_engines() -> None:
-    if PYTHON.exists():
+def _need_engines(python: Path = PYTHON, script: str = "scripts/engines") -> None:
+    if python.exists():
         return
-    message = "real engines not installed: run scripts/engines"
+    message = f"real engines not installed: run {script}"
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
@@ -105,7 +116,15 @@ def _healthy(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def run_engine(name: str, argv: list[str], log: Path, port: int) -> Iterator[Engine]:
+def run_engine(
+    name: str,
+    argv: list[str],
+    log: Path,
+    port: int,
+    *,
+    env: dict[str, str] | None = None,
+    start_timeout_s: float = START_TIMEOUT_S,
+) -> Iterator[Engine]:
     """Start ``argv``, wait for ``/health`` (or fail with its log), kill it after."""
     url = f"http://127.0.0.1:{port}"
     with log.open("wb") as out:
@@ -115,16 +134,21 @@ def run_engine(name: str, argv: list[str], log: Path, port: int) -> Iterator[Eng
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+            env={
+                **os.environ,
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                **(env or {}),
+            },
         )
     engine = Engine(name, url, proc, log)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + start_timeout_s
         while not _healthy(url):
             if proc.poll() is not None:
                 pytest.fail(f"{name} exited {proc.returncode}: {engine.log_tail()}")
             if time.monotonic() > deadline:
-                pytest.fail(f"{name} not healthy in {START_TIMEOUT_S} s")
+                pytest.fail(f"{name} not healthy in {start_timeout_s} s")
             time.sleep(0.2)  # a poll interval under a deadline, not a readiness wait
         yield engine
     finally:
@@ -199,4 +223,79 @@ def llama_server(
     port = free_port()
     log = tmp_path_factory.mktemp("llama") / "server.log"
     with run_engine("llama-server", llama_argv(models, port), log, port) as engine:
+        yield engine
+
+
+# --- vLLM --------------------------------------------------------------------------
+
+#: The model name vLLM serves (and the exporter's ``model`` label).
+VLLM_MODEL = "servemon-tiny"
+#: KV cache blocks vLLM is pinned to. Its CPU build pages the cache in blocks of 128
+#: tokens (``cache_config_info``'s ``block_size``): 64 blocks hold 8,192 tokens, room
+#: for the seed sweep's 8 requests in flight and small enough that a load of long
+#: prompts overflows it (preemptions, usage near 1, a queue).
+VLLM_BLOCKS = 64
+VLLM_BLOCK_SIZE = 128
+VLLM_MAX_NUM_SEQS = 16
+
+
+@dataclass(frozen=True)
+class VllmModel:
+    hf: Path
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.hf / "tokenizer.json"
+
+
+@pytest.fixture(scope="session")
+def vllm_model(tmp_path_factory: pytest.TempPathFactory) -> VllmModel:
+    """The tiny model in vLLM's shape (head size 64), made with vLLM's interpreter."""
+    _need_engines(VLLM_PYTHON, "scripts/vllm")
+    out = tmp_path_factory.mktemp("vllm-model")
+    script = Path(__file__).with_name("make_models.py")
+    subprocess.run(
+        [str(VLLM_PYTHON), str(script), str(out), "--vllm"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    return VllmModel(hf=Path(json.loads((out / "models.json").read_text())["hf"]))
+
+
+def vllm_argv(model: VllmModel, port: int) -> list[str]:
+    """vLLM's OpenAI server as the tests run it: prefix caching on, the cache pinned
+    small, cached tokens and per-request metrics in every answer."""
+    return [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *("--model", str(model.hf), "--served-model-name", VLLM_MODEL),
+        *("--host", "127.0.0.1", "--port", str(port)),
+        *("--max-model-len", "4096", "--dtype", "float32"),
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--enable-per-request-metrics",
+        *("--num-gpu-blocks-override", str(VLLM_BLOCKS)),
+        *("--max-num-seqs", str(VLLM_MAX_NUM_SEQS)),
+        "--disable-uvicorn-access-log",
+    ]
+
+
+@pytest.fixture(scope="session")
+def vllm_server(
+    vllm_model: VllmModel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Engine]:
+    """vLLM's CPU build, started once for the whole session."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    with run_engine(
+        "vllm",
+        vllm_argv(vllm_model, port),
+        log,
+        port,
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"},
+        start_timeout_s=VLLM_START_TIMEOUT_S,
+    ) as engine:
         yield engine

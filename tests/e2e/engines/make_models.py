@@ -7,8 +7,11 @@ Run with the engines' interpreter (it needs torch, transformers, tokenizers, ggu
 It writes ``OUT_DIR/hf/`` (a Llama-architecture model in safetensors with a
 word-level ``tokenizer.json`` and a chat template, for Transformers Serve) and
 ``OUT_DIR/tiny.gguf`` (the same shape as GGUF with a SentencePiece-style vocabulary,
-for llama.cpp). Both vocabularies hold servemon's word list, so a prompt of N words
-is N tokens (plus the template's own) in both engines, and the models are a few MB.
+for llama.cpp). With ``--vllm`` it writes only ``OUT_DIR/hf/``, wider (hidden 256,
+head size 64: vLLM's CPU attention kernels take usual head sizes, not 16), with
+vLLM's interpreter (``.venv-vllm``, which has no gguf). Both vocabularies hold
+servemon's word list, so a prompt of N words is N tokens (plus the template's own)
+in every engine, and the models are a few MB.
 Weights are seeded, so a run is reproducible; what the models write is noise.
 """
 
@@ -27,6 +30,9 @@ LAYERS = 2
 HEADS = 4
 KV_HEADS = 2
 FFN = 128
+#: vLLM's shape: its CPU attention wants a head size of 64 (or another usual one).
+VLLM_HIDDEN = 256
+VLLM_FFN = 512
 CONTEXT = 4096
 SPECIALS = ("<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>")
 CHAT_TEMPLATE = (
@@ -57,7 +63,7 @@ def vocabulary() -> list[str]:
     return [*SPECIALS, *words]
 
 
-def make_hf(out: Path, vocab: list[str]) -> None:
+def make_hf(out: Path, vocab: list[str], hidden: int = HIDDEN, ffn: int = FFN) -> None:
     """A LlamaForCausalLM with random weights and a word-level tokenizer."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -81,8 +87,8 @@ def make_hf(out: Path, vocab: list[str]) -> None:
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(vocab),
-        hidden_size=HIDDEN,
-        intermediate_size=FFN,
+        hidden_size=hidden,
+        intermediate_size=ffn,
         num_hidden_layers=LAYERS,
         num_attention_heads=HEADS,
         num_key_value_heads=KV_HEADS,
@@ -181,6 +187,10 @@ def make_gguf(path: Path, vocab: list[str]) -> None:
 def main() -> None:
     out = Path(sys.argv[1])
     vocab = vocabulary()
+    if sys.argv[2:] == ["--vllm"]:
+        make_hf(out / "hf", vocab, hidden=VLLM_HIDDEN, ffn=VLLM_FFN)
+        (out / "models.json").write_text(json.dumps({"hf": str(out / "hf")}) + "\n")
+        return
     make_hf(out / "hf", vocab)
     make_gguf(out / "tiny.gguf", vocab)
     (out / "models.json").write_text(

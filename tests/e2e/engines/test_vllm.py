@@ -1,0 +1,416 @@
+"""servemon against the engine it exists for: vLLM's CPU build (``scripts/vllm``).
+
+One vLLM for the session (``vllm_server`` in conftest: prefix caching on, 64 KV blocks
+of 128 tokens, cached tokens and per-request metrics in every answer) and servemon run
+as a user runs it (``python -m servemon ...``) against it, over real sockets. What only
+the real engine can show: every request ``ok`` through vLLM's own stream grammar, the
+server's facts per request (queue and prefill time, cached tokens), vLLM's counters
+agreeing with what the client measured at vLLM's block granularity, slots freed on
+cancellation (and the aborts vLLM does not count), a capacity search reading vLLM's
+``/metrics``, a pinned cache overflowing into preemptions and a queue, and the
+exporter and canary probe on the live engine.
+
+The tests share one server and run one after another, so counter deltas read around a
+run belong to that run alone.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.engines.conftest import VLLM_BLOCK_SIZE, VLLM_MODEL, Engine, VllmModel
+from tests.e2e.engines.test_real_engines import (
+    SEED_SWEEP,
+    SEED_WORKLOAD,
+    assert_all_ok,
+    assert_measured_honestly,
+    probe_until_ok,
+    requests_of,
+    run,
+)
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def vllm_samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of vLLM's ``/metrics`` by (name, sorted labels)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): float(s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def total(samples: dict[tuple[str, Any], float], name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    return sum(
+        value
+        for (sample, sample_labels), value in samples.items()
+        if sample == name and labels.items() <= dict(sample_labels).items()
+    )
+
+
+def delta(
+    before: dict[tuple[str, Any], float],
+    after: dict[tuple[str, Any], float],
+    name: str,
+    **labels: str,
+) -> float:
+    return total(after, name, **labels) - total(before, name, **labels)
+
+
+def wait_idle(url: str, timeout_s: float = 60) -> dict[tuple[str, Any], float]:
+    """Poll until vLLM runs and queues nothing (the last run's requests are all
+    finished or aborted); its samples then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = vllm_samples(url)
+        busy = total(samples, "vllm:num_requests_running") + total(
+            samples, "vllm:num_requests_waiting"
+        )
+        if busy == 0:
+            return samples
+        if time.monotonic() > deadline:
+            pytest.fail(f"vLLM still busy after {timeout_s} s: {busy}")
+        time.sleep(0.2)  # a poll interval under a deadline
+
+
+def tok(model: VllmModel) -> tuple[str, str]:
+    return ("--tokenizer", str(model.tokenizer))
+
+
+# --- the seed's sweep, and what vLLM says of each request ------------------------
+
+
+def test_vllm_seed_sweep_is_all_ok_with_the_servers_facts_per_request(
+    vllm_server: Engine, vllm_model: VllmModel, servemon: Callable[..., Any]
+) -> None:
+    before = wait_idle(vllm_server.url)
+    real, _ = run(
+        servemon,
+        "sweep",
+        "--target",
+        vllm_server.url,
+        "--workload",
+        SEED_WORKLOAD,
+        *tok(vllm_model),
+        *SEED_SWEEP,
+    )
+    after = wait_idle(vllm_server.url)
+    rows = requests_of(real)
+    assert len(rows) == 64
+    assert_all_ok(rows, vllm_server)
+    assert_measured_honestly(rows)
+    # vLLM sends [DONE], and the role-only chunk first (TTFT is after it).
+    assert all(row["done_sentinel"] for row in rows)
+    # 128 words of servemon's pool are 128 tokens; the chat template adds its own.
+    assert {row["prompt_tokens"] for row in rows} == {128 + 3}
+    for row in rows:
+        # --enable-per-request-metrics: queue and prefill as the engine timed them,
+        # inside what the client waited.
+        assert row["server_source"] == "vllm"
+        assert row["server_queue_s"] is not None
+        assert row["server_prefill_s"] is not None
+        assert row["server_queue_s"] + row["server_prefill_s"] <= row["ttft_s"]
+        assert row["ttft_gap_s"] is not None
+        assert row["ttft_gap_s"] >= 0
+        assert row["cached_tokens"] is not None
+    # `random` stays uncached on the real engine: every prompt is distinct from
+    # its first tokens on, so no 128-token block is ever a hit.
+    assert sum(row["cached_tokens"] for row in rows) == 0
+    # The 64 measured and each level's 8 of warm-up were all the server saw, and it
+    # counted at least the tokens the client was sent.
+    assert delta(before, after, "vllm:request_success_total") == 64 + 4 * 8
+    assert delta(before, after, "vllm:generation_tokens_total") >= sum(
+        row["output_tokens"] for row in rows
+    )
+    summary = json.loads((real / "summary.json").read_text())
+    assert summary["overall"]["outcomes"] == {"ok": 64}
+
+
+# --- the prefix cache, as vLLM keeps it ------------------------------------------
+
+
+def assert_cached_tokens_agree(
+    rows: list[dict[str, Any]],
+    before: dict[tuple[str, Any], float],
+    after: dict[tuple[str, Any], float],
+) -> float:
+    """Per-request cached tokens sum to vLLM's hit counter, in whole blocks; the
+    hit ratio of the prompt tokens."""
+    cached = [row["cached_tokens"] for row in rows]
+    assert all(c is not None and c % VLLM_BLOCK_SIZE == 0 for c in cached), cached
+    hits = delta(before, after, "vllm:prefix_cache_hits_total")
+    queries = delta(before, after, "vllm:prefix_cache_queries_total")
+    prompt = sum(row["prompt_tokens"] for row in rows)
+    assert hits == sum(cached)
+    assert queries == prompt
+    return hits / queries
+
+
+def test_vllm_shared_prefix_hits_agree_with_its_counters(
+    vllm_server: Engine, vllm_model: VllmModel, servemon: Callable[..., Any]
+) -> None:
+    before = wait_idle(vllm_server.url)
+    # 4 prefixes of 512 words (4 blocks each with the template's first token),
+    # each sent with a distinct 40-word suffix.
+    ramp, _ = run(
+        servemon,
+        "ramp",
+        "--target",
+        vllm_server.url,
+        "--stages",
+        "4:6",
+        "--workload",
+        "shared-prefix:prefix=512,prompts=4,suffix=40,output=4",
+        *tok(vllm_model),
+    )
+    after = wait_idle(vllm_server.url)
+    rows = requests_of(ramp)
+    assert_all_ok(rows, vllm_server)
+    ratio = assert_cached_tokens_agree(rows, before, after)
+    # Every request after a prefix's first hits its 4 whole blocks (512 tokens of
+    # the 513 shared: the template's first token and 511 of the prefix's words).
+    # Only a prefix's first requests miss (two sent before the first's prefill is
+    # done both compute it).
+    hit_rows = [row for row in rows if row["cached_tokens"]]
+    assert len(hit_rows) >= len(rows) - 8
+    assert {row["cached_tokens"] for row in hit_rows} == {4 * VLLM_BLOCK_SIZE}
+    assert ratio > 0.5
+
+
+def test_vllm_trace_replay_and_sessions_hits_agree_with_its_counters(
+    vllm_server: Engine,
+    vllm_model: VllmModel,
+    servemon: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    # A Mooncake trace: two requests per system prompt, the second sharing its
+    # first 2 blocks of 512 tokens (hash ids 1, 2) and adding one of its own.
+    trace = tmp_path / "trace.jsonl"
+    lines = []
+    for i in range(6):
+        system = [10 * (i // 2) + 1, 10 * (i // 2) + 2]
+        lines.append(
+            {
+                "timestamp": 300 * i,
+                "input_length": 1536,
+                "output_length": 4,
+                "hash_ids": [*system, 1000 + i],
+            }
+        )
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    before = wait_idle(vllm_server.url)
+    replay, _ = run(
+        servemon, "replay", str(trace), "--target", vllm_server.url, *tok(vllm_model)
+    )
+    after = wait_idle(vllm_server.url)
+    rows = requests_of(replay)
+    assert len(rows) == 6
+    assert_all_ok(rows, vllm_server)
+    assert_cached_tokens_agree(rows, before, after)
+    # The second of each pair shares the template's first token and 1,024 words:
+    # its first 8 blocks are hits; the first of each pair has none.
+    ordered = sorted(rows, key=lambda r: r["scheduled_s"])
+    assert [r["cached_tokens"] for r in ordered] == [0, 8 * VLLM_BLOCK_SIZE] * 3
+
+    # Multi-turn sessions: each turn resends the history, which vLLM serves from
+    # its cache in whole blocks.
+    before = wait_idle(vllm_server.url)
+    sessions, _ = run(
+        servemon,
+        "ramp",
+        "--target",
+        vllm_server.url,
+        "--stages",
+        "1:4",
+        "--workload",
+        "sessions:turns=3,think=0.2,system=0,first=600,user=20,output=8,answer=filler",
+        *tok(vllm_model),
+    )
+    after = wait_idle(vllm_server.url)
+    turns = requests_of(sessions)
+    assert_all_ok(turns, vllm_server)
+    assert_cached_tokens_agree(turns, before, after)
+    later = [t for t in turns if t["turn"] > 1]
+    assert later
+    for t in later:
+        # The history is at least the 600-word opening: 4 whole blocks.
+        assert t["cached_tokens"] >= 4 * VLLM_BLOCK_SIZE, t
+
+
+# --- cancellations, capacity and cache pressure ----------------------------------
+
+
+def test_vllm_counts_the_aborts_of_cancelled_requests_and_frees_their_slots(
+    vllm_server: Engine, vllm_model: VllmModel, servemon: Callable[..., Any]
+) -> None:
+    before = wait_idle(vllm_server.url)
+    ramp, _ = run(
+        servemon,
+        "ramp",
+        "--target",
+        vllm_server.url,
+        "--stages",
+        "6:3",
+        "--workload",
+        "random:prompt=64,output=300",
+        "--ignore-eos",
+        "--cancel-fraction",
+        "0.5",
+        "--cancel-after-tokens",
+        "5",
+        *tok(vllm_model),
+    )
+    rows = requests_of(ramp)
+    outcomes = Counter(row["outcome"] for row in rows)
+    assert set(outcomes) <= {"ok", "cancelled"}, outcomes
+    assert outcomes["cancelled"] >= 3
+    # Slots freed: nothing left running or waiting once the client walked away.
+    after = wait_idle(vllm_server.url, timeout_s=30)
+    # vLLM counts only the requests it finished: one the client aborted leaves
+    # through OutputProcessor.abort_requests without the finished-request stats, so
+    # request_success_total{finished_reason="abort"} does not count it (0.32.0).
+    assert delta(before, after, "vllm:request_success_total") == outcomes["ok"]
+    aborts = delta(before, after, "vllm:request_success_total", finished_reason="abort")
+    assert aborts == 0
+
+
+def test_vllm_capacity_search_reads_its_metrics(
+    vllm_server: Engine, vllm_model: VllmModel, servemon: Callable[..., Any]
+) -> None:
+    wait_idle(vllm_server.url)
+    capacity, stdout = run(
+        servemon,
+        "capacity",
+        "--target",
+        vllm_server.url,
+        "--workload",
+        "random:prompt=256,output=64",
+        "--slo",
+        "ttft_p95<=0.3,error_rate<=0.01",
+        "--rps-min",
+        "2",
+        "--rps-max",
+        "64",
+        "--step-seconds",
+        "4",
+        "--settle",
+        "1",
+        "--max-duration",
+        "90",
+        "--precision",
+        "0.5",
+        *tok(vllm_model),
+    )
+    assert "capacity:" in stdout
+    result = json.loads((capacity / "summary.json").read_text())
+    found = result["capacity"]
+    assert found["capacity_rps"] is not None
+    # Something broke within 64 req/s on 2 CPU cores, and the search says what the
+    # server ran out of from vLLM's own gauges.
+    assert found["first_breach"], found
+    assert found["saturated_first"] in {"queue", "kv_cache", "client"}, found
+    samples = (capacity / "server_metrics.jsonl").read_text().splitlines()
+    assert samples
+    last = samples[-1]
+    for name in (
+        "servemon_engine_requests_waiting",
+        "servemon_engine_kv_cache_usage_ratio",
+        "servemon_engine_prefix_cache_queries_total",
+    ):
+        assert name in last
+
+
+def test_vllm_cache_pressure_shows_preemptions_a_full_cache_and_a_queue(
+    vllm_server: Engine, vllm_model: VllmModel, servemon: Callable[..., Any]
+) -> None:
+    before = wait_idle(vllm_server.url)
+    # 16 sequences of 1,024 prompt and 512 answer tokens want 24,576 tokens of KV
+    # cache; vLLM was given 8,192. It admits what fits, then preempts as decodes
+    # grow, and the rest wait.
+    ramp, _ = run(
+        servemon,
+        "ramp",
+        "--target",
+        vllm_server.url,
+        "--stages",
+        "8:3",
+        "--workload",
+        "random:prompt=1024,output=512",
+        "--ignore-eos",
+        *tok(vllm_model),
+    )
+    after = wait_idle(vllm_server.url, timeout_s=120)
+    rows = requests_of(ramp)
+    assert_all_ok(rows, vllm_server)
+    assert delta(before, after, "vllm:num_preemptions_total") > 0
+    series: dict[str, list[float]] = {}
+    for line in (ramp / "server_metrics.jsonl").read_text().splitlines():
+        sample = json.loads(line)
+        for name, value in _values(sample).items():
+            series.setdefault(name, []).append(value)
+    assert max(series["servemon_engine_kv_cache_usage_ratio"]) > 0.85, series
+    assert max(series["servemon_engine_requests_waiting"]) >= 2, series
+    summary = json.loads((ramp / "summary.json").read_text())
+    assert summary["overall"]["outcomes"] == {"ok": len(rows)}
+
+
+def _values(sample: dict[str, Any]) -> dict[str, float]:
+    """A ``server_metrics.jsonl`` line's values, summed over label sets."""
+    out: dict[str, float] = {}
+    for name, _labels, value in sample.get("samples", []):
+        out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+# --- the exporter and the probe on the live engine -------------------------------
+
+
+@pytest.mark.asyncio
+async def test_exporter_and_probe_on_a_real_vllm(vllm_server: Engine) -> None:
+    samples = await probe_until_ok(vllm_server.url, "vllm")
+    up = [v for (name, _), v in samples.items() if name == "servemon_target_up"]
+    assert up == [1.0]
+    info = [
+        dict(labels)
+        for (name, labels), _ in samples.items()
+        if name == "servemon_engine_info"
+    ]
+    assert len(info) == 1, info
+    assert info[0]["engine"] == "vllm"
+    assert info[0]["version"] == "0.32.0"
+    assert info[0]["block_size"] == str(VLLM_BLOCK_SIZE)
+    assert info[0]["prefix_caching"] == "True"
+    engine = {
+        name: dict(labels)
+        for (name, labels), _ in samples.items()
+        if name.startswith("servemon_engine_")
+    }
+    for name in (
+        "servemon_engine_requests_running",
+        "servemon_engine_requests_waiting",
+        "servemon_engine_kv_cache_usage_ratio",
+        "servemon_engine_prefix_cache_queries_total",
+        "servemon_engine_prefix_cache_hits_total",
+        "servemon_engine_preemptions_total",
+        "servemon_engine_prompt_tokens_total",
+        "servemon_engine_generation_tokens_total",
+        "servemon_engine_requests_finished_total",
+        "servemon_engine_ttft_seconds_bucket",
+        "servemon_engine_queue_seconds_bucket",
+    ):
+        assert name in engine, sorted(engine)
+        assert engine[name]["engine"] == "vllm"
+        assert engine[name]["model"] == VLLM_MODEL
