@@ -120,6 +120,9 @@ class LoadConfig:
     max_inflight: Annotated[int, Ge(1)] = 1000
     late: Literal["send", "skip"] = "send"
     late_tolerance: Annotated[float, Ge(0)] = 1.0
+    #: A trace's requests longer than the target's context (prompt plus output):
+    #: refuse the run, leave them out, cut their prompts, or send them anyway.
+    over_context: Literal["error", "skip", "truncate", "send"] = "error"
     max_requests: Annotated[int, Ge(1)] | None = None
     shard: ShardSpec | None = None
     #: Processes sending the ramp; ``auto``: from the peak rate and the cost of a

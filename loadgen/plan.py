@@ -119,6 +119,11 @@ def check_load_config(kind: Kind, config: LoadConfig) -> None:
             "--cancel-fraction: give --cancel-after or --cancel-after-tokens"
         )
     check_workload(config.workload)
+    if kind == "sweep" and config.over_context == "skip":
+        raise ConfigError(
+            "--over-context skip: a closed loop has no schedule to leave a request "
+            "out of; use truncate or send"
+        )
     _check_sessions(kind, config)
     _check_signals(kind, config)
     auth_headers(config, {})  # a header file's lines

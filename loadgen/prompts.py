@@ -42,6 +42,9 @@ class Prompt:
     prompt_tokens: int | None
     #: ``max_tokens`` to ask for.
     max_tokens: int
+    #: Why this request is not to be sent, where it is not (``over_context``: a
+    #: trace's line longer than the target's context, ``--over-context skip``).
+    skip: str | None = None
 
 
 class Workload(Protocol):

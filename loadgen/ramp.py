@@ -11,6 +11,7 @@ import asyncio
 import bisect
 import gc
 import time
+from collections import Counter
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -119,7 +120,11 @@ async def open_loop(
     def stage_at(t: float) -> int:
         return plan[min(bisect.bisect_left(ends, t), len(plan) - 1)].index
 
-    def prepare(due: Due) -> Ready | None:
+    #: Requests of each stage the workload said not to send (counted as sent by the
+    #: dispatcher, which only knows they went to ``send``).
+    unsent: Counter[int] = Counter()
+
+    def prepare(due: Due) -> Ready | str | None:
         """The body, options and prompt tokens of request ``due``, built before its
         time."""
         if sessions:
@@ -127,18 +132,24 @@ async def open_loop(
         index = first_index + due.index
         model = ctx.model_of(index)
         prompt = ctx.workload.prompt(index)
+        if prompt.skip is not None:
+            return prompt.skip
         return (
             ctx.body_of(prompt, model),
             ctx.request_options(index, model),
             prompt.prompt_tokens,
         )
 
-    async def send(due: Due, at: float, ready: Ready | None) -> None:
+    async def send(due: Due, at: float, ready: Ready | str | None) -> None:
         index = first_index + due.index
         if ready is None:
             ended = await run_session(ctx, index, at, stage_at=stage_at, until_s=until)
             if ended.cut:
                 ctx.sessions_cut[due.stage] += 1
+            return
+        if isinstance(ready, str):  # not to be sent: why (over_context)
+            unsent[due.stage] += 1
+            ctx.live.skipped.labels(ctx.label, ctx.model, str(due.stage), ready).inc()
             return
         body, options, prompt_tokens = ready
         request_id = f"{ctx.tag}-{index}"
@@ -194,7 +205,8 @@ async def open_loop(
         record = ctx.stages[stage.index]
         record.sent = loop.counts.sent[stage.index]
         record.held_back = loop.counts.held_back[stage.index]
-        record.skipped = loop.counts.skipped[stage.index]
+        record.skipped = loop.counts.skipped[stage.index] + unsent[stage.index]
+        record.sent -= unsent[stage.index]
         if sessions:
             record.sessions = record.sent
             record.sent = ctx.turns_sent[stage.index]

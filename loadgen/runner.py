@@ -56,7 +56,13 @@ from loadgen.sampler import ServerSampler
 from loadgen.stopping import Stopper
 from loadgen.summary import Summary
 from loadgen.sweep import drive_sweep
-from loadgen.target import check_served, discover_model, local_gpus, target_version
+from loadgen.target import (
+    check_served,
+    context_of,
+    discover_model,
+    local_gpus,
+    target_version,
+)
 from loadgen.tokens import pick_counter
 from loadgen.traceprompts import TraceWorkload
 from loadgen.workload import Workload, build_workload
@@ -177,8 +183,13 @@ async def run_load(
             ) from None
         try:
             counter = await pick_counter(session, base, model, config.tokenizer)
+            context = context_of(listing, model)
             workload = await build_workload(
-                config.workload, counter=counter, seed=config.seed
+                config.workload,
+                counter=counter,
+                seed=config.seed,
+                context=context,
+                over_context=config.over_context,
             )
             pick_model = _model_picker(config, mix, model, workload)
             rundir = RunDirectory.create(Path(config.out), kind)
@@ -211,7 +222,15 @@ async def run_load(
                     "models": listing,
                     "embedded_simulator": embedded,
                 },
-                workload={"spec": workload.spec, "token_source": workload.token_source},
+                workload={
+                    "spec": workload.spec,
+                    "token_source": workload.token_source,
+                    **(
+                        workload.fit.record()
+                        if isinstance(workload, TraceWorkload)
+                        else {"context_tokens": context}
+                    ),
+                },
                 client={
                     **asdict(settings),
                     "trust_env": False,

@@ -16,6 +16,7 @@ from servemon.errors import TargetError
 
 __all__ = [
     "check_served",
+    "context_of",
     "discover_model",
     "is_loopback",
     "local_gpus",
@@ -64,6 +65,23 @@ def local_gpus() -> list[dict[str, Any]] | str:
         }
         for g in snapshot.gpus
     ]
+
+
+def context_of(listing: Any, model: str) -> int | None:
+    """The context in tokens that ``/v1/models`` says ``model`` (of a mix, the
+    smallest) takes: vLLM's ``max_model_len``; None where it says none."""
+    data = listing.get("data") if isinstance(listing, dict) else None
+    names = set(model.split(","))
+    found = [
+        m["max_model_len"]
+        for m in data or ()
+        if isinstance(m, dict)
+        and m.get("id") in names
+        and isinstance(m.get("max_model_len"), int)
+        and not isinstance(m.get("max_model_len"), bool)
+        and m["max_model_len"] > 0
+    ]
+    return min(found) if found else None
 
 
 async def discover_model(

@@ -21,10 +21,23 @@ def pool_text(
     """``tokens`` tokens of words from a seeded pool of ``words``, from an offset
     seeded by ``key``: the same text for the same key, a different one for another.
     With ``exact`` (words that count one token each) one word a token; else as many
-    words as the estimate says."""
+    words as the estimate says. A text longer than the pool goes round it again: no
+    prefix cache takes the repeat for sharing, since it hashes each block with
+    everything before it."""
     count = tokens if exact else max(1, round(tokens / TOKENS_PER_WORD))
-    start = random.Random(f"{seed}:{key}").randrange(POOL_WORDS - count)
-    return " ".join(_pool(words, seed)[start : start + count])
+    pool = _pool(words, seed)
+    rng = random.Random(f"{seed}:{key}")
+    if count < POOL_WORDS:
+        start = rng.randrange(POOL_WORDS - count)
+        return " ".join(pool[start : start + count])
+    start = rng.randrange(POOL_WORDS)
+    parts, left = [], count
+    while left:
+        take = min(left, POOL_WORDS - start)
+        parts.append(" ".join(pool[start : start + take]))
+        left -= take
+        start = 0
+    return " ".join(parts)
 
 
 @lru_cache(maxsize=4)

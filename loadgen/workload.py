@@ -75,7 +75,7 @@ from loadgen.specs import spec_int, spec_options, spec_range
 from loadgen.synthetic import build_random, build_shared_prefix
 from loadgen.tokens import TokenCounter
 from loadgen.tracefile import read_trace
-from loadgen.traceprompts import build_trace
+from loadgen.traceprompts import OverContext, build_trace
 from servemon.errors import ConfigError
 
 __all__ = [
@@ -127,8 +127,12 @@ async def build_workload(
     seed: int,
     default_output: int = 128,
     pool_size: int = 256,
+    context: int | None = None,
+    over_context: OverContext = "error",
 ) -> Workload:
-    """Parse ``spec`` and build its prompts, counting them with ``counter``.
+    """Parse ``spec`` and build its prompts, counting them with ``counter``;
+    ``context`` (the target's, where it says) and ``over_context`` for a trace's
+    requests that do not fit it (:mod:`loadgen.traceprompts`).
 
     A bad spec or file is a one-line :class:`ConfigError`; a counter that fails
     mid-way raises what it raised.
@@ -142,8 +146,18 @@ async def build_workload(
         return await build_sessions(
             spec, counter, seed, options["spec"], default_output
         )
-    build = build_trace if kind == "trace" else build_file
-    return await build(
+    if kind == "trace":
+        return await build_trace(
+            spec,
+            counter,
+            seed,
+            options["path"],
+            options["output"],
+            default_output,
+            context=context,
+            over_context=over_context,
+        )
+    return await build_file(
         spec, counter, seed, options["path"], options["output"], default_output
     )
 

@@ -276,6 +276,15 @@ def load_options() -> Callable[[F], F]:
             shown="random:prompt=128,output=128",
         ),
         _option(
+            "--over-context",
+            type=click.Choice(["error", "skip", "truncate", "send"]),
+            help="A trace's requests whose prompt and output do not fit the "
+            "target's context (its max_model_len): refuse the run before it "
+            "starts, leave them out (counted as skipped), cut their prompts to fit, "
+            "or send them for the server to refuse.",
+            shown="error",
+        ),
+        _option(
             "--tokenizer",
             help="A local tokenizer.json for exact prompt lengths.",
             shown="the target's /tokenize, else an estimate",
