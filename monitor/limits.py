@@ -49,7 +49,8 @@ __all__ = [
 ]
 
 MIB = 1024 * 1024
-#: Pieces a whole body is read in (aiohttp's read buffer, and its inflate step).
+#: Pieces a whole body is read in (aiohttp's read buffer, and its inflate step);
+#: the readers give the loop a turn at least once per piece.
 PIECE_BYTES = 64 * 1024
 
 
@@ -142,7 +143,10 @@ async def read_body(
             raise ResponseTooLarge(
                 f"a response body over {size(max_bytes)}{_inflated(resp)}"
             )
-        await asyncio.sleep(0)  # a bomb inflating must not hold the loop
+        # A piece may have come from a full buffer without a turn of the loop: a
+        # bomb inflating must not hold it (one turn per piece; a body read whole
+        # is a non-streamed answer, not the token path).
+        await asyncio.sleep(0)
     return bytes(body)
 
 

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import StreamReader
 
-from monitor.limits import DEFAULT_LIMITS, ResponseTooLarge, size
+from monitor.limits import DEFAULT_LIMITS, PIECE_BYTES, ResponseTooLarge, size
 
 __all__ = [
     "ANSWER_KEYS",
@@ -58,6 +58,7 @@ async def iter_events(
     data: list[str] = []
     event_size = 0
     total = 0
+    unyielded = 0
     pending = b""
     async for chunk in content.iter_any():
         total += len(chunk)
@@ -77,8 +78,12 @@ async def iter_events(
         # The unfinished line only: a chunk of many short lines is not one long one.
         if len(pending) > max_event_bytes:
             raise EventTooLarge(f"an SSE line over {size(max_event_bytes)}")
-        # A stream that is all bombs, already buffered, must not hold the loop.
-        await asyncio.sleep(0)
+        # Read from a full buffer, iter_any does not give the loop a turn: a stream
+        # that is all bombs must not hold it (a token stream rarely gets here).
+        unyielded += len(chunk)
+        if unyielded >= PIECE_BYTES:
+            unyielded = 0
+            await asyncio.sleep(0)
     if pending:
         _take_line(pending, data)
     if data and "\n".join(data):
