@@ -8,10 +8,7 @@ caller's own cancellation propagates.
 from __future__ import annotations
 
 import asyncio
-import html
 import json
-import re
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,9 +17,19 @@ from typing import Any
 import aiohttp
 import orjson
 
+from loadgen.failures import error_message, tls_failure
 from loadgen.timing import Outcome, RequestTiming, TokenSource
 from monitor.http import NotAnswered, PoolConnector, post
-from monitor.sse import EventTooLarge, answer_text, choice_text, is_done, iter_events
+from monitor.limits import (
+    DEFAULT_LIMITS,
+    ResponseLimits,
+    ResponseTooLarge,
+    head_refused,
+    head_too_large,
+    read_body,
+    session_options,
+)
+from monitor.sse import answer_text, choice_text, is_done, iter_events
 
 __all__ = [
     "ClientSettings",
@@ -42,6 +49,8 @@ class ClientSettings:
     max_connections: int = 1024
     timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
+    #: What one answer may cost (:mod:`monitor.limits`).
+    limits: ResponseLimits = DEFAULT_LIMITS
 
 
 def make_session(settings: ClientSettings) -> aiohttp.ClientSession:
@@ -52,7 +61,12 @@ def make_session(settings: ClientSettings) -> aiohttp.ClientSession:
     timeout = aiohttp.ClientTimeout(
         total=None, connect=settings.connect_timeout_s, sock_read=settings.timeout_s
     )
-    return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False)
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=timeout,
+        trust_env=False,
+        **session_options(settings.limits),
+    )
 
 
 async def send_request(
@@ -71,6 +85,7 @@ async def send_request(
     keep_text: bool = False,
     tags: RequestTags | None = None,
     on_first_token: Callable[[], None] | None = None,
+    limits: ResponseLimits = DEFAULT_LIMITS,
 ) -> RequestTiming:
     """POST ``body`` to ``url`` and time it; streaming if ``body["stream"]``.
 
@@ -81,6 +96,7 @@ async def send_request(
     instead of raising. ``keep_text`` keeps the answer's text on the record (a
     session sends it back in its next turn); ``tags`` go on the record as they are.
     ``on_first_token`` is called as the first content chunk of a stream arrives.
+    An answer past ``limits`` ends as ``response_too_large``, naming the bound.
     """
     probe = _Probe(request_id, time.monotonic() if scheduled_s is None else scheduled_s)
     probe.stage = stage
@@ -103,11 +119,12 @@ async def send_request(
                 probe.headers_s = time.monotonic()
                 probe.status = resp.status
                 if resp.status != 200:
-                    probe.fail(Outcome.HTTP_ERROR, _error_message(await resp.read()))
+                    raw = await read_body(resp, limits.answer_bytes)
+                    probe.fail(Outcome.HTTP_ERROR, error_message(raw))
                 elif body.get("stream"):
-                    await probe.read_stream(resp)
+                    await probe.read_stream(resp, limits)
                 else:
-                    probe.read_whole(await resp.read())
+                    probe.read_whole(await read_body(resp, limits.answer_bytes))
                 if probe.outcome is Outcome.CANCELLED:
                     resp.close()
     except aiohttp.ConnectionTimeoutError as exc:
@@ -134,10 +151,20 @@ async def send_request(
         probe.fail(Outcome.CONNECT_ERROR, f"{what}: {exc}")
     except aiohttp.ClientPayloadError as exc:
         probe.fail(Outcome.STREAM_ERROR, f"connection cut {probe.where()}: {exc}")
-    except (aiohttp.ClientError, ConnectionError, EventTooLarge, RuntimeError) as exc:
+    except ResponseTooLarge as exc:
+        probe.fail(Outcome.RESPONSE_TOO_LARGE, f"{exc} {probe.where()}")
+    except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
         # aiohttp raises a bare RuntimeError("Connection closed.") in some of its
         # paths where the connection went away under a read.
-        probe.fail(Outcome.STREAM_ERROR, f"{type(exc).__name__} {probe.where()}: {exc}")
+        head = head_refused(exc)
+        if head is not None:
+            large = head_too_large(exc)
+            probe.fail(
+                Outcome.RESPONSE_TOO_LARGE if large else Outcome.STREAM_ERROR, head
+            )
+        else:
+            what = f"{type(exc).__name__} {probe.where()}: {exc}"
+            probe.fail(Outcome.STREAM_ERROR, what)
     probe.reconnects = resends[0]
     return probe.result()
 
@@ -193,8 +220,15 @@ class _Probe:
             return "before any chunk"
         return f"mid-answer, after {len(self.content_s)} content chunks"
 
-    async def read_stream(self, resp: aiohttp.ClientResponse) -> None:
-        async for data in iter_events(resp.content):
+    async def read_stream(
+        self, resp: aiohttp.ClientResponse, limits: ResponseLimits = DEFAULT_LIMITS
+    ) -> None:
+        events = iter_events(
+            resp.content,
+            max_event_bytes=limits.event_bytes,
+            max_stream_bytes=limits.stream_bytes,
+        )
+        async for data in events:
             now = time.monotonic()
             if self.first_chunk_s is None:
                 self.first_chunk_s = now
@@ -202,8 +236,10 @@ class _Probe:
                 self.done_sentinel = True
                 self.done_s = now
                 # Read to the end of the body, so that the connection is reused
-                # rather than closed (a new connect would land in a later TTFT).
-                await resp.content.read()
+                # rather than closed (a new connect would land in a later TTFT);
+                # what follows is ignored, read within the same bounds.
+                async for _after in events:
+                    pass
                 return
             try:
                 event = parse_event(data)
@@ -228,7 +264,7 @@ class _Probe:
             self.fail(Outcome.STREAM_ERROR, "SSE data is not a JSON object")
             return
         if "error" in event:
-            self.fail(Outcome.STREAM_ERROR, _error_message(json.dumps(event).encode()))
+            self.fail(Outcome.STREAM_ERROR, error_message(json.dumps(event).encode()))
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
             # monitor.sse.ends_answer's rule, folded into this one pass over the chunk
@@ -385,56 +421,3 @@ def _ms(value: object) -> float | None:
     if not 0 <= value < float("inf"):
         return None
     return value / 1000.0
-
-
-_TITLE = re.compile(rb"<title[^>]*>(.*?)</title", re.I | re.S)
-_TAG = re.compile(r"<[^>]*>")
-
-
-def _text_message(raw: bytes) -> str:
-    """A body that is not JSON, on one line: an HTML page's title (a gateway's or a
-    load balancer's error page), else the start of its text without tags."""
-    head = raw[:4096]
-    title = _TITLE.search(head)
-    text = (title.group(1) if title else head).decode("utf-8", errors="replace")
-    if title is None and text.lstrip().startswith("<"):
-        text = _TAG.sub(" ", text)
-    return " ".join(html.unescape(text).split())[:200]
-
-
-def tls_failure(exc: aiohttp.ClientConnectorError) -> str | None:
-    """One line for a TLS failure (None for any other connection error): an
-    untrusted certificate says which host and why, and how to trust a private CA."""
-    where = f"{exc.host}:{exc.port}"
-    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
-        cert = exc.certificate_error
-        why = getattr(cert, "verify_message", None) or cert
-        return (
-            f"TLS: the certificate of {where} is not trusted here ({why}); for a "
-            "private CA, set SSL_CERT_FILE to its PEM file"
-        )
-    if isinstance(exc, aiohttp.ClientConnectorSSLError):
-        cause = exc.os_error
-        why = (
-            getattr(cause, "reason", None) if isinstance(cause, ssl.SSLError) else None
-        )
-        return f"TLS handshake with {where} failed: {why or cause}"
-    return None
-
-
-def _error_message(raw: bytes) -> str:
-    """The message of an OpenAI error body, else the start of the body, on one
-    line."""
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return _text_message(raw)
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict) and "message" in err:
-            return str(err["message"])[:500]
-        if isinstance(body.get("detail"), str):  # FastAPI's (Transformers Serve)
-            return str(body["detail"])[:500]
-        if isinstance(err, str):
-            return err[:500]
-    return str(body)[:200]

@@ -38,6 +38,7 @@ import aiohttp
 
 from monitor import names
 from monitor.config import Auth
+from monitor.limits import ResponseTooLarge, read_body
 from monitor.signals import SignalQuery
 
 __all__ = ["PrometheusSampler", "auth_header"]
@@ -178,12 +179,14 @@ class PrometheusSampler:
                 headers=self._headers,
                 timeout=self._timeout,
             ) as resp:
-                raw = await resp.read()
+                raw = await read_body(resp)
                 status = resp.status
         except TimeoutError:
             raise QueryFailed(
                 f"Prometheus did not answer within {self._timeout.total:g} s"
             ) from None
+        except ResponseTooLarge as exc:
+            raise QueryFailed(f"Prometheus: {exc}") from None
         except aiohttp.ClientError as exc:
             raise QueryFailed(f"Prometheus: {type(exc).__name__}: {exc}") from None
         try:

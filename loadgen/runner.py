@@ -363,6 +363,7 @@ def _finish(
     )
     try:
         write_record(ctx.rundir.path, info, summary)
+        ctx.rundir.check()  # a request line that could not be written earlier
     except RecordError as exc:
         raise RecordError(
             f"{exc} (run {status}"

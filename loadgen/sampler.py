@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 
+from monitor.limits import read_body
 from monitor.normalize import Normalizer
 
 __all__ = ["ServerSampler", "parse_engine_samples"]
@@ -78,7 +79,7 @@ class ServerSampler:
             async with self._session.get(self._url, timeout=self._timeout) as resp:
                 if resp.status != 200:
                     raise ValueError(f"HTTP {resp.status}")
-                text = await resp.text()
+                text = (await read_body(resp)).decode("utf-8")
             samples, info = await asyncio.to_thread(
                 parse_engine_samples, text, self._normalizer
             )

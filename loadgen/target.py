@@ -5,6 +5,7 @@ this machine."""
 from __future__ import annotations
 
 import ipaddress
+import json
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -12,6 +13,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from loadgen.client import tls_failure
+from monitor.limits import ResponseTooLarge, head_refused, read_body
 from servemon.errors import TargetError
 
 __all__ = [
@@ -32,7 +34,7 @@ async def target_version(session: aiohttp.ClientSession, base_url: str) -> str |
         ) as resp:
             if resp.status != 200:
                 return None
-            body = await resp.json(content_type=None)
+            body = json.loads(await read_body(resp))
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return None
     version = body.get("version") if isinstance(body, dict) else None
@@ -93,14 +95,17 @@ async def discover_model(
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
             if resp.status != 200:
                 raise TargetError(f"{url}: HTTP {resp.status}")
-            listing = await resp.json(content_type=None)
+            listing = json.loads(await read_body(resp))
     except TimeoutError:
         raise TargetError(f"{url}: no answer within 10 s") from None
     except aiohttp.ClientConnectorError as exc:
         why = tls_failure(exc) or f"{type(exc).__name__}: {exc}"
         raise TargetError(f"{url}: {why}") from None
+    except ResponseTooLarge as exc:
+        raise TargetError(f"{url}: {exc}") from None
     except (aiohttp.ClientError, ValueError) as exc:
-        raise TargetError(f"{url}: {type(exc).__name__}: {exc}") from None
+        why = head_refused(exc) or f"{type(exc).__name__}: {exc}"
+        raise TargetError(f"{url}: {why}") from None
     ids = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
     if model is None:
         if not ids or not isinstance(ids[0], str):

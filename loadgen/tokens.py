@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 import aiohttp
 
 from monitor.http import NotAnswered, post
+from monitor.limits import read_body
 from servemon.errors import ConfigError, TargetError
 
 __all__ = [
@@ -179,7 +181,7 @@ class ServerTokenizer:
                 async with resp:
                     if resp.status != 200:
                         raise TargetError(f"POST {self.url}: HTTP {resp.status}")
-                    answer = await resp.json(content_type=None)
+                    answer = json.loads(await read_body(resp))
         except (aiohttp.ClientError, NotAnswered, TimeoutError, ValueError) as exc:
             raise TargetError(f"POST {self.url}: {type(exc).__name__}: {exc}") from exc
         count = _count_of(answer)

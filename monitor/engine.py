@@ -17,6 +17,7 @@ scraper's format (:mod:`monitor.render`).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from monitor import names
+from monitor.limits import ResponseTooLarge, read_body
 from monitor.normalize import Normalized, Normalizer
 from monitor.render import Encoder, Renderer
 
@@ -252,18 +254,14 @@ class EngineCollector:
             async with self._session.get(url) as resp:
                 if resp.status != 200:
                     raise _ScrapeFailed("http", f"HTTP {resp.status}")
-                body = bytearray()
-                async for chunk in resp.content.iter_chunked(256 * 1024):
-                    body += chunk
-                    if len(body) > self.max_bytes:
-                        raise _ScrapeFailed(
-                            "too_large", f"body over {self.max_bytes} bytes"
-                        )
+                body = await read_body(resp, self.max_bytes)
+        except ResponseTooLarge as exc:
+            raise _ScrapeFailed("too_large", str(exc)) from exc
         except aiohttp.ClientConnectorError as exc:
             raise _ScrapeFailed("connect", str(exc)) from exc
         except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
             raise _ScrapeFailed("connect", f"{type(exc).__name__}: {exc}") from exc
-        return bytes(body)
+        return body
 
     async def _refresh_info(self, target: Target, state: _TargetState) -> None:
         """Best effort: ``/v1/models`` and ``/version``; failures are ignored."""
@@ -275,7 +273,7 @@ class EngineCollector:
                 ) as resp:
                     if resp.status != 200:
                         continue
-                    body = await resp.json(content_type=None)
+                    body = json.loads(await read_body(resp))
             except (aiohttp.ClientError, ConnectionError, ValueError, RuntimeError):
                 continue
             if path == "/version" and isinstance(body, dict):

@@ -33,6 +33,7 @@ from monitor.config import Auth, ExporterConfig, load_auth, parse_listen
 from monitor.engine import EngineCollector, Target
 from monitor.gpu import GpuCollector, GpuReader
 from monitor.http import PoolConnector
+from monitor.limits import session_options
 from monitor.nvml import NvmlReader
 from monitor.probe import Prober
 from monitor.webconfig import WebConfig, load_web_config, site_url, web_middleware
@@ -101,6 +102,7 @@ class Exporter:
             connector=connector,
             trust_env=False,
             timeout=aiohttp.ClientTimeout(total=None, connect=5),
+            **session_options(),
         )
         c = self.config
         self.engine = EngineCollector(

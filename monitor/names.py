@@ -186,7 +186,7 @@ CLIENT_REQUESTS = Series(
     "counter",
     "requests",
     "Finished requests by outcome (ok, http_error, timeout, connect_error, "
-    "stream_error, cancelled).",
+    "stream_error, response_too_large, cancelled).",
     (*_CLIENT, "outcome"),
 )
 CLIENT_TTFT = Series(

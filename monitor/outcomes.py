@@ -30,6 +30,9 @@ class Outcome(StrEnum):
     TIMEOUT = "timeout"
     CONNECT_ERROR = "connect_error"
     STREAM_ERROR = "stream_error"
+    #: The answer passed a bound of :mod:`monitor.limits` (body, SSE event or
+    #: stream, headers): a gzip bomb, a header flood, an event without end.
+    RESPONSE_TOO_LARGE = "response_too_large"
     CANCELLED = "cancelled"
 
 

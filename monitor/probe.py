@@ -26,7 +26,8 @@ from monitor import names
 from monitor.buckets import PROBE_BUCKETS
 from monitor.engine import Target
 from monitor.http import NotAnswered, post
-from monitor.sse import EventTooLarge, choice_text, ends_answer, is_done, iter_events
+from monitor.limits import ResponseTooLarge, head_refused, head_too_large, read_body
+from monitor.sse import choice_text, ends_answer, is_done, iter_events
 
 __all__ = ["PROBE_HEADER", "Prober"]
 
@@ -116,8 +117,11 @@ class Prober:
             outcome = "timeout"
         except (aiohttp.ClientConnectorError, NotAnswered):
             outcome = "connect_error"
-        except (aiohttp.ClientError, ConnectionError, EventTooLarge, RuntimeError):
-            outcome = "stream_error"
+        except ResponseTooLarge:
+            outcome = "response_too_large"
+        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
+            large = head_refused(exc) is not None and head_too_large(exc)
+            outcome = "response_too_large" if large else "stream_error"
         end = time.monotonic()
         labels = (target.name, model or "unknown")
         self.requests.labels(*labels, outcome).inc()
@@ -136,7 +140,8 @@ class Prober:
                 target.url.rstrip("/") + "/v1/models",
                 timeout=aiohttp.ClientTimeout(total=min(5.0, self.timeout_s)),
             ) as resp:
-                body = await resp.json(content_type=None) if resp.status == 200 else {}
+                raw = await read_body(resp) if resp.status == 200 else b"{}"
+            body = json.loads(raw)
         except (aiohttp.ClientError, TimeoutError, ValueError, RuntimeError):
             return None
         data = body.get("data") if isinstance(body, dict) else None

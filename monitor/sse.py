@@ -4,8 +4,10 @@ The framing is the part of the SSE standard that OpenAI-compatible servers use:
 ``data:`` lines (several join with newlines), events ended by a blank line, comment
 lines starting with ``:``, other fields ignored, an event with no data not dispatched.
 Lines are split here rather than by aiohttp's line reader, which refuses lines over
-512 KiB; one event may be up to ``max_event_bytes`` long, past which
-:class:`EventTooLarge` is raised. A stream that ends mid-event yields what it had.
+512 KiB; one event may be up to ``max_event_bytes`` long (1 MiB by default, past
+which :class:`EventTooLarge` is raised) and the whole stream ``max_stream_bytes``
+(128 MiB, :class:`~monitor.limits.ResponseTooLarge`), counted after inflating
+(:mod:`monitor.limits`). A stream that ends mid-event yields what it had.
 
 When an answer is complete (:func:`ends_answer`): a streamed OpenAI answer is
 complete once a chunk has carried a ``finish_reason`` (or, for servers that put the
@@ -16,9 +18,12 @@ before any finish is cut short, whatever else it carried.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from aiohttp import StreamReader
+
+from monitor.limits import DEFAULT_LIMITS, PIECE_BYTES, ResponseTooLarge, size
 
 __all__ = [
     "ANSWER_KEYS",
@@ -39,32 +44,46 @@ CONTENT_KEYS = ("content", "reasoning_content", "reasoning", "text")
 ANSWER_KEYS = ("content", "text")
 
 
-class EventTooLarge(ValueError):
+class EventTooLarge(ResponseTooLarge):
     """An SSE event longer than the limit."""
 
 
 async def iter_events(
-    content: StreamReader, *, max_event_bytes: int = 16 * 1024 * 1024
+    content: StreamReader,
+    *,
+    max_event_bytes: int = DEFAULT_LIMITS.event_bytes,
+    max_stream_bytes: int = DEFAULT_LIMITS.stream_bytes,
 ) -> AsyncIterator[str]:
     """Yield each event's data as text."""
     data: list[str] = []
-    size = 0
+    event_size = 0
+    total = 0
+    unyielded = 0
     pending = b""
     async for chunk in content.iter_any():
+        total += len(chunk)
+        if total > max_stream_bytes:
+            raise ResponseTooLarge(f"an SSE stream over {size(max_stream_bytes)}")
         pending += chunk
         *lines, pending = pending.split(b"\n")
         for raw in lines:
             event = _take_line(raw, data)
-            size += len(raw)
+            event_size += len(raw)
             if event is not None:
-                size = 0
+                event_size = 0
                 if event:
                     yield event
-            elif size > max_event_bytes:
-                raise EventTooLarge(f"an SSE event over {max_event_bytes} bytes")
+            elif event_size > max_event_bytes:
+                raise EventTooLarge(f"an SSE event over {size(max_event_bytes)}")
         # The unfinished line only: a chunk of many short lines is not one long one.
         if len(pending) > max_event_bytes:
-            raise EventTooLarge(f"an SSE line over {max_event_bytes} bytes")
+            raise EventTooLarge(f"an SSE line over {size(max_event_bytes)}")
+        # Read from a full buffer, iter_any does not give the loop a turn: a stream
+        # that is all bombs must not hold it (a token stream rarely gets here).
+        unyielded += len(chunk)
+        if unyielded >= PIECE_BYTES:
+            unyielded = 0
+            await asyncio.sleep(0)
     if pending:
         _take_line(pending, data)
     if data and "\n".join(data):

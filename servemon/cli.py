@@ -2,8 +2,9 @@
 
 The commands themselves are in :mod:`servemon.commands`. What is the same for all of
 them lives here, once: a :class:`~servemon.errors.ServemonError` is one line on
-stderr and exit status 2, an interrupt that reaches a command is exit status 130,
-and ``--parallel 1 2 4`` is accepted as EvalScope writes it.
+stderr and an exit status of :mod:`servemon.exits` (74 for a record that could not
+be written, 2 for anything else), an interrupt that reaches a command is exit
+status 130, and ``--parallel 1 2 4`` is accepted as EvalScope writes it.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from servemon.commands.load import capacity, control, ramp, replay, sweep
 from servemon.commands.runs import compare, merge_command, report
 from servemon.commands.sim import sim
 from servemon.commands.trace import trace
-from servemon.errors import ServemonError
+from servemon.errors import RecordError, ServemonError
+from servemon.exits import ExitStatus, epilog
 
-__all__ = ["ServemonGroup", "cli", "join_multi_values", "main"]
+__all__ = ["ServemonGroup", "cli", "error_status", "join_multi_values", "main"]
 
 #: Options whose values may be given as separate words (EvalScope's form).
 MULTI_VALUE_OPTIONS = ("--parallel", "--number")
@@ -36,20 +38,29 @@ class ServemonGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         """Run the command; a ServemonError becomes ``servemon: error: ...`` on
-        stderr and exit status 2, a KeyboardInterrupt exit status 130."""
+        stderr and its exit status, a KeyboardInterrupt exit status 130."""
         try:
             return super().invoke(ctx)
         except ServemonError as exc:
             click.echo(f"servemon: error: {exc}", err=True)
-            sys.exit(2)
+            sys.exit(error_status(exc))
         except KeyboardInterrupt:
             with contextlib.suppress(Exception):
                 click.echo("servemon: interrupted", err=True)
-            sys.exit(130)
+            sys.exit(ExitStatus.INTERRUPTED)
+
+
+def error_status(exc: ServemonError) -> ExitStatus:
+    """The exit status of a command that ``exc`` ended."""
+    if isinstance(exc, RecordError):
+        return ExitStatus.RECORD_ERROR
+    return ExitStatus.USAGE
 
 
 @click.group(
-    cls=ServemonGroup, context_settings={"help_option_names": ["-h", "--help"]}
+    cls=ServemonGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=epilog(),
 )
 @click.version_option(__version__, prog_name="servemon")
 def cli() -> None:

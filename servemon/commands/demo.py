@@ -8,13 +8,14 @@ from pathlib import Path
 
 import click
 
+from servemon import exits
 from servemon.commands import options
 from servemon.lifecycle import run_async
 
 __all__ = ["demo"]
 
 
-@click.command()
+@click.command(epilog=exits.epilog())
 @options.profile(default="qwen3-0.6b-eager")
 @options.max_num_seqs(type=click.IntRange(1, 4096), default=16)
 @options.out(default="runs")
@@ -48,4 +49,4 @@ def demo(
         )
     )
     if result.status != "completed":
-        sys.exit(130)
+        sys.exit(exits.for_run(result.status))

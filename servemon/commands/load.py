@@ -16,6 +16,7 @@ import click
 
 from loadgen.config import LoadConfig, secret_header_names
 from loadgen.plan import Kind
+from servemon import exits
 from servemon.commands import options
 from servemon.errors import ConfigError
 from servemon.fields import layer_config
@@ -57,7 +58,7 @@ def _run(kind: Kind, config_file: Path | None, flags: dict[str, Any]) -> None:
     warn_secret_headers(flags.get("header") or ())
     result = run_async(run_command(kind, config, sys.argv))
     if result.status != "completed":
-        sys.exit(130)
+        sys.exit(exits.for_run(result.status))
 
 
 def _int_list(
@@ -76,7 +77,7 @@ def _int_list(
     return numbers
 
 
-@click.command()
+@click.command(epilog=exits.epilog())
 @options.load_options()
 @click.option(
     "--stages", help="RPS:SECONDS,... e.g. 2:30,4:30,8:30. [default: 1:10,2:10,4:10]"
@@ -110,7 +111,7 @@ def ramp(config_file: Path | None, **flags: Any) -> None:
     _run("ramp", config_file, flags)
 
 
-@click.command()
+@click.command(epilog=exits.epilog())
 @options.load_options()
 @click.option(
     "--parallel",
@@ -131,7 +132,7 @@ def sweep(config_file: Path | None, **flags: Any) -> None:
     _run("sweep", config_file, flags)
 
 
-@click.command()
+@click.command(epilog=exits.epilog())
 @options.load_options()
 @click.option("--rps-min", type=float, help="Where the search starts. [default: 0.5]")
 @click.option(
@@ -164,7 +165,7 @@ def capacity(config_file: Path | None, **flags: Any) -> None:
     _run("capacity", config_file, flags)
 
 
-@click.command()
+@click.command(epilog=exits.epilog())
 @click.argument("trace", type=click.Path(path_type=Path))
 @options.load_options()
 @click.option(
@@ -192,7 +193,7 @@ def replay(trace: Path, config_file: Path | None, **flags: Any) -> None:
     _run("replay", config_file, flags)
 
 
-@click.command()
+@click.command(epilog=exits.epilog())
 @options.load_options()
 @click.option(
     "--hold",

@@ -93,7 +93,7 @@ def test_a_hung_target_times_requests_out_and_the_run_stops(
         )  # fmt: skip
         code = cli.wait(60)
     no_traceback(cli)
-    assert code == 130, cli.stderr
+    assert code == 3, cli.stderr
     assert "servemon: stopping: the target stopped answering" in cli.stdout
     run_dir = run_dir_of(out)
     got = records(run_dir)
@@ -142,7 +142,7 @@ def test_a_gateways_html_502_is_one_clean_line_and_the_error_rate_stops_the_run(
         )
         code = cli.wait(60)
     no_traceback(cli)
-    assert code == 130, cli.stderr
+    assert code == 3, cli.stderr
     run_dir = run_dir_of(out)
     got = records(run_dir)
     outcomes = Counter(r["outcome"] for r in got)
@@ -189,7 +189,7 @@ def test_an_untrusted_certificate_is_one_line_naming_the_fix(
         "CA, set SSL_CERT_FILE to its PEM file"
     )
     no_traceback(trusted)
-    assert trusted_code == 130, trusted.stderr
+    assert trusted_code == 3, trusted.stderr
     got = records(run_dir_of(out))
     assert {r["outcome"] for r in got} <= {"http_error", "cancelled"}
     assert {r["status"] for r in got if r["outcome"] == "http_error"} == {404}
@@ -231,7 +231,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_keeps_every_record_whole(
     )  # fmt: skip
     code = cli.wait(90)
     no_traceback(cli)
-    assert code == 2, cli.stderr
+    assert code == 74, cli.stderr
     run_dir = run_dir_of(small_disk)
     (line,) = error_lines(cli.stderr)
     assert line.startswith(f"servemon: error: cannot write {run_dir}/"), line
@@ -249,7 +249,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_keeps_every_record_whole(
     # On the full disk, report says so in one line; copied elsewhere, it reads
     # every request that was written.
     report = servemon("report", str(run_dir))
-    assert report.wait(60) == 2
+    assert report.wait(60) == 74
     no_traceback(report)
     (line,) = error_lines(report.stderr)
     assert line == (
@@ -308,7 +308,7 @@ def test_control_holds_its_rate_while_prometheus_is_blind_then_stops(
     finally:
         prometheus.close()
     no_traceback(cli)
-    assert code == 130, cli.stderr
+    assert code == 3, cli.stderr
     ticks = control_ticks(out)
     # While blind the rate held where it was: absence is not read as a zero queue.
     for previous, tick in itertools.pairwise(ticks):
@@ -361,7 +361,7 @@ def test_capacity_never_judges_a_step_good_when_prometheus_is_down(
     finally:
         prometheus.close()
     no_traceback(cli)
-    assert code == 130, cli.stderr
+    assert code == 3, cli.stderr
     assert "capacity: 8 req/s cannot be judged: blind:" in cli.stdout
     run_dir = run_dir_of(out)
     summary = read_json(run_dir / "summary.json")

@@ -35,7 +35,15 @@ REQUEST_FIELDS = {
     "dispatch_lag_s", "prompt_tokens", "output_tokens", "token_source",
     "finish_reason", "error",
 }  # fmt: skip
-OUTCOMES = {"ok", "http_error", "timeout", "connect_error", "stream_error", "cancelled"}
+OUTCOMES = {
+    "ok",
+    "http_error",
+    "timeout",
+    "connect_error",
+    "stream_error",
+    "response_too_large",
+    "cancelled",
+}
 
 
 def poll(predicate: Callable[[], T | None], timeout: float, what: str) -> T:

@@ -1,0 +1,102 @@
+"""A hostile server cannot exhaust the load generator (docs/reliability.md, "A
+hostile server"): the console script runs a ramp against a target that answers
+with gzip bombs (streamed and not), header floods, an endless stream and a slow
+drip, mixed with good answers (:mod:`tests.support.hostile`).
+
+Each request ends as an error that names why, the load generator's peak memory
+(the child's ``ru_maxrss``, read by a wrapper process that has no other child)
+stays under :data:`PEAK_RSS_BOUND`, and its loop keeps its schedule while the
+bombs inflate: the run's dispatch lag p99 stays under :data:`LAG_P99_BOUND`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.hostile import MODEL, hostile_target
+
+pytestmark = pytest.mark.e2e
+
+#: The bound docs/reliability.md states for a run against a hostile server.
+PEAK_RSS_BOUND = 300 * 1024 * 1024
+#: Dispatch lag p99 while bombs inflate (a healthy run here is well under 5 ms).
+LAG_P99_BOUND = 0.050
+
+#: Runs servemon as its only child; prints the child's peak RSS (KiB) last.
+WRAPPER = (
+    "import resource, subprocess, sys\n"
+    "code = subprocess.call(sys.argv[1:])\n"
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    "sys.exit(code)\n"
+)
+
+STREAMED = {
+    "sse_bomb": ("response_too_large", "an SSE line over 1 MiB"),
+    "header_flood": ("response_too_large", "response head refused: Too many headers"),
+    "huge_header": ("response_too_large", "response head refused: Got more than 8190"),
+    "endless": ("timeout", "no complete answer within 2 s"),
+    "drip": ("timeout", "no complete answer within 2 s"),
+}
+WHOLE = {"bomb": ("response_too_large", "a response body over 4 MiB (gzip: ")}
+
+
+def ramp(url: str, out: Path, *flags: str) -> tuple[int, int, str]:
+    """(exit status, peak RSS in bytes, stderr) of a ramp against ``url``; the
+    error-rate guard rail off (most answers here fail on purpose)."""
+    config = out.parent / "no-error-rail.yaml"
+    config.write_text("abort_error_rate: 1.0\n")
+    argv = [
+        sys.executable, "-c", WRAPPER, sys.executable, "-m", "servemon", "ramp",
+        "--target", url, "--model", MODEL, "--stages", "14:3", "--timeout", "2",
+        "--grace", "3", "--config", str(config), "--metrics-port", "0",
+        "--workload", "random:prompt=16,output=4", "--out", str(out), *flags,
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=90, check=False)
+    peak_kib = int(done.stdout.strip().splitlines()[-1])
+    return done.returncode, peak_kib * 1024, done.stderr
+
+
+def run_of(out: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    lines = (run_dir / "requests.jsonl").read_text().splitlines()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return [json.loads(line) for line in lines], summary
+
+
+@pytest.mark.parametrize(
+    ("kinds", "flags"),
+    [(STREAMED, ()), (WHOLE, ("--no-stream",))],
+    ids=["streamed", "not-streamed"],
+)
+def test_a_hostile_server_costs_bounded_memory_and_no_schedule(
+    tmp_path: Path, kinds: dict[str, tuple[str, str]], flags: tuple[str, ...]
+) -> None:
+    out = tmp_path / "runs"
+    with hostile_target([*kinds, "ok"]) as url:
+        code, peak, stderr = ramp(url, out, *flags)
+    assert code == 0, stderr
+    assert "Traceback" not in stderr, stderr
+    records, summary = run_of(out)
+    assert len(records) >= 35, len(records)
+
+    def named(r: dict[str, Any]) -> set[str]:
+        """The hostile answers whose outcome and error ``r`` has (the endless
+        stream and the drip are both ended by the deadline)."""
+        return {
+            k for k, (o, e) in kinds.items() if o == r["outcome"] and e in r["error"]
+        }
+
+    failed = [r for r in records if r["outcome"] != "ok"]
+    for r in failed:
+        assert named(r), r  # every failure is one of the hostile answers, named
+    assert set().union(*map(named, failed)) == set(kinds)
+    assert len(records) - len(failed) >= 4  # the good answers among them are ok
+    lag = summary["overall"]["dispatch_lag"]
+    assert lag["p99"] < LAG_P99_BOUND, lag
+    assert peak < PEAK_RSS_BOUND, f"peak RSS {peak / 2**20:.0f} MiB"
