@@ -223,6 +223,7 @@ V1_MAP = {
     "servemon_engine_decode_seconds": "vllm:request_decode_time_seconds",
     "servemon_engine_request_prompt_tokens": "vllm:request_prompt_tokens",
     "servemon_engine_request_generation_tokens": "vllm:request_generation_tokens",
+    "servemon_engine_iteration_tokens": "vllm:iteration_tokens_total",
 }
 V08_MAP = {
     **V1_MAP,
@@ -243,6 +244,7 @@ SGLANG_MAP = {
     "servemon_engine_requests_waiting": "sglang:num_queue_reqs",
     "servemon_engine_kv_cache_usage_ratio": "sglang:token_usage",
     "servemon_engine_prefix_cache_hits": "sglang:cached_tokens",
+    "servemon_engine_prompt_tokens_cached": "sglang:cached_tokens",
     "servemon_engine_prefix_cache_hit_ratio": "sglang:cache_hit_rate",
     "servemon_engine_prompt_tokens": "sglang:prompt_tokens",
     "servemon_engine_generation_tokens": "sglang:generation_tokens",
@@ -921,10 +923,10 @@ async def test_passthrough_passes_unknown_families_with_a_target_label(
             got = await scrape(http, exp)
         async with running_exporter({"sim": sim.url}) as exp:
             plain = await scrape(http, exp)
-    count = value(got, "vllm:iteration_tokens_total_count", target="sim")
+    count = value(got, "vllm:request_inference_time_seconds_count", target="sim")
     assert count is not None
     assert count > 0
-    assert value(plain, "vllm:iteration_tokens_total_count") is None
+    assert value(plain, "vllm:request_inference_time_seconds_count") is None
     info = labels_of(got, "vllm:cache_config_info")
     assert [d["target"] for d in info] == ["sim"]
     # Mapped families are not passed through a second time.
