@@ -212,6 +212,8 @@ def _utilization() -> g.TimeSeries:
     flops = per_rank_rate(n.ENGINE_ESTIMATED_FLOPS)
     read = per_rank_rate(n.ENGINE_ESTIMATED_READ_BYTES)
     write = per_rank_rate(n.ENGINE_ESTIMATED_WRITE_BYTES)
+    nvml = current(n.GPU_MEMORY_BANDWIDTH_PEAK, agg="max")
+    peak = f"({nvml} or vector({PEAK_BANDWIDTH} * 1e9))"
     return timeseries(
         "MFU and memory-bandwidth utilization (engine estimates)",
         "percentunit",
@@ -221,14 +223,16 @@ def _utilization() -> g.TimeSeries:
         ),
         (
             aggregate(
-                "avg", f"({read} + {write}) / ({PEAK_BANDWIDTH} * 1e9)", ("target",)
+                "avg", f"({read} + {write}) / on() group_left() {peak}", ("target",)
             ),
             "bandwidth {{target}}",
         ),
         description="vLLM's FLOP and byte estimates per GPU (--enable-mfu-metrics) "
-        "over the GPU's peak, averaged over the data-parallel ranks. The peaks are "
-        "the dashboard's variables (TFLOP/s and GB/s per GPU, dense, in the "
-        "model's dtype): NVML does not tell them.",
+        "over the GPU's peak, averaged over the data-parallel ranks. The peak "
+        "bandwidth is NVML's (bus width x highest memory clock x 2, the largest of "
+        "the picked GPUs), else the peak_bandwidth_gbps variable; the peak TFLOP/s "
+        "is the peak_tflops variable (dense, in the model's dtype): NVML does not "
+        "tell it.",
     )
 
 

@@ -95,6 +95,7 @@ __all__ = [
     "ENGINE_TPOT",
     "ENGINE_TTFT",
     "GPU_ECC_ERRORS",
+    "GPU_MEMORY_BANDWIDTH_PEAK",
     "GPU_MEMORY_CLOCK",
     "GPU_MEMORY_TOTAL",
     "GPU_MEMORY_USED",
@@ -1131,6 +1132,14 @@ GPU_MEMORY_CLOCK = Series(
     "Memory clock.",
     _GPU,
 )
+GPU_MEMORY_BANDWIDTH_PEAK = Series(
+    "servemon_gpu_memory_bandwidth_peak_bytes_per_second",
+    "gauge",
+    "bytes/s",
+    "Peak memory bandwidth from NVML: memory bus width times the highest memory "
+    "clock, twice per clock (the figure data sheets give), where NVML tells both.",
+    _GPU,
+)
 GPU_THROTTLE = Series(
     "servemon_gpu_throttle_active",
     "gauge",
@@ -1180,6 +1189,7 @@ GPU_SERIES: tuple[Series, ...] = (
     GPU_TEMPERATURE,
     GPU_SM_CLOCK,
     GPU_MEMORY_CLOCK,
+    GPU_MEMORY_BANDWIDTH_PEAK,
     GPU_THROTTLE,
     GPU_PCIE_RX,
     GPU_PCIE_TX,

@@ -194,7 +194,10 @@ def test_utilization_divides_the_engine_estimates_by_the_peak_variables() -> Non
     assert "/ ($peak_tflops * 1e12)" in mfu
     assert names.ENGINE_ESTIMATED_READ_BYTES.name in bandwidth
     assert names.ENGINE_ESTIMATED_WRITE_BYTES.name in bandwidth
-    assert "/ ($peak_bandwidth_gbps * 1e9)" in bandwidth
+    # NVML's peak where the exporter reads one, else the variable.
+    peak = names.GPU_MEMORY_BANDWIDTH_PEAK.name
+    assert f'/ on() group_left() (max ({peak}{{gpu=~"$gpu"}})' in bandwidth
+    assert "or vector($peak_bandwidth_gbps * 1e9))" in bandwidth
     data = json.loads(dashboard_json("servemon-overview"))
     variables = {v["name"]: v for v in data["templating"]["list"]}
     for name, default in PEAK_DEFAULTS.items():
