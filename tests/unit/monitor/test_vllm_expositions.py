@@ -265,3 +265,66 @@ def test_the_live_server_admission_rejections_have_no_rank() -> None:
     # The live server generated 8 tokens in 8 steps: 7 prompt tokens in the first.
     iteration = N.ENGINE_ITERATION_TOKENS.name
     assert get(n, iteration + "_sum", **engine_labels(LIVE_MODEL)) == 15.0
+
+
+#: The OffloadingConnector's families servemon leaves unmapped: transfer sizes and
+#: lookup delays (histograms), the CPU buffer's usage and allocations, failed
+#: allocations, the static config, and the deprecated spellings (read only where the
+#: flat names are absent); and, for a KV consumer, the stages of async KV loads.
+OFFLOAD_UNMAPPED = {
+    "vllm:num_requests_kv_fetch_by_stage",
+    "vllm:kv_offload_size",
+    "vllm:kv_offload_load_size",
+    "vllm:kv_offload_store_size",
+    "vllm:kv_offload_cpu_cache_usage_perc",
+    "vllm:kv_offload_cpu_cache_read_usage_perc",
+    "vllm:kv_offload_cpu_cache_write_usage_perc",
+    "vllm:kv_offload_cpu_allocation_size",
+    "vllm:kv_offload_lookup_sync_delay_seconds",
+    "vllm:kv_offload_lookup_async_delay_seconds",
+    "vllm:kv_offload_allocation_failure",
+    "vllm:kv_offload_config_info",
+    "vllm:kv_offload_total_bytes",
+    "vllm:kv_offload_total_time",
+}
+
+
+@pytest.mark.parametrize("version", ["0.25.1", "0.34.0"])
+def test_kv_offload_read_once_from_the_flat_names(version: str) -> None:
+    source = text(f"vllm-{version}-kv-offload.txt")
+    n = normalize(source, target="t")
+    base = engine_labels()
+    # vLLM writes the same transfers under the deprecated names too: read once.
+    got = {
+        series.name: get(n, series.name, **base)
+        for series in (
+            N.ENGINE_KV_OFFLOAD_LOAD_BYTES,
+            N.ENGINE_KV_OFFLOAD_STORE_BYTES,
+            N.ENGINE_KV_OFFLOAD_LOAD_SECONDS,
+            N.ENGINE_KV_OFFLOAD_STORE_SECONDS,
+        )
+    }
+    assert got == {
+        N.ENGINE_KV_OFFLOAD_LOAD_BYTES.name: 65536.0,
+        N.ENGINE_KV_OFFLOAD_STORE_BYTES.name: 131072.0,
+        N.ENGINE_KV_OFFLOAD_LOAD_SECONDS.name: 0.002,
+        N.ENGINE_KV_OFFLOAD_STORE_SECONDS.name: 0.003,
+    }
+    left = vllm_families(source) - read_sources(n, source) - UNMAPPED
+    assert left == {f for f in OFFLOAD_UNMAPPED if f in vllm_families(source)}
+
+
+def test_kv_offload_deprecated_split_alone_is_read_per_direction() -> None:
+    """The same exposition without the flat names (as a release that had only the
+    deprecated ones would write it): each direction from its transfer_type."""
+    flat = ("load_bytes", "store_bytes", "load_time", "store_time")
+    lines = [
+        line
+        for line in text("vllm-0.34.0-kv-offload.txt").splitlines(keepends=True)
+        if not any(f"vllm:kv_offload_{name}_" in line for name in flat)
+    ]
+    n = normalize("".join(lines), target="t")
+    base = engine_labels()
+    assert get(n, N.ENGINE_KV_OFFLOAD_LOAD_BYTES.name, **base) == 65536.0
+    assert get(n, N.ENGINE_KV_OFFLOAD_STORE_BYTES.name, **base) == 131072.0
+    assert get(n, N.ENGINE_KV_OFFLOAD_STORE_SECONDS.name, **base) == 0.003
