@@ -11,7 +11,9 @@ prefix cache, 8 generated tokens, one finished request that was preempted once, 
 admission rejection, one chat request rendered), each fed through the release's own
 stats classes where it has them. ``--kv-offload`` configures the OffloadingConnector
 (KV blocks offloaded to CPU memory) and adds one step of its transfer stats (64 KiB
-loaded in 2 ms, 128 KiB stored in 3 ms): ``vllm-<version>-kv-offload.txt``.
+loaded in 2 ms, 128 KiB stored in 3 ms); ``--spec-decode`` configures n-gram
+speculative decoding (3 tokens) and adds one step of drafts (two drafts of 3 tokens,
+2 and 1 accepted): ``vllm-<version>-kv-offload-spec-decode.txt`` has both.
 ``vllm-0.32.0-live.txt`` is different: the text a live 0.32.0 CPU server answered
 (``python -m vllm.entrypoints.openai.api_server``, a tiny random-weight Llama, after
 one request), kept as it came.
@@ -57,6 +59,7 @@ _CONFIG = {
     "torch_dtype": "float32",
 }
 MODEL = "tiny-llama"
+_SPEC_TOKENS = 3
 
 
 def _fields(cls: Any, **wanted: Any) -> Any:
@@ -65,12 +68,14 @@ def _fields(cls: Any, **wanted: Any) -> Any:
     return cls(**{k: v for k, v in wanted.items() if k in names})
 
 
-def _config(model_dir: Path, *, kv_offload: bool) -> Any:
+def _config(model_dir: Path, *, kv_offload: bool, spec_decode: bool) -> Any:
     from vllm.config import (
         CacheConfig,
         KVTransferConfig,
         ModelConfig,
         ObservabilityConfig,
+        ParallelConfig,
+        SpeculativeConfig,
         VllmConfig,
     )
 
@@ -90,6 +95,17 @@ def _config(model_dir: Path, *, kv_offload: bool) -> Any:
         "cache_config": cache,
         "observability_config": observability,
     }
+    if spec_decode:  # n-gram drafts: no draft model to load
+        parallel = ParallelConfig()
+        parts["parallel_config"] = parallel
+        parts["speculative_config"] = SpeculativeConfig(
+            method="ngram",
+            num_speculative_tokens=_SPEC_TOKENS,
+            prompt_lookup_max=3,
+            prompt_lookup_min=1,
+            target_model_config=model,
+            target_parallel_config=parallel,
+        )
     if kv_offload:  # the OffloadingConnector to CPU memory
         parts["kv_transfer_config"] = KVTransferConfig(
             kv_connector="OffloadingConnector",
@@ -183,21 +199,34 @@ def _offload_stats() -> dict[str, Any]:
     return payload
 
 
-def exposition(*, kv_offload: bool = False) -> str:
+def _spec_decode_stats() -> Any:
+    """One step's n-gram drafts: two drafts of 3 tokens, 2 and 1 accepted."""
+    from vllm.v1.spec_decode.metrics import SpecDecodingStats
+
+    found = SpecDecodingStats.new(_SPEC_TOKENS)
+    found.observe_draft(num_draft_tokens=3, num_accepted_tokens=2)
+    found.observe_draft(num_draft_tokens=3, num_accepted_tokens=1)
+    return found
+
+
+def exposition(*, kv_offload: bool = False, spec_decode: bool = False) -> str:
     """What this release's metrics code writes after the step above (with the
-    OffloadingConnector's stats beside it, if ``kv_offload``)."""
+    OffloadingConnector's stats beside it, if ``kv_offload``; with speculative
+    decoding's, if ``spec_decode``)."""
     from prometheus_client import REGISTRY, generate_latest
     from vllm.v1.metrics.loggers import PrometheusStatLogger
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp)
         (model_dir / "config.json").write_text(json.dumps(_CONFIG))
-        config = _config(model_dir, kv_offload=kv_offload)
+        config = _config(model_dir, kv_offload=kv_offload, spec_decode=spec_decode)
         logger = PrometheusStatLogger(config, engine_indexes=[0])
         logger.log_engine_initialized()  # vllm:cache_config_info
         scheduler, iteration = _step()
         if kv_offload:
             scheduler.kv_connector_stats = _offload_stats()
+        if spec_decode:
+            scheduler.spec_decoding_stats = _spec_decode_stats()
         logger.record(scheduler, iteration, None, 0)
         if hasattr(logger, "record_admission_rejection"):
             logger.record_admission_rejection("max_num_queued_reqs")
@@ -212,16 +241,20 @@ def exposition(*, kv_offload: bool = False) -> str:
 
 def main(argv: list[str]) -> int:
     """Writes the exposition to the one path given (``--kv-offload``: with the
-    OffloadingConnector configured and one step of its stats)."""
-    kv_offload = "--kv-offload" in argv
-    paths = [a for a in argv if a != "--kv-offload"]
+    OffloadingConnector configured and one step of its stats; ``--spec-decode``:
+    with n-gram speculative decoding and one step of its drafts)."""
+    flags = {"--kv-offload", "--spec-decode"}
+    paths = [a for a in argv if a not in flags]
     if len(paths) != 1:
-        sys.stderr.write("usage: make_expositions.py [--kv-offload] OUT.txt\n")
+        sys.stderr.write(
+            "usage: make_expositions.py [--kv-offload] [--spec-decode] OUT.txt\n"
+        )
         return 2
+    kv_offload, spec_decode = "--kv-offload" in argv, "--spec-decode" in argv
     argv = paths
     import vllm
 
-    text = exposition(kv_offload=kv_offload)
+    text = exposition(kv_offload=kv_offload, spec_decode=spec_decode)
     Path(argv[0]).write_text(text, encoding="utf-8")
     sys.stderr.write(f"vllm {vllm.__version__} ({vllm.__file__}) -> {argv[0]}\n")
     return 0

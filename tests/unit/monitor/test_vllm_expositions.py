@@ -270,9 +270,11 @@ def test_the_live_server_admission_rejections_have_no_rank() -> None:
 #: The OffloadingConnector's families servemon leaves unmapped: transfer sizes and
 #: lookup delays (histograms), the CPU buffer's usage and allocations, failed
 #: allocations, the static config, and the deprecated spellings (read only where the
-#: flat names are absent); and, for a KV consumer, the stages of async KV loads.
-OFFLOAD_UNMAPPED = {
+#: flat names are absent); for a KV consumer, the stages of async KV loads; and
+#: speculative decoding's acceptances per draft position.
+OPTIONAL_UNMAPPED = {
     "vllm:num_requests_kv_fetch_by_stage",
+    "vllm:spec_decode_num_accepted_tokens_per_pos",
     "vllm:kv_offload_size",
     "vllm:kv_offload_load_size",
     "vllm:kv_offload_store_size",
@@ -289,9 +291,23 @@ OFFLOAD_UNMAPPED = {
 }
 
 
+def optional(version: str) -> str:
+    """The exposition with the OffloadingConnector and n-gram spec decoding on."""
+    return text(f"vllm-{version}-kv-offload-spec-decode.txt")
+
+
+@pytest.mark.parametrize("version", ["0.25.1", "0.34.0"])
+def test_spec_decode_counters(version: str) -> None:
+    n = normalize(optional(version), target="t")
+    base = engine_labels()
+    assert get(n, N.ENGINE_SPEC_DRAFTS.name, **base) == 2.0
+    assert get(n, N.ENGINE_SPEC_DRAFT_TOKENS.name, **base) == 6.0
+    assert get(n, N.ENGINE_SPEC_ACCEPTED_TOKENS.name, **base) == 3.0
+
+
 @pytest.mark.parametrize("version", ["0.25.1", "0.34.0"])
 def test_kv_offload_read_once_from_the_flat_names(version: str) -> None:
-    source = text(f"vllm-{version}-kv-offload.txt")
+    source = optional(version)
     n = normalize(source, target="t")
     base = engine_labels()
     # vLLM writes the same transfers under the deprecated names too: read once.
@@ -311,7 +327,7 @@ def test_kv_offload_read_once_from_the_flat_names(version: str) -> None:
         N.ENGINE_KV_OFFLOAD_STORE_SECONDS.name: 0.003,
     }
     left = vllm_families(source) - read_sources(n, source) - UNMAPPED
-    assert left == {f for f in OFFLOAD_UNMAPPED if f in vllm_families(source)}
+    assert left == {f for f in OPTIONAL_UNMAPPED if f in vllm_families(source)}
 
 
 def test_kv_offload_deprecated_split_alone_is_read_per_direction() -> None:
@@ -320,7 +336,7 @@ def test_kv_offload_deprecated_split_alone_is_read_per_direction() -> None:
     flat = ("load_bytes", "store_bytes", "load_time", "store_time")
     lines = [
         line
-        for line in text("vllm-0.34.0-kv-offload.txt").splitlines(keepends=True)
+        for line in optional("0.34.0").splitlines(keepends=True)
         if not any(f"vllm:kv_offload_{name}_" in line for name in flat)
     ]
     n = normalize("".join(lines), target="t")
