@@ -13,9 +13,12 @@ from grafanalib import core as g
 from dashboards.gpu import gpu_panels
 from dashboards.panels import (
     DS,
+    PEAK_BANDWIDTH,
+    PEAK_TFLOPS,
     Layout,
     dashboard,
     dashed,
+    peak_variables,
     percentiles,
     stat,
     timeseries,
@@ -23,8 +26,10 @@ from dashboards.panels import (
 from dashboards.queries import (
     TARGET,
     current,
+    hist_mean,
     hist_quantile,
     increase,
+    per_rank_rate,
     rate,
     ratio_of_rates,
     target_rate,
@@ -32,7 +37,7 @@ from dashboards.queries import (
 from dashboards.rule_names import burn_rate_regex
 from dashboards.sli import ERRORS
 from monitor import names as n
-from monitor.promql import braces, le_matcher
+from monitor.promql import aggregate, braces, le_matcher
 
 __all__ = ["GOODPUT_TTFT", "burn_rates", "overview"]
 
@@ -104,6 +109,47 @@ def _queueing_and_cache(lay: Layout) -> None:
         width=6,
     )
     lay.add(_lora_adapters(by_target), width=6)
+    lay.add(
+        timeseries(
+            "Why requests wait",
+            "short",
+            (
+                current(n.ENGINE_REQUESTS_WAITING_BY_REASON, by=("target", "reason")),
+                "{{reason}} {{target}}",
+            ),
+            description="vLLM's waiting requests by reason: capacity (no room in "
+            "the batch or the KV cache: load), deferred (LoRA budget, KV transfer, "
+            "blocked: not load). A split of the waiting requests, stacked.",
+            stack=True,
+        ),
+        width=8,
+    )
+    lay.add(
+        timeseries(
+            "Admission rejections",
+            "reqps",
+            (
+                rate(n.ENGINE_ADMISSION_REJECTIONS, by=("target", "reason")),
+                "{{reason}} {{target}}",
+            ),
+            description="Requests vLLM refused because a queue limit "
+            "(--max-num-queued-reqs, --max-num-queued-tokens) was reached: load "
+            "shed, errors to the client, and errors of the engine availability SLO.",
+        ),
+        width=8,
+    )
+    lay.add(
+        timeseries(
+            "Preemptions per request",
+            "short",
+            *percentiles(n.ENGINE_REQUEST_PREEMPTIONS, "preemptions"),
+            (hist_mean(n.ENGINE_REQUEST_PREEMPTIONS), "mean"),
+            description="How many times each finished request was preempted "
+            "(vLLM's histogram, edges 1, 2, 3, 4, 5, 10, 20: a quantile below 1 "
+            "reads as up to 1).",
+        ),
+        width=8,
+    )
     lay.row("Cache")
     lay.add(
         timeseries(
@@ -129,6 +175,64 @@ def _queueing_and_cache(lay: Layout) -> None:
             description="rate(hits) / rate(queries) where the engine counts "
             "both; the engine's own ratio where it only gives one.",
         )
+    )
+    lay.add(
+        timeseries(
+            "Prompt tokens by source (what the cache saved)",
+            "short",
+            (
+                rate(n.ENGINE_PROMPT_TOKENS_BY_SOURCE, by=("source",)),
+                "{{source}}",
+            ),
+            description="Prompt tokens per second by where their KV came from: "
+            "local_compute was prefilled, local_cache_hit (prefix cache) and "
+            "external_kv_transfer (a KV connector) were not. Stacked: the whole is "
+            "the prompt tokens per second.",
+            stack=True,
+        )
+    )
+    lay.add(
+        timeseries(
+            "Cached prompt tokens",
+            "short",
+            (rate(n.ENGINE_PROMPT_TOKENS_CACHED, by=("target",)), "{{target}}"),
+            (
+                rate(n.ENGINE_PROMPT_TOKENS_CACHED_BY_SOURCE, by=("source",)),
+                "tier {{source}}",
+            ),
+            description="Prompt tokens per second not prefilled because their KV "
+            "was cached, and by the tier that held them (device, host, p2p, "
+            "disk).",
+        )
+    )
+
+
+def _utilization() -> g.TimeSeries:
+    """MFU and memory-bandwidth utilization from the engine's own estimates."""
+    flops = per_rank_rate(n.ENGINE_ESTIMATED_FLOPS)
+    read = per_rank_rate(n.ENGINE_ESTIMATED_READ_BYTES)
+    write = per_rank_rate(n.ENGINE_ESTIMATED_WRITE_BYTES)
+    nvml = current(n.GPU_MEMORY_BANDWIDTH_PEAK, agg="max")
+    peak = f"({nvml} or vector({PEAK_BANDWIDTH} * 1e9))"
+    return timeseries(
+        "MFU and memory-bandwidth utilization (engine estimates)",
+        "percentunit",
+        (
+            aggregate("avg", f"{flops} / ({PEAK_TFLOPS} * 1e12)", ("target",)),
+            "MFU {{target}}",
+        ),
+        (
+            aggregate(
+                "avg", f"({read} + {write}) / on() group_left() {peak}", ("target",)
+            ),
+            "bandwidth {{target}}",
+        ),
+        description="vLLM's FLOP and byte estimates per GPU (--enable-mfu-metrics) "
+        "over the GPU's peak, averaged over the data-parallel ranks. The peak "
+        "bandwidth is NVML's (bus width x highest memory clock x 2, the largest of "
+        "the picked GPUs), else the peak_bandwidth_gbps variable; the peak TFLOP/s "
+        "is the peak_tflops variable (dense, in the model's dtype): NVML does not "
+        "tell it.",
     )
 
 
@@ -191,6 +295,19 @@ def _latency_and_throughput(lay: Layout) -> None:
             (rate(n.CLIENT_OUTPUT_TOKENS), "output (client)"),
         )
     )
+    lay.add(
+        timeseries(
+            "Batch fullness: tokens per engine step",
+            "short",
+            *percentiles(n.ENGINE_ITERATION_TOKENS, "tokens"),
+            (hist_mean(n.ENGINE_ITERATION_TOKENS), "mean"),
+            description="Prompt and generated tokens each engine step ran, "
+            "against the token budget (vLLM's --max-num-batched-tokens): far below "
+            "it under load, the batch is limited by something else (sequences, "
+            "KV cache).",
+        )
+    )
+    lay.add(_utilization())
     lay.add(
         g.Heatmap(
             title="Client TTFT distribution",
@@ -257,4 +374,10 @@ def overview() -> g.Dashboard:
     lay.row("GPU")
     gpu_panels(lay)
     _slo(lay)
-    return dashboard("servemon: serving overview", "servemon-overview", lay, gpu=True)
+    return dashboard(
+        "servemon: serving overview",
+        "servemon-overview",
+        lay,
+        gpu=True,
+        variables=peak_variables(),
+    )

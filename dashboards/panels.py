@@ -20,9 +20,13 @@ from monitor.promql import aggregate, selector
 
 __all__ = [
     "DS",
+    "PEAK_BANDWIDTH",
+    "PEAK_DEFAULTS",
+    "PEAK_TFLOPS",
     "Layout",
     "dashboard",
     "dashed",
+    "peak_variables",
     "percentiles",
     "right_axis",
     "stat",
@@ -159,6 +163,27 @@ def _variable(name: str, label: str, query: str) -> g.Template:
     )
 
 
+#: The GPU's peaks the utilization panels divide by, as dashboard variables: NVML
+#: does not tell them. Defaults: an H100 SXM's dense BF16 TFLOP/s and its HBM3 GB/s.
+PEAK_TFLOPS = "$peak_tflops"
+PEAK_BANDWIDTH = "$peak_bandwidth_gbps"
+PEAK_DEFAULTS = {"peak_tflops": "989", "peak_bandwidth_gbps": "3350"}
+
+
+def peak_variables() -> list[g.Template]:
+    """Text boxes for the GPU's peak TFLOP/s and memory bandwidth (GB/s) per GPU."""
+    labels = {
+        "peak_tflops": "Peak TFLOP/s per GPU",
+        "peak_bandwidth_gbps": "Peak memory GB/s per GPU",
+    }
+    return [
+        g.Template(
+            name=name, label=labels[name], query=value, default=value, type="textbox"
+        )
+        for name, value in PEAK_DEFAULTS.items()
+    ]
+
+
 def _templating(*, gpu: bool = False) -> g.Templating:
     ds = g.Template(
         name="datasource",
@@ -201,13 +226,23 @@ def _stage_annotations() -> g.Annotations:
     )
 
 
-def dashboard(title: str, uid: str, lay: Layout, *, gpu: bool = False) -> g.Dashboard:
-    """A servemon dashboard of ``lay``'s panels (with a ``$gpu`` variable if asked)."""
+def dashboard(
+    title: str,
+    uid: str,
+    lay: Layout,
+    *,
+    gpu: bool = False,
+    variables: Sequence[g.Template] = (),
+) -> g.Dashboard:
+    """A servemon dashboard of ``lay``'s panels (with a ``$gpu`` variable if asked,
+    and ``variables`` after the others)."""
+    templating = _templating(gpu=gpu)
+    templating.list.extend(variables)
     return g.Dashboard(
         title=title,
         uid=uid,
         tags=["servemon"],
-        templating=_templating(gpu=gpu),
+        templating=templating,
         panels=lay.panels,
         timezone="browser",
         refresh="10s",

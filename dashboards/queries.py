@@ -19,8 +19,10 @@ __all__ = [
     "TARGET",
     "count",
     "current",
+    "hist_mean",
     "hist_quantile",
     "increase",
+    "per_rank_rate",
     "rate",
     "ratio_of_rates",
     "select",
@@ -75,6 +77,18 @@ def count(series: Series) -> str:
 def hist_quantile(series: Series, q: float, *, by: tuple[str, ...] = ()) -> str:
     """The q-quantile of a histogram over the rate interval."""
     return promql.quantile(series, q, RATE_INTERVAL, *_bound(series), by=by)
+
+
+def hist_mean(series: Series, *, by: tuple[str, ...] = ()) -> str:
+    """A histogram's mean over the rate interval: ``rate(_sum) / rate(_count)``."""
+    return f"{rate(series, by=by, part='sum')} / {rate(series, by=by, part='count')}"
+
+
+def per_rank_rate(series: Series) -> str:
+    """Per-second rate of a counter, one series per target, model and rank (what
+    the engine counts per GPU, such as its FLOP estimate, before any averaging)."""
+    samples = promql.rate(select(series), RATE_INTERVAL)
+    return promql.aggregate("sum", samples, ("target", "model", "rank"))
 
 
 def ratio_of_rates(top: Series, bottom: Series, *, by: tuple[str, ...] = ()) -> str:

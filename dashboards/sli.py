@@ -6,7 +6,9 @@ they are published with, the finished-requests counter, and which finished reque
 count as errors. The client's errors are :mod:`monitor.outcomes`' failed outcomes
 over its judged ones (a cancelled request is the client's own doing, and every
 stopped load test cancels some); the engine's are the finish reasons ``abort`` and
-``error`` (``abort`` also counts clients that hung up).
+``error`` (``abort`` also counts clients that hung up) and the requests it refused
+at admission (vLLM's queue limits): those never finish, so they count as requests
+and as errors beside the finished ones.
 """
 
 from __future__ import annotations
@@ -73,12 +75,15 @@ class Errors:
 
     ``failed`` is a label matcher on the source's requests counter, ``judged`` the
     matchers of the requests that count at all (none: every finished request).
-    ``words`` names the failures for alert descriptions.
+    ``refused``, where the source has one, counts requests turned away before they
+    started (never finished): each is a request and an error. ``words`` names the
+    failures for alert descriptions.
     """
 
     failed: str
     judged: tuple[str, ...]
     words: str
+    refused: Series | None = None
 
 
 def _client_words() -> str:
@@ -92,7 +97,10 @@ ERRORS: Mapping[SourceName, Errors] = {
     "engine": Errors(
         f'reason=~"{"|".join(ENGINE_ERROR_REASONS)}"',
         (),
-        "engine finish reasons " + " and ".join(ENGINE_ERROR_REASONS),
+        "engine finish reasons "
+        + " and ".join(ENGINE_ERROR_REASONS)
+        + ", and admission rejections",
+        names.ENGINE_ADMISSION_REJECTIONS,
     ),
 }
 

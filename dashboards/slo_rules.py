@@ -4,7 +4,8 @@ Named as :mod:`dashboards.rule_names` says. Per SLO, at every window it needs:
 
 - the error ratio, the share of bad events over the window: for a latency SLO
   ``(_count - _bucket{le="<threshold>"}) / _count``, for an availability SLO the
-  errors :data:`dashboards.sli.ERRORS` defines over the requests it judges. The
+  errors :data:`dashboards.sli.ERRORS` defines over the requests it judges (for
+  the engine, admission rejections are both requests and errors). The
   client's latency histograms hold successful requests only (failures count against
   availability); an ITL SLO counts gaps between tokens, not requests;
 - the burn rate, that ratio over the error budget (1 - objective). 1 spends the
@@ -36,7 +37,7 @@ from dashboards.rule_names import (
     error_ratio_name,
     traffic_name,
 )
-from dashboards.sli import ERRORS, REQUESTS
+from dashboards.sli import ERRORS, REQUESTS, SourceName
 from dashboards.slos import SEVERITIES, LatencySlo, Severity, Slo, SloConfig
 from monitor import names
 from monitor.promql import (
@@ -68,9 +69,31 @@ def _error_ratio(slo: Slo, window: int) -> str:
     series, errors = REQUESTS[slo.source], ERRORS[slo.source]
     failed = _sum_rate(selector(series, errors.failed), window)
     total = _sum_rate(selector(series, *errors.judged), window)
-    # No error series at all (a counter's children appear with their first
-    # increment) must read as 0 errors, not as no data.
-    return f"(\n  {failed}\n  or\n  0 * {total}\n)\n/\n{total}\n"
+    if errors.refused is None:
+        # No error series at all (a counter's children appear with their first
+        # increment) must read as 0 errors, not as no data.
+        return f"(\n  {failed}\n  or\n  0 * {total}\n)\n/\n{total}\n"
+    # Refused requests never finish: they are requests and errors both. Either
+    # side may be missing (nothing refused yet; or everything refused, nothing
+    # finished), and reads as 0 where the other has samples.
+    refused = _sum_rate(selector(errors.refused), window)
+    some = f"{refused} or 0 * {total}"
+    finished = f"{total} or 0 * {refused}"
+    return (
+        f"(\n  ({failed}\n  or\n  0 * {total}\n  or\n  0 * {refused})\n"
+        f"  +\n  ({some})\n)\n/\n(\n  ({finished})\n  +\n  ({some})\n)\n"
+    )
+
+
+def _requests(source: SourceName, window: int) -> str:
+    """Requests per second of ``source`` at ``window``: finished ones, and refused
+    ones where the source counts them (a service refusing everything has traffic)."""
+    total = _sum_rate(selector(REQUESTS[source]), window)
+    refused_series = ERRORS[source].refused
+    if refused_series is None:
+        return total
+    refused = _sum_rate(selector(refused_series), window)
+    return f"({total} or 0 * {refused})\n+\n({refused} or 0 * {total})\n"
 
 
 def _traffic_group(config: SloConfig) -> dict[str, Any]:
@@ -78,7 +101,7 @@ def _traffic_group(config: SloConfig) -> dict[str, Any]:
     rules = [
         {
             "record": traffic_name(source, window),
-            "expr": _sum_rate(selector(REQUESTS[source]), window),
+            "expr": _requests(source, window),
         }
         for source in sources
         for window in config.guard_windows

@@ -97,6 +97,7 @@ class GpuSample:
     ecc_corrected_total: int | None
     ecc_uncorrected_total: int | None
     processes: tuple[GpuProcess, ...]
+    memory_bandwidth_peak_bytes_per_second: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +132,7 @@ _DEMO_GPU = GpuSample(
     0, "GPU-00000000-0000-0000-0000-000000000000", "Fake GPU", 0.5, 0.25,
     40 * 2**30, 80 * 2**30, 300.0, 700.0, 55.0, 1.98e9, 2.619e9,
     dict.fromkeys(THROTTLE_REASONS, False), 1e6, 2e6, 0, 0,
-    (GpuProcess(1, "python3", 39 * 2**30),),
+    (GpuProcess(1, "python3", 39 * 2**30),), 3.352e12,
 )  # fmt: skip
 
 
@@ -192,6 +193,10 @@ _GAUGES: tuple[tuple[names.Series, Callable[[GpuSample], float | None]], ...] = 
     (names.GPU_TEMPERATURE, lambda g: g.temperature_celsius),
     (names.GPU_SM_CLOCK, lambda g: g.sm_clock_hertz),
     (names.GPU_MEMORY_CLOCK, lambda g: g.memory_clock_hertz),
+    (
+        names.GPU_MEMORY_BANDWIDTH_PEAK,
+        lambda g: g.memory_bandwidth_peak_bytes_per_second,
+    ),
     (names.GPU_PCIE_RX, lambda g: g.pcie_rx_bytes_per_second),
     (names.GPU_PCIE_TX, lambda g: g.pcie_tx_bytes_per_second),
 )

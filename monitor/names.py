@@ -45,32 +45,57 @@ __all__ = [
     "CLIENT_TPOT",
     "CLIENT_TTFC",
     "CLIENT_TTFT",
+    "ENGINE_ADMISSION_REJECTIONS",
     "ENGINE_DECODE",
     "ENGINE_E2E",
+    "ENGINE_ESTIMATED_FLOPS",
+    "ENGINE_ESTIMATED_READ_BYTES",
+    "ENGINE_ESTIMATED_WRITE_BYTES",
+    "ENGINE_EXTERNAL_PREFIX_HITS",
+    "ENGINE_EXTERNAL_PREFIX_QUERIES",
     "ENGINE_GENERATION_LENGTH",
     "ENGINE_GENERATION_TOKENS",
     "ENGINE_INFO",
+    "ENGINE_ITERATION_TOKENS",
     "ENGINE_ITL",
     "ENGINE_KV_CACHE_USAGE",
+    "ENGINE_KV_OFFLOAD_LOAD_BYTES",
+    "ENGINE_KV_OFFLOAD_LOAD_SECONDS",
+    "ENGINE_KV_OFFLOAD_STORE_BYTES",
+    "ENGINE_KV_OFFLOAD_STORE_SECONDS",
     "ENGINE_LORA_ACTIVE",
     "ENGINE_LORA_MAX",
     "ENGINE_LORA_RUNNING",
     "ENGINE_LORA_WAITING",
+    "ENGINE_MM_CACHE_HITS",
+    "ENGINE_MM_CACHE_QUERIES",
     "ENGINE_PREEMPTIONS",
     "ENGINE_PREFILL",
+    "ENGINE_PREFILL_KV_COMPUTED",
     "ENGINE_PREFIX_HITS",
     "ENGINE_PREFIX_HIT_RATIO",
     "ENGINE_PREFIX_QUERIES",
     "ENGINE_PROMPT_LENGTH",
     "ENGINE_PROMPT_TOKENS",
+    "ENGINE_PROMPT_TOKENS_BY_SOURCE",
+    "ENGINE_PROMPT_TOKENS_CACHED",
+    "ENGINE_PROMPT_TOKENS_CACHED_BY_SOURCE",
     "ENGINE_QUEUE",
+    "ENGINE_RENDER",
     "ENGINE_REQUESTS_FINISHED",
     "ENGINE_REQUESTS_RUNNING",
     "ENGINE_REQUESTS_WAITING",
+    "ENGINE_REQUESTS_WAITING_BY_REASON",
+    "ENGINE_REQUEST_PREEMPTIONS",
     "ENGINE_SERIES",
+    "ENGINE_SLEEP_STATE",
+    "ENGINE_SPEC_ACCEPTED_TOKENS",
+    "ENGINE_SPEC_DRAFTS",
+    "ENGINE_SPEC_DRAFT_TOKENS",
     "ENGINE_TPOT",
     "ENGINE_TTFT",
     "GPU_ECC_ERRORS",
+    "GPU_MEMORY_BANDWIDTH_PEAK",
     "GPU_MEMORY_CLOCK",
     "GPU_MEMORY_TOTAL",
     "GPU_MEMORY_USED",
@@ -119,6 +144,13 @@ class Source:
     note: str = ""
     read: Read = "value"
     label: str = ""
+    #: The labels kept beyond the common ones (``target``, ``model``, ``engine``,
+    #: ``rank``): per label of the series, ``(servemon's label, the engine's label,
+    #: the value where the engine gives none)``. Every other engine label is dropped.
+    keep: tuple[tuple[str, str, str], ...] = ()
+    #: Only the samples whose labels hold these values: a deprecated family that one
+    #: label splits, where the newer spelling has a family per value.
+    where: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,10 +370,20 @@ V1 = "V1 >= 0.9"
 V1_ALL = "V1"
 V0 = "V0 (<= 0.10)"
 OLD = "V1 0.8, deprecated in 0.9-0.10, hidden in 0.11"
+#: Read from the released wheels (0.11.0, 0.25.1, the 0.32.0 CPU build, 0.33.0,
+#: 0.34.0): new after 0.11 and in 0.25.1 on, new after 0.25.1 and in 0.32.0 on, new
+#: in 0.34.0.
+V025 = "not in 0.11, in 0.25.1 on"
+V032 = "not in 0.25.1, in 0.32.0 on"
+V034 = "0.34.0 on"
 
 
 def _vllm(name: str, versions: str = "all", note: str = "") -> Source:
     return Source("vllm", name, versions, note)
+
+
+def _keep(ours: str, theirs: str, default: str = "") -> tuple[tuple[str, str, str]]:
+    return ((ours, theirs, default),)
 
 
 def _lora(read: Read, label: str, note: str) -> Source:
@@ -472,8 +514,20 @@ ENGINE_REQUESTS_FINISHED = Series(
     "Finished requests by reason (stop, length, abort, ...).",
     (*_ENGINE, "reason"),
     (
-        _vllm("vllm:request_success_total", "all", "finished_reason -> reason"),
-        Source("tgi", "tgi_request_success_total", "all", "reason=stop"),
+        Source(
+            "vllm",
+            "vllm:request_success_total",
+            "all",
+            "finished_reason -> reason",
+            keep=_keep("reason", "finished_reason", "stop"),
+        ),
+        Source(
+            "tgi",
+            "tgi_request_success_total",
+            "all",
+            "reason=stop",
+            keep=_keep("reason", "finished_reason", "stop"),
+        ),
     ),
 )
 ENGINE_TTFT = Series(
@@ -573,6 +627,296 @@ ENGINE_GENERATION_LENGTH = Series(
         Source("tgi", "tgi_request_generated_tokens", "all"),
     ),
 )
+_PER_MODEL = ("target", "model", "engine")
+
+
+def _vllm_keep(
+    name: str, versions: str, ours: str, theirs: str, note: str = ""
+) -> Source:
+    return Source("vllm", name, versions, note, keep=_keep(ours, theirs))
+
+
+ENGINE_REQUESTS_WAITING_BY_REASON = Series(
+    "servemon_engine_requests_waiting_by_reason",
+    "gauge",
+    "requests",
+    "Waiting requests by why they wait: capacity (no room in the running batch or "
+    "the KV cache), deferred (LoRA budget, KV transfer, blocked). The reasons split "
+    "servemon_engine_requests_waiting: never add the two.",
+    (*_ENGINE, "reason"),
+    (_vllm_keep("vllm:num_requests_waiting_by_reason", V025, "reason", "reason"),),
+)
+ENGINE_ADMISSION_REJECTIONS = Series(
+    "servemon_engine_admission_rejections_total",
+    "counter",
+    "requests",
+    "Requests the engine refused at admission because a queue limit was reached, "
+    "by reason (max_num_queued_reqs, max_num_queued_tokens): load shed, errors to "
+    "the client. Per model, not per rank (the engine counts it in its front end).",
+    (*_PER_MODEL, "reason"),
+    (
+        _vllm_keep(
+            "vllm:admission_rejections_total",
+            V032,
+            "reason",
+            "reason",
+            "no engine label",
+        ),
+    ),
+)
+ENGINE_PROMPT_TOKENS_BY_SOURCE = Series(
+    "servemon_engine_prompt_tokens_by_source_total",
+    "counter",
+    "tokens",
+    "Prompt tokens by where their KV came from: local_compute (prefilled), "
+    "local_cache_hit (prefix cache), external_kv_transfer (a KV connector). A split "
+    "of servemon_engine_prompt_tokens_total.",
+    (*_ENGINE, "source"),
+    (_vllm_keep("vllm:prompt_tokens_by_source_total", V025, "source", "source"),),
+)
+ENGINE_PROMPT_TOKENS_CACHED = Series(
+    "servemon_engine_prompt_tokens_cached_total",
+    "counter",
+    "tokens",
+    "Prompt tokens not prefilled because their KV was cached (local and external "
+    "caches): what the cache saved.",
+    _ENGINE,
+    (
+        _vllm("vllm:prompt_tokens_cached_total", V025),
+        Source("sglang", "sglang:cached_tokens_total", "all"),
+        Source(
+            "llamacpp",
+            "llamacpp:prompt_tokens_cached_total",
+            "recent builds (seen in b11434)",
+        ),
+    ),
+)
+ENGINE_PROMPT_TOKENS_CACHED_BY_SOURCE = Series(
+    "servemon_engine_prompt_tokens_cached_by_source_total",
+    "counter",
+    "tokens",
+    "Cached prompt tokens by the tier that held them: device, host, p2p, disk, "
+    "external_unspecified. A split of servemon_engine_prompt_tokens_cached_total.",
+    (*_ENGINE, "source"),
+    (
+        _vllm_keep(
+            "vllm:prompt_tokens_cached_by_source_total", V032, "source", "source"
+        ),
+    ),
+)
+ENGINE_EXTERNAL_PREFIX_QUERIES = Series(
+    "servemon_engine_external_prefix_cache_queries_total",
+    "counter",
+    "tokens",
+    "Lookups in an external KV cache (a KV connector: LMCache, NIXL, ...).",
+    _ENGINE,
+    (_vllm("vllm:external_prefix_cache_queries_total", V025),),
+)
+ENGINE_EXTERNAL_PREFIX_HITS = Series(
+    "servemon_engine_external_prefix_cache_hits_total",
+    "counter",
+    "tokens",
+    "Hits in an external KV cache, in the same unit as its queries.",
+    _ENGINE,
+    (_vllm("vllm:external_prefix_cache_hits_total", V025),),
+)
+ENGINE_MM_CACHE_QUERIES = Series(
+    "servemon_engine_mm_cache_queries_total",
+    "counter",
+    "items",
+    "Lookups in the multimodal input cache (multimodal models).",
+    _ENGINE,
+    (_vllm("vllm:mm_cache_queries_total", V025),),
+)
+ENGINE_MM_CACHE_HITS = Series(
+    "servemon_engine_mm_cache_hits_total",
+    "counter",
+    "items",
+    "Hits in the multimodal input cache.",
+    _ENGINE,
+    (_vllm("vllm:mm_cache_hits_total", V025),),
+)
+ENGINE_ITERATION_TOKENS = Series(
+    "servemon_engine_iteration_tokens",
+    "histogram",
+    "tokens",
+    "Tokens per engine step (prefill and decode together): how full each batch is "
+    "against the token budget.",
+    _ENGINE,
+    (_vllm("vllm:iteration_tokens_total", "all", "a histogram despite the name"),),
+)
+ENGINE_REQUEST_PREEMPTIONS = Series(
+    "servemon_engine_request_preemptions",
+    "histogram",
+    "preemptions",
+    "Preemptions per finished request.",
+    _ENGINE,
+    (_vllm("vllm:request_num_preemptions", V032),),
+)
+ENGINE_PREFILL_KV_COMPUTED = Series(
+    "servemon_engine_request_prefill_kv_computed_tokens",
+    "histogram",
+    "tokens",
+    "Prompt tokens per request whose KV was computed in prefill (cached ones "
+    "excluded).",
+    _ENGINE,
+    (_vllm("vllm:request_prefill_kv_computed_tokens", V025),),
+)
+ENGINE_ESTIMATED_FLOPS = Series(
+    "servemon_engine_estimated_flops_per_gpu_total",
+    "counter",
+    "FLOP",
+    "Floating-point operations per GPU, as the engine estimates them from the "
+    "model's shape: over the GPU's peak FLOP/s, the model FLOPs utilization (MFU).",
+    _ENGINE,
+    (
+        _vllm(
+            "vllm:estimated_flops_per_gpu_total",
+            V025,
+            "always listed, counted with --enable-mfu-metrics",
+        ),
+    ),
+)
+ENGINE_ESTIMATED_READ_BYTES = Series(
+    "servemon_engine_estimated_read_bytes_per_gpu_total",
+    "counter",
+    "bytes",
+    "Bytes read from GPU memory per GPU, as the engine estimates them (with the "
+    "bytes written, over the peak bandwidth: memory-bandwidth utilization).",
+    _ENGINE,
+    (_vllm("vllm:estimated_read_bytes_per_gpu_total", V025, "--enable-mfu-metrics"),),
+)
+ENGINE_ESTIMATED_WRITE_BYTES = Series(
+    "servemon_engine_estimated_write_bytes_per_gpu_total",
+    "counter",
+    "bytes",
+    "Bytes written to GPU memory per GPU, as the engine estimates them.",
+    _ENGINE,
+    (_vllm("vllm:estimated_write_bytes_per_gpu_total", V025, "--enable-mfu-metrics"),),
+)
+ENGINE_SLEEP_STATE = Series(
+    "servemon_engine_sleep_state",
+    "gauge",
+    "bool",
+    "1 for the engine's sleep state now (awake, weights_offloaded: sleep level 1, "
+    "discard_all: sleep level 2), 0 for the others.",
+    (*_ENGINE, "state"),
+    (_vllm_keep("vllm:engine_sleep_state", V025, "state", "sleep_state"),),
+)
+ENGINE_RENDER = Series(
+    "servemon_engine_render_seconds",
+    "histogram",
+    "seconds",
+    "Time the API server spent rendering a request before the engine saw it (chat "
+    "template, tokenization, multimodal preprocessing), by request type.",
+    (*_PER_MODEL, "request_type"),
+    (
+        _vllm_keep(
+            "vllm:request_render_duration_seconds",
+            V034,
+            "request_type",
+            "request_type",
+            "no engine label; listed after the first request",
+        ),
+    ),
+)
+_LOAD = (("transfer_type", "CPU_to_GPU"),)
+_STORE = (("transfer_type", "GPU_to_CPU"),)
+_LEGACY = "deprecated, CPU offload only"
+ENGINE_KV_OFFLOAD_LOAD_BYTES = Series(
+    "servemon_engine_kv_offload_load_bytes_total",
+    "counter",
+    "bytes",
+    "KV bytes loaded from the offload medium (CPU, disk) back to the GPU "
+    "(OffloadingConnector).",
+    _ENGINE,
+    (
+        _vllm("vllm:kv_offload_load_bytes_total", V025),
+        Source(
+            "vllm",
+            "vllm:kv_offload_total_bytes_total",
+            V025,
+            _LEGACY,
+            where=_LOAD,
+        ),
+    ),
+)
+ENGINE_KV_OFFLOAD_STORE_BYTES = Series(
+    "servemon_engine_kv_offload_store_bytes_total",
+    "counter",
+    "bytes",
+    "KV bytes stored from the GPU to the offload medium.",
+    _ENGINE,
+    (
+        _vllm("vllm:kv_offload_store_bytes_total", V025),
+        Source(
+            "vllm",
+            "vllm:kv_offload_total_bytes_total",
+            V025,
+            _LEGACY,
+            where=_STORE,
+        ),
+    ),
+)
+ENGINE_KV_OFFLOAD_LOAD_SECONDS = Series(
+    "servemon_engine_kv_offload_load_seconds_total",
+    "counter",
+    "seconds",
+    "Time spent loading KV from the offload medium to the GPU.",
+    _ENGINE,
+    (
+        _vllm("vllm:kv_offload_load_time_total", V025),
+        Source(
+            "vllm",
+            "vllm:kv_offload_total_time_total",
+            V025,
+            _LEGACY,
+            where=_LOAD,
+        ),
+    ),
+)
+ENGINE_KV_OFFLOAD_STORE_SECONDS = Series(
+    "servemon_engine_kv_offload_store_seconds_total",
+    "counter",
+    "seconds",
+    "Time spent storing KV from the GPU to the offload medium.",
+    _ENGINE,
+    (
+        _vllm("vllm:kv_offload_store_time_total", V025),
+        Source(
+            "vllm",
+            "vllm:kv_offload_total_time_total",
+            V025,
+            _LEGACY,
+            where=_STORE,
+        ),
+    ),
+)
+ENGINE_SPEC_DRAFTS = Series(
+    "servemon_engine_spec_decode_drafts_total",
+    "counter",
+    "drafts",
+    "Speculative decoding: draft proposals (one per request per step).",
+    _ENGINE,
+    (_vllm("vllm:spec_decode_num_drafts_total", V1),),
+)
+ENGINE_SPEC_DRAFT_TOKENS = Series(
+    "servemon_engine_spec_decode_draft_tokens_total",
+    "counter",
+    "tokens",
+    "Speculative decoding: tokens proposed by the drafter.",
+    _ENGINE,
+    (_vllm("vllm:spec_decode_num_draft_tokens_total", V1),),
+)
+ENGINE_SPEC_ACCEPTED_TOKENS = Series(
+    "servemon_engine_spec_decode_accepted_tokens_total",
+    "counter",
+    "tokens",
+    "Speculative decoding: proposed tokens the target model accepted (over the "
+    "draft tokens: the acceptance rate).",
+    _ENGINE,
+    (_vllm("vllm:spec_decode_num_accepted_tokens_total", V1),),
+)
 ENGINE_LORA_RUNNING = Series(
     "servemon_engine_lora_adapters_running",
     "gauge",
@@ -653,6 +997,30 @@ ENGINE_SERIES: tuple[Series, ...] = (
     ENGINE_DECODE,
     ENGINE_PROMPT_LENGTH,
     ENGINE_GENERATION_LENGTH,
+    ENGINE_REQUESTS_WAITING_BY_REASON,
+    ENGINE_ADMISSION_REJECTIONS,
+    ENGINE_PROMPT_TOKENS_BY_SOURCE,
+    ENGINE_PROMPT_TOKENS_CACHED,
+    ENGINE_PROMPT_TOKENS_CACHED_BY_SOURCE,
+    ENGINE_EXTERNAL_PREFIX_QUERIES,
+    ENGINE_EXTERNAL_PREFIX_HITS,
+    ENGINE_MM_CACHE_QUERIES,
+    ENGINE_MM_CACHE_HITS,
+    ENGINE_ITERATION_TOKENS,
+    ENGINE_REQUEST_PREEMPTIONS,
+    ENGINE_PREFILL_KV_COMPUTED,
+    ENGINE_ESTIMATED_FLOPS,
+    ENGINE_ESTIMATED_READ_BYTES,
+    ENGINE_ESTIMATED_WRITE_BYTES,
+    ENGINE_SLEEP_STATE,
+    ENGINE_RENDER,
+    ENGINE_KV_OFFLOAD_LOAD_BYTES,
+    ENGINE_KV_OFFLOAD_STORE_BYTES,
+    ENGINE_KV_OFFLOAD_LOAD_SECONDS,
+    ENGINE_KV_OFFLOAD_STORE_SECONDS,
+    ENGINE_SPEC_DRAFTS,
+    ENGINE_SPEC_DRAFT_TOKENS,
+    ENGINE_SPEC_ACCEPTED_TOKENS,
     ENGINE_LORA_RUNNING,
     ENGINE_LORA_WAITING,
     ENGINE_LORA_MAX,
@@ -764,6 +1132,14 @@ GPU_MEMORY_CLOCK = Series(
     "Memory clock.",
     _GPU,
 )
+GPU_MEMORY_BANDWIDTH_PEAK = Series(
+    "servemon_gpu_memory_bandwidth_peak_bytes_per_second",
+    "gauge",
+    "bytes/s",
+    "Peak memory bandwidth from NVML: memory bus width times the highest memory "
+    "clock, twice per clock (the figure data sheets give), where NVML tells both.",
+    _GPU,
+)
 GPU_THROTTLE = Series(
     "servemon_gpu_throttle_active",
     "gauge",
@@ -813,6 +1189,7 @@ GPU_SERIES: tuple[Series, ...] = (
     GPU_TEMPERATURE,
     GPU_SM_CLOCK,
     GPU_MEMORY_CLOCK,
+    GPU_MEMORY_BANDWIDTH_PEAK,
     GPU_THROTTLE,
     GPU_PCIE_RX,
     GPU_PCIE_TX,

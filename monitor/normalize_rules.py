@@ -15,8 +15,13 @@ the same shape (:mod:`monitor.normalize` keeps it while only values move).
   so a version that exposes a deprecated name beside the new one is read once.
 - Labels: ``target``, ``model`` (the sample's ``model_name``, else the configured or
   listed model, else ``unknown``), ``engine``, ``rank`` (vLLM's ``engine``, SGLang's
-  ``dp_rank``, else ``0``) and, for finished requests, ``reason`` (``finished_reason``,
-  else ``stop``); histograms keep ``le``. Nothing else.
+  ``dp_rank``, else ``0``; not on a series counted per model, such as admission
+  rejections) and the few bounded labels a source keeps (``Source.keep``: finished
+  requests' ``reason`` from ``finished_reason``, else ``stop``; why requests wait;
+  prompt tokens by source; ...); histograms keep ``le``. Nothing else.
+- A source with ``where`` reads only the samples whose labels hold those values (a
+  deprecated family split by a label, read where the newer families are absent;
+  never added to them).
 - A source read from its newest sample (``Source.read``: vLLM's
   ``lora_requests_info``, a gauge stamped with the wall-clock time that keeps every
   label set it ever had) becomes ``pick`` folds: per output sample, what each line's
@@ -77,6 +82,9 @@ KNOWN_FAMILIES: Final = frozenset(
     }
     | {"vllm:cache_config_info", "vllm:num_requests_swapped"}
 )
+
+#: The labels every engine series may have, before those a source keeps.
+_COMMON: Final = frozenset({"target", "model", "engine", "rank"})
 
 #: A slot's value reference for a histogram without ``_sum`` (the value ``0.0``).
 ZERO: Final = -1
@@ -188,14 +196,32 @@ class _Decider:
         assert isinstance(entry, SampleKey)
         return entry
 
-    def labels(self, series: Series, labels: dict[str, str]) -> tuple[str, ...]:
+    def labels(
+        self, series: Series, source: Source, labels: dict[str, str]
+    ) -> tuple[str, ...]:
+        """The values of the series' labels (as ``series.labels`` orders them) for
+        a sample of ``source`` with ``labels``; the series' extra labels (a
+        :class:`Source`'s ``keep``) come after the common ones."""
         model = labels.get("model_name") or self.model or "unknown"
         self.models.add(model)
-        rank = labels.get("engine") or labels.get("dp_rank") or "0"
-        values = [self.target, model, self.engine, rank]
-        if "reason" in series.labels:
-            values.append(labels.get("finished_reason", "stop"))
+        common = {"target": self.target, "model": model, "engine": self.engine}
+        if "rank" in series.labels:
+            common["rank"] = labels.get("engine") or labels.get("dp_rank") or "0"
+        values = [common[label] for label in series.labels if label in common]
+        values += [labels.get(theirs) or default for _, theirs, default in source.keep]
         return tuple(values)
+
+    def members(self, family: Family, source: Source) -> list[int]:
+        """The family's sample lines the source reads: no ``_created`` line, and
+        only those whose labels hold the source's ``where``."""
+        out = []
+        for i in family.members:
+            if sample_name(self.lines, family, i).endswith("_created"):
+                continue
+            labels = self.key(i).labels
+            if all(labels.get(k) == v for k, v in source.where):
+                out.append(i)
+        return out
 
     def map(self, series: Series, family: Family, source: Source) -> bool:
         """Adds the slots of ``series`` from ``family``; False where the family's
@@ -208,15 +234,15 @@ class _Decider:
         if series.kind == "histogram":
             if family.type != "histogram":
                 return False
-            self._histogram(series, family)
+            self._histogram(series, family, source)
             return True
         if family.type not in (series.kind, "unknown"):
             return False
         groups: dict[tuple[str, ...], list[int]] = defaultdict(list)
-        for i in family.members:
-            if sample_name(self.lines, family, i).endswith("_created"):
-                continue
-            groups[self.labels(series, self.key(i).labels)].append(i)
+        for i in self.members(family, source):
+            groups[self.labels(series, source, self.key(i).labels)].append(i)
+        if not groups:
+            return False
         name = series.name if series.kind == "counter" else series.base
         for key, members in groups.items():
             if series.kind == "counter" and len(members) == 1:
@@ -236,10 +262,9 @@ class _Decider:
         """``pick`` folds over the family's lines, per label set: what the newest
         line's labels say, as ``source.read`` reads them."""
         groups: dict[tuple[str, ...], list[int]] = defaultdict(list)
-        for i in family.members:
-            if not sample_name(self.lines, family, i).endswith("_created"):
-                groups[self.labels(series, self.key(i).labels)].append(i)
-        common = series.labels[:4]  # target, model, engine, rank
+        for i in self.members(family, source):
+            groups[self.labels(series, source, self.key(i).labels)].append(i)
+        common = [label for label in series.labels if label in _COMMON]
         for key, members in groups.items():
             said = [self.key(i).labels for i in members]
             base = dict(zip(common, key, strict=False))
@@ -273,14 +298,14 @@ class _Decider:
         self.folds.append(Fold("pick", tuple(members), outcomes))
         self.slots.append(Slot(series.name, labels, _fold_ref(len(self.folds) - 1)))
 
-    def _histogram(self, series: Series, family: Family) -> None:
+    def _histogram(self, series: Series, family: Family, source: Source) -> None:
         buckets: dict[tuple[str, ...], list[tuple[str, int]]] = defaultdict(list)
         sums: dict[tuple[str, ...], int] = {}
         origin: dict[tuple[str, ...], frozenset[tuple[str, str]]] = {}
-        for i in family.members:
+        for i in self.members(family, source):
             labels = self.key(i).labels
             plain = {k: v for k, v in labels.items() if k != "le"}
-            key = self.labels(series, plain)
+            key = self.labels(series, source, plain)
             ident = frozenset(plain.items())
             if origin.setdefault(key, ident) != ident:
                 continue  # a second copy folded onto the same labels: keep the first

@@ -28,6 +28,10 @@ T = TypeVar("T")
 # nvml.h constants (stable ABI values), so a fake NVML module needs only functions.
 _TEMPERATURE_GPU = 0
 _CLOCK_SM, _CLOCK_MEM = 1, 2
+#: Transfers per memory clock as NVML reports the clock: bus width x highest memory
+#: clock x 2 is the data sheets' peak bandwidth for HBM2e/HBM3 (A100 1555 GB/s, H100
+#: SXM 3352 GB/s) and GDDR6/6X (A10 600 GB/s, RTX 4090 1008 GB/s) alike.
+_TRANSFERS_PER_CLOCK = 2
 _PCIE_TX_BYTES, _PCIE_RX_BYTES = 0, 1
 _ECC_CORRECTED, _ECC_UNCORRECTED = 0, 1
 _VOLATILE_ECC = 0
@@ -89,6 +93,8 @@ class NvmlModule(Protocol):
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: object, /) -> int: ...
     def nvmlDeviceGetTemperature(self, handle: object, sensor: int, /) -> int: ...
     def nvmlDeviceGetClockInfo(self, handle: object, clock: int, /) -> int: ...
+    def nvmlDeviceGetMaxClockInfo(self, handle: object, clock: int, /) -> int: ...
+    def nvmlDeviceGetMemoryBusWidth(self, handle: object, /) -> int: ...
     def nvmlDeviceGetPcieThroughput(self, handle: object, counter: int, /) -> int: ...
     def nvmlDeviceGetTotalEccErrors(
         self, handle: object, error_type: int, counter_type: int, /
@@ -186,6 +192,13 @@ class NvmlReader:
         rx = call(nvml.nvmlDeviceGetPcieThroughput, h, _PCIE_RX_BYTES)
         tx = call(nvml.nvmlDeviceGetPcieThroughput, h, _PCIE_TX_BYTES)
         ecc = nvml.nvmlDeviceGetTotalEccErrors
+        max_mem_clock = call(nvml.nvmlDeviceGetMaxClockInfo, h, _CLOCK_MEM)
+        bus_bits = call(nvml.nvmlDeviceGetMemoryBusWidth, h)
+        peak = (
+            None
+            if max_mem_clock is None or not bus_bits
+            else max_mem_clock * 1e6 * _TRANSFERS_PER_CLOCK * bus_bits / 8
+        )
         return GpuSample(
             index=index,
             uuid=uuid,
@@ -205,6 +218,7 @@ class NvmlReader:
             ecc_corrected_total=call(ecc, h, _ECC_CORRECTED, _VOLATILE_ECC),
             ecc_uncorrected_total=call(ecc, h, _ECC_UNCORRECTED, _VOLATILE_ECC),
             processes=self._processes(nvml, h),
+            memory_bandwidth_peak_bytes_per_second=peak,
         )
 
     def _reasons(self, nvml: NvmlModule, handle: object, kind: str) -> int | None:

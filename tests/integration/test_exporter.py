@@ -223,6 +223,7 @@ V1_MAP = {
     "servemon_engine_decode_seconds": "vllm:request_decode_time_seconds",
     "servemon_engine_request_prompt_tokens": "vllm:request_prompt_tokens",
     "servemon_engine_request_generation_tokens": "vllm:request_generation_tokens",
+    "servemon_engine_iteration_tokens": "vllm:iteration_tokens_total",
 }
 V08_MAP = {
     **V1_MAP,
@@ -243,6 +244,7 @@ SGLANG_MAP = {
     "servemon_engine_requests_waiting": "sglang:num_queue_reqs",
     "servemon_engine_kv_cache_usage_ratio": "sglang:token_usage",
     "servemon_engine_prefix_cache_hits": "sglang:cached_tokens",
+    "servemon_engine_prompt_tokens_cached": "sglang:cached_tokens",
     "servemon_engine_prefix_cache_hit_ratio": "sglang:cache_hit_rate",
     "servemon_engine_prompt_tokens": "sglang:prompt_tokens",
     "servemon_engine_generation_tokens": "sglang:generation_tokens",
@@ -921,10 +923,10 @@ async def test_passthrough_passes_unknown_families_with_a_target_label(
             got = await scrape(http, exp)
         async with running_exporter({"sim": sim.url}) as exp:
             plain = await scrape(http, exp)
-    count = value(got, "vllm:iteration_tokens_total_count", target="sim")
+    count = value(got, "vllm:request_inference_time_seconds_count", target="sim")
     assert count is not None
     assert count > 0
-    assert value(plain, "vllm:iteration_tokens_total_count") is None
+    assert value(plain, "vllm:request_inference_time_seconds_count") is None
     info = labels_of(got, "vllm:cache_config_info")
     assert [d["target"] for d in info] == ["sim"]
     # Mapped families are not passed through a second time.
@@ -997,3 +999,68 @@ async def test_llamacpp_series_land_on_servemons_schema(
     generated = value(got, "servemon_engine_generation_tokens_total", target="sim")
     assert generated is not None
     assert generated > 0
+
+
+# -- expositions written by vLLM's own code, served over a socket -------------------
+
+VLLM_DATA = Path(__file__).resolve().parents[1] / "data" / "vllm"
+
+
+@contextlib.asynccontextmanager
+async def file_target(body: bytes) -> AsyncIterator[str]:
+    """An aiohttp app answering /metrics with ``body``, as vLLM's front end does
+    (text format 0.0.4, uncompressed)."""
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(
+            body=body, headers={"Content-Type": "text/plain; version=0.0.4"}
+        )
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.asyncio
+async def test_the_exporter_serves_vllms_newer_series_from_its_own_expositions(
+    http: aiohttp.ClientSession,
+) -> None:
+    files = {
+        "v025": "vllm-0.25.1.txt",
+        "v032": "vllm-0.32.0-live.txt",
+        "v034": "vllm-0.34.0-kv-offload-spec-decode.txt",
+    }
+    bodies = {name: (VLLM_DATA / file).read_bytes() for name, file in files.items()}
+    async with contextlib.AsyncExitStack() as stack:
+        urls = {
+            name: await stack.enter_async_context(file_target(body))
+            for name, body in bodies.items()
+        }
+        async with running_exporter(urls) as exp:
+            got = await scrape(http, exp)
+    for name in files:
+        assert value(got, "servemon_target_up", target=name) == 1
+        waiting = "servemon_engine_requests_waiting_by_reason"
+        assert value(got, waiting, target=name, reason="capacity") is not None
+        assert value(got, "servemon_engine_iteration_tokens_count", target=name)
+        assert (
+            value(got, "servemon_engine_sleep_state", target=name, state="awake") == 1
+        )
+    # Per model, no rank: 0.32's live server and 0.34's code; 0.25.1 has none.
+    rejections = "servemon_engine_admission_rejections_total"
+    assert value(got, rejections, target="v025") is None
+    for name, refused in (("v032", 0.0), ("v034", 1.0)):
+        assert value(got, rejections, target=name) == refused
+        assert all("rank" not in labels for labels in labels_of(got, rejections))
+    assert value(got, "servemon_engine_render_seconds_count", target="v034") == 1
+    assert value(got, "servemon_engine_kv_offload_load_bytes_total", target="v034") == (
+        65536
+    )
+    assert value(got, "servemon_engine_spec_decode_drafts_total", target="v034") == 2

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dashboards.build import DASHBOARDS, dashboard_json
+from dashboards.panels import PEAK_DEFAULTS
 from tests.support.alerting import PrometheusError
 
 __all__ = [
@@ -37,8 +38,11 @@ class PanelQuery:
 
 
 def instantiate(expr: str) -> str:
-    """A panel's PromQL as Grafana sends it with every variable at "All"."""
+    """A panel's PromQL as Grafana sends it with every variable at "All" and the
+    typed-in numbers (the GPU's peaks) at their defaults."""
     out = expr.replace("$__rate_interval", RATE_INTERVAL)
+    for var, value in PEAK_DEFAULTS.items():
+        out = out.replace("${" + var + "}", value).replace("$" + var, value)
     for var in ("target", "model", "gpu"):
         out = out.replace("${" + var + "}", ".*").replace("$" + var, ".*")
     assert "$" not in out, f"a variable is left in {out}"

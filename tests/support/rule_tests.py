@@ -13,7 +13,9 @@ as the exporter and the load generator label them. For every SLO:
   the long windows still remember it;
 - for a client availability SLO, the bad requests are spread over every failed
   outcome of :mod:`monitor.outcomes`, and requests that are not judged (cancelled)
-  are not errors.
+  are not errors; for an engine one, over the finish reasons abort and error and
+  the admission rejections, and a target that refuses every request (nothing ever
+  finishes) breaches too.
 
 Every saturation and health alert fires when its condition holds past ``for``, is
 only pending before that, and stays silent on healthy series. Expected annotations
@@ -166,20 +168,44 @@ def _slo_series(
             _sel(requests, {**labels, **ok}): _counter((n, k) for _, k in phases),
         }
     bad = (
-        [{"outcome": o.value} for o in sorted(FAILED)]
+        [(requests, {"outcome": o.value}) for o in sorted(FAILED)]
         if slo.source == "client"
-        else [{"reason": "abort"}]
+        else [
+            (requests, {"reason": "abort"}),
+            (requests, {"reason": "error"}),
+            _REFUSED,
+        ]
     )
     series = {
         _sel(requests, {**labels, **ok}): _counter(
             (n * (1 - ratio), k) for ratio, k in phases
         )
     }
-    for failure in bad:
-        series[_sel(requests, {**labels, **failure})] = _counter(
+    for name, failure in bad:
+        where = labels if name == requests else _per_model(labels)
+        series[_sel(name, {**where, **failure})] = _counter(
             (n * ratio / len(bad), k) for ratio, k in phases
         )
     return series
+
+
+#: The engine's refused requests (vLLM's admission rejections): errors that never
+#: finish, counted per model (no rank).
+_REFUSED = (
+    names.ENGINE_ADMISSION_REJECTIONS.name,
+    {"reason": "max_num_queued_reqs"},
+)
+
+
+def _per_model(labels: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in labels.items() if k != "rank"}
+
+
+def _refused_only(target: str, rate: float, step: int) -> dict[str, str]:
+    """Every request refused at admission: no finished request at all."""
+    labels = _per_model({**_ENGINE, "target": target})
+    name, reason = _REFUSED
+    return {_sel(name, {**labels, **reason}): _counter([(rate * step, SETTLE + 1)])}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -258,6 +284,10 @@ def _scenarios(config: SloConfig, slo: Slo, step: int) -> list[_Scenario]:
     target = f"{slo.name}/no-traffic"
     shape = _slo_series(slo, target, 1, step, [(0, 1)])
     out.append(_Scenario(slo, target, {k: f"100x{total}" for k in shape}, 1.0, 0.0))
+    if not isinstance(slo, LatencySlo) and slo.source == "engine":
+        target = f"{slo.name}/refused-only"
+        series = _refused_only(target, rate, step)
+        out.append(_Scenario(slo, target, series, 1.0, rate))
     if not isinstance(slo, LatencySlo) and slo.source == "client":
         target = f"{slo.name}/cancelled-only"
         series = _slo_series(slo, target, rate, step, [(0.0, total)])

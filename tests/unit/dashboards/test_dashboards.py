@@ -12,6 +12,7 @@ import pytest
 
 from dashboards.build import DASHBOARDS, dashboard_json
 from dashboards.overview import GOODPUT_TTFT
+from dashboards.panels import PEAK_DEFAULTS
 from dashboards.rule_names import burn_rate_name
 from dashboards.rules import generate_rules, load_slo_config
 from dashboards.sli import HISTOGRAMS
@@ -162,3 +163,41 @@ def test_the_lora_panel_puts_adapters_against_max_loras() -> None:
     queueing = titles.index("Queueing")
     assert titles.index("LoRA adapters") < titles.index("Cache")
     assert titles.index("LoRA adapters") > queueing
+
+
+def test_the_new_vllm_panels_read_their_series() -> None:
+    want = {
+        "Why requests wait": names.ENGINE_REQUESTS_WAITING_BY_REASON,
+        "Admission rejections": names.ENGINE_ADMISSION_REJECTIONS,
+        "Preemptions per request": names.ENGINE_REQUEST_PREEMPTIONS,
+        "Prompt tokens by source (what the cache saved)": (
+            names.ENGINE_PROMPT_TOKENS_BY_SOURCE
+        ),
+        "Batch fullness: tokens per engine step": names.ENGINE_ITERATION_TOKENS,
+    }
+    for title, series in want.items():
+        exprs = panel_exprs("servemon-overview", title)
+        assert exprs, title
+        assert all(series.name in expr for expr in exprs), title
+    # Why requests wait is a split of the queue: never added to the queue itself.
+    (split,) = panel_exprs("servemon-overview", "Why requests wait")
+    assert names.ENGINE_REQUESTS_WAITING.name + "{" not in split
+
+
+def test_utilization_divides_the_engine_estimates_by_the_peak_variables() -> None:
+    mfu, bandwidth = panel_exprs(
+        "servemon-overview", "MFU and memory-bandwidth utilization (engine estimates)"
+    )
+    assert names.ENGINE_ESTIMATED_FLOPS.name in mfu
+    assert "/ ($peak_tflops * 1e12)" in mfu
+    assert names.ENGINE_ESTIMATED_READ_BYTES.name in bandwidth
+    assert names.ENGINE_ESTIMATED_WRITE_BYTES.name in bandwidth
+    # NVML's peak where the exporter reads one, else the variable.
+    peak = names.GPU_MEMORY_BANDWIDTH_PEAK.name
+    assert f'/ on() group_left() (max ({peak}{{gpu=~"$gpu"}})' in bandwidth
+    assert "or vector($peak_bandwidth_gbps * 1e9))" in bandwidth
+    data = json.loads(dashboard_json("servemon-overview"))
+    variables = {v["name"]: v for v in data["templating"]["list"]}
+    for name, default in PEAK_DEFAULTS.items():
+        assert variables[name]["type"] == "textbox"
+        assert variables[name]["query"] == default

@@ -60,6 +60,7 @@ def gpu(index: int, **fields: Any) -> GpuSample:
         "ecc_corrected_total": 3,
         "ecc_uncorrected_total": 0,
         "processes": (GpuProcess(4242, "python3", 68 * GiB),),
+        "memory_bandwidth_peak_bytes_per_second": 3.35232e12,
     }
     return GpuSample(**{**values, **fields})
 
@@ -416,6 +417,12 @@ class FakeNvml:
     def nvmlDeviceGetClockInfo(self, h: Any, clock: int) -> int:
         return int(self._get(h, {1: "sm_mhz", 2: "mem_mhz"}[clock]))
 
+    def nvmlDeviceGetMaxClockInfo(self, h: Any, clock: int) -> int:
+        return int(self._get(h, {1: "max_sm_mhz", 2: "max_mem_mhz"}[clock]))
+
+    def nvmlDeviceGetMemoryBusWidth(self, h: Any) -> int:
+        return int(self._get(h, "bus_bits"))
+
     def nvmlDeviceGetPcieThroughput(self, h: Any, counter: int) -> int:
         return int(self._get(h, {0: "tx_kb", 1: "rx_kb"}[counter]))
 
@@ -446,6 +453,8 @@ H100 = {
     "temperature": 61,
     "sm_mhz": 1980,
     "mem_mhz": 2619,
+    "max_mem_mhz": 2619,
+    "bus_bits": 5120,
     "rx_kb": 1000,
     "tx_kb": 2000,
     "ecc_corrected": 3,
@@ -482,6 +491,8 @@ def test_nvml_values_are_converted_to_base_units(tmp_path: Path) -> None:
     assert sample.temperature_celsius == 61.0
     assert sample.sm_clock_hertz == 1.98e9  # MHz
     assert sample.memory_clock_hertz == 2.619e9
+    # 5120 bits x 2619 MHz x 2: the H100 SXM's 3.35 TB/s.
+    assert sample.memory_bandwidth_peak_bytes_per_second == pytest.approx(3.35232e12)
     assert sample.pcie_rx_bytes_per_second == 1_024_000  # KiB/s
     assert sample.pcie_tx_bytes_per_second == 2_048_000
     assert (sample.ecc_corrected_total, sample.ecc_uncorrected_total) == (3, 0)
@@ -496,7 +507,9 @@ def test_nvml_values_are_converted_to_base_units(tmp_path: Path) -> None:
 
 def test_unsupported_or_failing_fields_are_none_and_the_rest_is_read() -> None:
     partial = {
-        k: v for k, v in H100.items() if k not in ("rx_kb", "ecc_corrected", "util")
+        k: v
+        for k, v in H100.items()
+        if k not in ("rx_kb", "ecc_corrected", "util", "bus_bits")
     }
     partial["tx_kb"] = NVMLError("GPU is lost")  # any NVML error, not only NotSupported
     partial["processes"] = [(5, 1 * GiB)]
@@ -505,6 +518,7 @@ def test_unsupported_or_failing_fields_are_none_and_the_rest_is_read() -> None:
     assert sample.pcie_rx_bytes_per_second is sample.pcie_tx_bytes_per_second is None
     assert sample.ecc_corrected_total is None
     assert sample.ecc_uncorrected_total == 0
+    assert sample.memory_bandwidth_peak_bytes_per_second is None  # no bus width
     assert sample.power_watts == 512.5
     assert sample.processes == (GpuProcess(5, "", 1 * GiB),)  # no name anywhere
 

@@ -426,8 +426,8 @@ def test_vllm_v1_current() -> None:
     assert n.info["num_gpu_blocks"] == "5000"
     assert n.info["prefix_caching"] == "True"
     assert n.info["prefix_cache_unit"] == "tokens"
-    # Unknown families (sleep state, iteration tokens, waiting by reason, process_*)
-    # are dropped; nothing but servemon engine series comes out.
+    # Unknown families (process_*, python_*) are dropped; nothing but servemon
+    # engine series comes out.
     assert all(name.startswith("servemon_engine_") for name in family_names(n))
 
 
@@ -496,6 +496,95 @@ def test_vllm_four_data_parallel_ranks() -> None:
     assert_schema(n)
 
 
+def test_vllm_why_requests_wait_and_sleep_state_keep_their_labels() -> None:
+    n = normalize(VLLM_V1, target="t")
+    base = labels_for("vllm")
+    waiting = N.ENGINE_REQUESTS_WAITING_BY_REASON.base
+    assert get(n, waiting, **base, reason="capacity") == 2.0
+    assert get(n, N.ENGINE_SLEEP_STATE.base, **base, state="awake") == 1.0
+    assert_histogram(n, N.ENGINE_ITERATION_TOKENS, OTHER_BUCKETS, 99.0, **base)
+    assert_schema(n)
+
+
+def offload(new: bool, legacy: bool) -> str:
+    """vLLM's OffloadingConnector families: the flat names (``new``) and the
+    deprecated ones that ``transfer_type`` splits (``legacy``), with different
+    values so that a test can tell which one was read."""
+    text = VLLM_V1
+    if new:
+        for name, value in (
+            ("vllm:kv_offload_load_bytes", 1000.0),
+            ("vllm:kv_offload_store_bytes", 3000.0),
+            ("vllm:kv_offload_load_time", 0.5),
+            ("vllm:kv_offload_store_time", 1.5),
+        ):
+            text += vllm_counter(name, "Offload.", V1_LABELS, value)
+    if legacy:
+        for name, load, store in (
+            ("vllm:kv_offload_total_bytes", 11.0, 33.0),
+            ("vllm:kv_offload_total_time", 0.011, 0.033),
+        ):
+            text += f"# HELP {name}_total Offload.\n# TYPE {name}_total counter\n"
+            for kind, value in (("CPU_to_GPU", load), ("GPU_to_CPU", store)):
+                labels = f'{V1_LABELS},transfer_type="{kind}"'
+                text += f"{name}_total{{{labels}}} {value}\n"
+    return text
+
+
+@pytest.mark.parametrize(
+    ("new", "legacy", "want"),
+    [
+        (True, True, (1000.0, 3000.0, 0.5, 1.5)),
+        (True, False, (1000.0, 3000.0, 0.5, 1.5)),
+        (False, True, (11.0, 33.0, 0.011, 0.033)),
+    ],
+    ids=["both", "new-only", "deprecated-only"],
+)
+def test_kv_offload_reads_the_new_names_else_the_deprecated_split_never_both(
+    new: bool, legacy: bool, want: tuple[float, float, float, float]
+) -> None:
+    n = normalize(offload(new, legacy), target="t")
+    base = labels_for("vllm")
+    got = tuple(
+        get(n, series.name, **base)
+        for series in (
+            N.ENGINE_KV_OFFLOAD_LOAD_BYTES,
+            N.ENGINE_KV_OFFLOAD_STORE_BYTES,
+            N.ENGINE_KV_OFFLOAD_LOAD_SECONDS,
+            N.ENGINE_KV_OFFLOAD_STORE_SECONDS,
+        )
+    )
+    assert got == want
+    assert_schema(n)
+
+
+def test_no_offload_connector_no_offload_series() -> None:
+    published = family_names(normalize(VLLM_V1, target="t"))
+    assert N.ENGINE_KV_OFFLOAD_LOAD_BYTES.base not in published
+    assert N.ENGINE_SPEC_DRAFTS.base not in published
+
+
+def test_spec_decode_counters() -> None:
+    text = VLLM_V1
+    for name, value in (
+        ("vllm:spec_decode_num_drafts", 100.0),
+        ("vllm:spec_decode_num_draft_tokens", 300.0),
+        ("vllm:spec_decode_num_accepted_tokens", 210.0),
+    ):
+        text += vllm_counter(name, "Spec decode.", V1_LABELS, value)
+    text += "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n"
+    text += (
+        f"vllm:spec_decode_num_accepted_tokens_per_pos_total{{{V1_LABELS},"
+        'position="0"} 90.0\n'
+    )
+    n = normalize(text, target="t")
+    base = labels_for("vllm")
+    assert get(n, N.ENGINE_SPEC_DRAFTS.name, **base) == 100.0
+    assert get(n, N.ENGINE_SPEC_DRAFT_TOKENS.name, **base) == 300.0
+    assert get(n, N.ENGINE_SPEC_ACCEPTED_TOKENS.name, **base) == 210.0
+    assert_schema(n)
+
+
 def _regroup(text: str) -> str:
     """One block per family (as prometheus_client writes every rank's samples)."""
     headers: dict[str, list[str]] = {}
@@ -528,6 +617,7 @@ def test_sglang_folds_tp_rank_copies() -> None:
     assert get(n, N.ENGINE_PROMPT_TOKENS.name, **base) == 1000.0
     assert get(n, N.ENGINE_GENERATION_TOKENS.name, **base) == 501.0
     assert get(n, N.ENGINE_PREFIX_HITS.name, **base) == 300.0
+    assert get(n, N.ENGINE_PROMPT_TOKENS_CACHED.name, **base) == 300.0
     assert get(n, N.ENGINE_PREEMPTIONS.name, **base) == 2.0
     assert_histogram(n, N.ENGINE_TTFT, TTFT_BUCKETS, 0.5, **base)
     assert_histogram(n, N.ENGINE_ITL, ITL_BUCKETS, 16.0, **base)
@@ -576,6 +666,20 @@ def test_llamacpp() -> None:
     assert get(n, N.ENGINE_KV_CACHE_USAGE.name, **base) == 0.125
     assert get(n, N.ENGINE_PROMPT_TOKENS.name, **base) == 1500.0
     assert get(n, N.ENGINE_GENERATION_TOKENS.name, **base) == 700.0
+    assert N.ENGINE_PROMPT_TOKENS_CACHED.name not in family_names(n)  # older build
+    assert_schema(n)
+
+
+def test_llamacpp_cached_prompt_tokens_in_recent_builds() -> None:
+    cached = (
+        "# HELP llamacpp:prompt_tokens_cached_total Prompt tokens from the cache.\n"
+        "# TYPE llamacpp:prompt_tokens_cached_total counter\n"
+        "llamacpp:prompt_tokens_cached_total 640\n"
+    )
+    n = normalize(LLAMACPP + cached, target="t")
+    base = labels_for("llamacpp", model="unknown")
+    assert get(n, N.ENGINE_PROMPT_TOKENS_CACHED.name, **base) == 640.0
+    assert get(n, N.ENGINE_PREFIX_HITS.name, **base) == 640.0
     assert_schema(n)
 
 
@@ -604,35 +708,43 @@ def test_engine_hint_wins_over_detection() -> None:
 # -- passthrough, garbage, odd expositions ---------------------------------------------
 
 
+#: Families servemon does not map (async KV fetch stages, sampling parameters).
+UNMAPPED = gauge(
+    "vllm:num_requests_kv_fetch_by_stage", V1_LABELS + ',stage="in_progress"', 1.0
+) + hist("vllm:request_params_n", V1_LABELS, OTHER_BUCKETS, 5.0)
+
+
 def test_unknown_families_dropped_unless_passthrough() -> None:
-    dropped = normalize(VLLM_V1, target="t")
+    text = VLLM_V1 + UNMAPPED
+    dropped = normalize(text, target="t")
     assert all(name.startswith("servemon_engine_") for name in family_names(dropped))
-    n = normalize(VLLM_V1, target="t", passthrough=True)
+    n = normalize(text, target="t", passthrough=True)
     passed: dict[str, Metric] = {
         f.name: f for f in n.families if not f.name.startswith("servemon_")
     }
     for name in (
-        "vllm:engine_sleep_state",
-        "vllm:iteration_tokens_total",
-        "vllm:num_requests_waiting_by_reason",
+        "vllm:num_requests_kv_fetch_by_stage",
+        "vllm:request_params_n",
         "python_gc_objects_collected",
     ):
         assert name in passed, name
         assert passed[name].samples, name
         for sample in passed[name].samples:
             assert sample.labels["target"] == "t"
-    sleep = passed["vllm:engine_sleep_state"].samples[0]
-    assert sleep.labels == {
+    fetch = passed["vllm:num_requests_kv_fetch_by_stage"].samples[0]
+    assert fetch.labels == {
         "engine": "0",
         "model_name": "m",
-        "sleep_state": "awake",
+        "stage": "in_progress",
         "target": "t",
     }
-    assert sleep.value == 1.0
+    assert fetch.value == 1.0
     # The exporter publishes its own process_* families: the target's would clash.
     assert not [name for name in passed if name.startswith("process_")]
     # What a servemon series already took is not passed through again.
     assert "vllm:num_requests_running" not in passed
+    assert "vllm:engine_sleep_state" not in passed
+    assert "vllm:iteration_tokens_total" not in passed
     assert "vllm:time_to_first_token_seconds" not in passed
     # The servemon series are the same with or without passthrough.
     assert {

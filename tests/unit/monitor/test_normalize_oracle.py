@@ -376,6 +376,20 @@ def test_the_benchmarks_vllm_exposition_with_four_ranks() -> None:
     assert normalizer.compiles == 1
 
 
+VLLM_DATA = ROOT / "tests" / "data" / "vllm"
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in VLLM_DATA.glob("vllm-*.txt")), ids=str
+)
+@pytest.mark.parametrize("passthrough", [False, True], ids=["kept", "passthrough"])
+def test_expositions_made_by_vllm_itself(name: str, passthrough: bool) -> None:
+    text = (VLLM_DATA / name).read_text(encoding="utf-8")
+    result = check(text, passthrough=passthrough)
+    assert result is not None
+    assert len(result.families) > 30
+
+
 def test_many_targets_merge_as_prometheus_client_writes_them() -> None:
     module = _vllm_exposition()
     texts = []

@@ -48,3 +48,13 @@ def test_names_follow_prometheus_conventions() -> None:
 def test_missing_markers_are_an_error() -> None:
     with pytest.raises(ValueError, match="markers"):
         update("no markers here")
+
+
+def test_every_source_gives_its_series_every_label() -> None:
+    common = {"target", "model", "engine", "rank"}
+    for series in names.ENGINE_SERIES:
+        extra = [label for label in series.labels if label not in common]
+        for src in series.sources:
+            if src.read != "value":
+                continue  # read from the newest sample's labels (LoRA)
+            assert [ours for ours, _, _ in src.keep] == extra, (series.name, src)
