@@ -114,6 +114,7 @@ from loadgen.controllaw import (
     parse_hold,
 )
 from loadgen.heldtokens import Forecast, HeldTokens
+from loadgen.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
 from loadgen.ramp import open_loop, wait_for_start
 from loadgen.runrecord import ControlResult
 from loadgen.stopping import Stopper
@@ -301,7 +302,7 @@ async def _ticks(
     # window the gauge's samples of an interval describe (Prometheus: a scrape ago).
     modelled: deque[tuple[float, float]] = deque(maxlen=4096)
     every = min(c.sample_interval, interval / 4)
-    lag = 0.0 if c.prometheus is None else c.scrape_interval
+    lag = 0.0 if c.prometheus is None else (c.scrape_interval or SCRAPE_DEFAULT_S)
     blind_since: float | None = None
     warned = False
     tick_start = start
@@ -373,6 +374,7 @@ async def _ticks(
             "pace": backlog.mean_pace() if backlog and c.pace else None,
             "backlog": None if backlog is None else backlog.count(),
             "state": state,
+            "phase": law.phase,
         }
         result.add(line, now - start)
         ctx.rundir.append_control(line)

@@ -40,7 +40,17 @@ from monitor import names
 from monitor.config import Auth
 from monitor.signals import SignalQuery
 
-__all__ = ["PrometheusSampler", "auth_header"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "BodyTooLarge",
+    "PrometheusSampler",
+    "auth_header",
+    "read_bounded",
+]
+
+#: The most of an answer of Prometheus' API read: an instant query of a few
+#: aggregated series, or the targets of a large Prometheus, is far below it.
+MAX_BODY_BYTES = 8 * 1024 * 1024
 
 #: Signals that go into ``samples`` too, under the servemon series they sum.
 _AS_SAMPLES = {
@@ -61,6 +71,22 @@ def auth_header(auth: Auth | None) -> dict[str, str]:
     assert auth.password is not None
     pair = f"{auth.username}:{auth.password.reveal()}".encode()
     return {"Authorization": f"Basic {base64.b64encode(pair).decode()}"}
+
+
+class BodyTooLarge(Exception):
+    """An answer longer than the limit it was read with."""
+
+
+async def read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body of ``resp``, or BodyTooLarge past ``limit`` bytes (read no further)."""
+    if resp.content_length is not None and resp.content_length > limit:
+        raise BodyTooLarge(f"answer of {resp.content_length} bytes, over {limit}")
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        body += chunk
+        if len(body) > limit:
+            raise BodyTooLarge(f"answer over {limit} bytes")
+    return bytes(body)
 
 
 class QueryFailed(Exception):
@@ -178,8 +204,10 @@ class PrometheusSampler:
                 headers=self._headers,
                 timeout=self._timeout,
             ) as resp:
-                raw = await resp.read()
+                raw = await read_bounded(resp, MAX_BODY_BYTES)
                 status = resp.status
+        except BodyTooLarge as exc:
+            raise QueryFailed(f"Prometheus: {exc}") from None
         except TimeoutError:
             raise QueryFailed(
                 f"Prometheus did not answer within {self._timeout.total:g} s"

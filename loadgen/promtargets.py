@@ -1,0 +1,190 @@
+"""Prometheus' scrape interval of the targets behind ``--select``, asked of
+Prometheus itself (a ``--prometheus`` run without ``--scrape-interval``).
+
+The interval sets how stale a signal may be before it is missing, and how long
+``servemon control`` waits between rate changes (a change shows in the signal a
+scrape later). Assumed, it is wrong whenever Prometheus is not at the old default
+of 15 s: a Prometheus scraping every second then gets a controller that waits
+half a minute between changes. Prometheus says it: its targets API
+(``/api/v1/targets``) gives every active target's labels and ``scrapeInterval``.
+
+Which targets are behind the selector: those that expose servemon series the
+``--select`` matchers pick (an instant query grouping them by ``job`` and
+``instance``), so a matcher on a label of the series (``target``, ``model``)
+counts as well as one on the target's own labels. With no such series yet, the
+targets whose labels satisfy the matchers on labels they carry. The largest
+interval among them is the one a signal can be as old as. If Prometheus cannot
+say (down, no target, an answer without the field), :data:`DEFAULT_S` stands, and
+the record says why. Every read is bounded: :data:`TIMEOUT_S` and
+:data:`~loadgen.promsource.MAX_BODY_BYTES`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from loadgen.promsource import MAX_BODY_BYTES, BodyTooLarge, read_bounded
+from monitor import promql
+
+__all__ = ["DEFAULT_S", "TIMEOUT_S", "ScrapeInterval", "find_scrape_interval"]
+
+#: What a run assumes when neither the flag nor Prometheus says (Prometheus'
+#: own default).
+DEFAULT_S = 15.0
+#: Seconds each of the two reads may take, the body included.
+TIMEOUT_S = 5.0
+#: Every servemon series: the engine's and GPU's (exporter) and the client's.
+_SERVEMON = '__name__=~"servemon_.+"'
+_MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)(=~|!~|!=|=)"((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeInterval:
+    """The scrape interval a run goes by, and where it came from: ``flag``
+    (``--scrape-interval``), ``prometheus`` (the targets API) or ``default``
+    (Prometheus could not say: ``why``)."""
+
+    seconds: float
+    source: str
+    #: How the targets were picked: ``series`` (they expose the selected
+    #: series) or ``labels`` (their own labels satisfy the matchers).
+    matched_by: str | None = None
+    #: ``job/instance`` of each target picked, with its interval.
+    targets: tuple[tuple[str, float], ...] = ()
+    why: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        """As ``run.json``'s ``server_metrics.scrape_interval`` keeps it."""
+        return {
+            "seconds": self.seconds,
+            "source": self.source,
+            "matched_by": self.matched_by,
+            "targets": {name: s for name, s in self.targets} or None,
+            "why": self.why,
+        }
+
+
+class _Unanswered(Exception):
+    """Prometheus gave no usable answer."""
+
+
+async def _get(
+    session: aiohttp.ClientSession,
+    url: str,
+    params: Mapping[str, str],
+    headers: Mapping[str, str],
+) -> Any:
+    """``data`` of one API answer, read within the time and size limits."""
+    try:
+        async with session.get(
+            url,
+            params=params,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=TIMEOUT_S),
+        ) as resp:
+            raw = await read_bounded(resp, MAX_BODY_BYTES)
+            status = resp.status
+    except TimeoutError:
+        raise _Unanswered(f"no answer within {TIMEOUT_S:g} s") from None
+    except BodyTooLarge as exc:
+        raise _Unanswered(str(exc)) from None
+    except aiohttp.ClientError as exc:
+        raise _Unanswered(f"{type(exc).__name__}: {exc}") from None
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or body.get("status") != "success":
+        why = body.get("error") if isinstance(body, dict) else None
+        raise _Unanswered(f"HTTP {status}: {why or 'not an answer of the API'}")
+    return body.get("data")
+
+
+def _satisfies(labels: Mapping[str, str], matchers: Sequence[str]) -> bool:
+    """Whether ``labels`` satisfy every matcher on a label they carry."""
+    for text in matchers:
+        found = _MATCHER.fullmatch(text)
+        if found is None:
+            continue
+        name, op, quoted = found.groups()
+        if name not in labels:
+            continue
+        try:
+            value = json.loads(f'"{quoted}"')
+        except ValueError:
+            continue
+        have = labels[name]
+        if op in ("=~", "!~"):
+            try:
+                hit = re.fullmatch(value, have) is not None
+            except re.error:
+                continue
+        else:
+            hit = have == value
+        if hit != (op in ("=", "=~")):
+            return False
+    return True
+
+
+async def find_scrape_interval(
+    session: aiohttp.ClientSession,
+    url: str,
+    matchers: Sequence[str],
+    headers: Mapping[str, str] | None = None,
+) -> ScrapeInterval:
+    """The largest scrape interval of the targets behind ``matchers`` (see the
+    module), or :data:`DEFAULT_S` with the reason."""
+    base = url.rstrip("/")
+    sent = dict(headers or {})
+    grouped = promql.aggregate(
+        "group", promql.braces(_SERVEMON, *matchers), ("job", "instance")
+    )
+    try:
+        data = await _get(session, f"{base}/api/v1/query", {"query": grouped}, sent)
+        result = data.get("result") if isinstance(data, dict) else None
+        behind = {
+            (str(m.get("job")), str(m.get("instance")))
+            for item in (result if isinstance(result, list) else [])
+            if isinstance(item, dict) and isinstance(m := item.get("metric"), dict)
+        }
+        data = await _get(session, f"{base}/api/v1/targets", {"state": "active"}, sent)
+    except _Unanswered as exc:
+        return ScrapeInterval(DEFAULT_S, "default", why=f"Prometheus: {exc}")
+    active = data.get("activeTargets") if isinstance(data, dict) else None
+    targets = [
+        t
+        for t in (active if isinstance(active, list) else [])
+        if isinstance(t, dict) and isinstance(t.get("labels"), dict)
+    ]
+    if behind:
+        how = "series"
+        picked = [
+            t
+            for t in targets
+            if (str(t["labels"].get("job")), str(t["labels"].get("instance"))) in behind
+        ]
+    else:
+        how = "labels"
+        picked = [t for t in targets if _satisfies(t["labels"], matchers)]
+    if not picked:
+        what = "no active target" if not targets else "no active target matches"
+        return ScrapeInterval(DEFAULT_S, "default", how, why=f"Prometheus: {what}")
+    found: list[tuple[str, float]] = []
+    for t in picked:
+        seconds = promql.parse_duration(str(t.get("scrapeInterval", "")))
+        name = f"{t['labels'].get('job')}/{t['labels'].get('instance')}"
+        if seconds is None or seconds <= 0:
+            return ScrapeInterval(
+                DEFAULT_S,
+                "default",
+                how,
+                why=f"Prometheus: no scrapeInterval in target {name}",
+            )
+        found.append((name, seconds))
+    return ScrapeInterval(max(s for _, s in found), "prometheus", how, tuple(found))
