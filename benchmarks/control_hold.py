@@ -103,7 +103,7 @@ DEFAULT_SIGNALS = "waiting,kv_cache_usage,ttft_p95"
 #: the new user of issue 27 held it, and a cache fill of short-lived requests.
 COLD: dict[str, tuple[float, list[str], list[str]]] = {
     "waiting": (
-        6.0,
+        48.0,
         ["--max-num-seqs", "16"],
         ["--workload", "random:prompt=128,output=64"],
     ),

@@ -133,6 +133,8 @@ class _ClientWindow:
     ttfts: deque[tuple[float, float]] = field(default_factory=deque)
     #: Requests completed (ok) so far.
     served: int = 0
+    #: Requests finished, whatever their outcome.
+    finished: int = 0
     #: End-to-end seconds of the requests completed since :meth:`lifetime`.
     e2e_sum: float = 0.0
     e2e_count: int = 0
@@ -140,6 +142,7 @@ class _ClientWindow:
     mean_lifetime: float | None = None
 
     def __call__(self, timing: RequestTiming) -> None:
+        self.finished += 1
         if timing.outcome is Outcome.OK:
             self.served += 1
             self.e2e_sum += timing.e2e
@@ -301,8 +304,13 @@ async def _ticks(
     # The model of what the requests hold, sampled as often as the gauge, over the
     # window the gauge's samples of an interval describe (Prometheus: a scrape ago).
     modelled: deque[tuple[float, float]] = deque(maxlen=4096)
+    # The client's requests in flight, sampled likewise (the queue's prediction).
+    flying: deque[tuple[float, float]] = deque(maxlen=4096)
     every = min(c.sample_interval, interval / 4)
-    lag = 0.0 if c.prometheus is None else (c.scrape_interval or SCRAPE_DEFAULT_S)
+    # A value read from Prometheus was scraped half a scrape interval ago, on
+    # average (a whole one biased the model's scale high while the gauge rose).
+    scrape = c.scrape_interval or SCRAPE_DEFAULT_S
+    lag = 0.0 if c.prometheus is None else scrape / 2
     blind_since: float | None = None
     warned = False
     tick_start = start
@@ -314,6 +322,8 @@ async def _ticks(
         while (now := time.monotonic()) < due:
             if held is not None and (tokens := held.held(now)) is not None:
                 modelled.append((now, tokens))
+            if signal == "waiting":
+                flying.append((now, ctx.sent - window.finished))
             await asyncio.sleep(min(every, due - now))
         sent, served = ctx.sent, window.served
         span = max(now - tick_start, 1e-9)
@@ -323,6 +333,7 @@ async def _ticks(
         measured = _measure(ctx, signal, now - interval, now, window)
         lifetime = window.lifetime()
         offered = law.rate
+        steered: float | None = None
         if measured is None:
             blind_since = blind_since if blind_since is not None else now
             state = "blind"
@@ -333,6 +344,7 @@ async def _ticks(
                 )
         else:
             blind_since = None
+            steered = measured
             queue = None
             if signal in SATURATING:
                 queue = _measure(ctx, "waiting", now - interval, now, window)
@@ -341,7 +353,10 @@ async def _ticks(
             model = None
             if held is not None:
                 model = _held_model(held, modelled, now, interval, lag)
-            offered = law.update(measured, served_rps, queue, lifetime, model)
+            if signal == "waiting":
+                inflight = ctx.sent - window.finished
+                steered = _queue_now(measured, flying, inflight, now, interval, lag)
+            offered = law.update(steered, served_rps, queue, lifetime, model)
             state = "unreachable" if law.unreachable else "tracking"
             state = "draining" if law.draining else state
             if law.unreachable and not warned:
@@ -365,6 +380,7 @@ async def _ticks(
             "signal": signal,
             "setpoint": law.setpoint,
             "measured": measured,
+            "steered": steered,
             "offered_rps": offered,
             "achieved_rps": achieved,
             "served_rps": served_rps,
@@ -378,6 +394,24 @@ async def _ticks(
         }
         result.add(line, now - start)
         ctx.rundir.append_control(line)
+
+
+def _queue_now(
+    measured: float,
+    flying: deque[tuple[float, float]],
+    inflight: float,
+    now: float,
+    interval: float,
+    lag: float,
+) -> float:
+    """The queue now: the measured one (the mean over the interval its samples
+    saw) moved by how many more of the client's requests are in flight now than
+    then. Each of them is running or waiting, so at a full batch the change is
+    the queue's; below it, it overstates the queue (the safe side)."""
+    seen = [v for at, v in flying if now - interval - lag <= at <= now - lag]
+    if not seen:
+        return measured
+    return max(0.0, measured + inflight - sum(seen) / len(seen))
 
 
 def _held_model(

@@ -187,12 +187,17 @@ class ControlLaw:
         interval and its forecast; None: no model yet)."""
         low = math.log(1 - self.max_down)
         high = math.log(1 + self.max_up)
+        started = self.starting
         self.starting = (
             self.starting
             and self.signal in FAST_START
             and measured < START_UNTIL * self.setpoint
             and self.rate < self.rps_max
         )
+        if started and not self.starting:
+            # The hand-over: the last doubling may have gone far past what the
+            # server takes; the careful law may undo it at once (down is safe).
+            low = math.log(1e-6)
         predicted = False
         if self.signal == "waiting":
             if measured < self.setpoint / 2 and served_rps >= 0.9 * self.rate:

@@ -12,7 +12,8 @@ Which targets are behind the selector: those that expose servemon series the
 ``--select`` matchers pick (an instant query grouping them by ``job`` and
 ``instance``), so a matcher on a label of the series (``target``, ``model``)
 counts as well as one on the target's own labels. With no such series yet, the
-targets whose labels satisfy the matchers on labels they carry. The largest
+targets whose labels satisfy the matchers on the labels targets carry (a matcher
+on a label no target has is the series' and is left out). The largest
 interval among them is the one a signal can be as old as. If Prometheus cannot
 say (down, no target, an answer without the field), :data:`DEFAULT_S` stands, and
 the record says why. Every read is bounded: :data:`TIMEOUT_S` and
@@ -74,52 +75,59 @@ class _Unanswered(Exception):
     """Prometheus gave no usable answer."""
 
 
-async def _get(
-    session: aiohttp.ClientSession,
-    url: str,
-    params: Mapping[str, str],
-    headers: Mapping[str, str],
-) -> Any:
-    """``data`` of one API answer, read within the time and size limits."""
-    try:
-        async with session.get(
-            url,
-            params=params,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=TIMEOUT_S),
-        ) as resp:
-            raw = await read_bounded(resp, MAX_BODY_BYTES)
-            status = resp.status
-    except TimeoutError:
-        raise _Unanswered(f"no answer within {TIMEOUT_S:g} s") from None
-    except BodyTooLarge as exc:
-        raise _Unanswered(str(exc)) from None
-    except aiohttp.ClientError as exc:
-        raise _Unanswered(f"{type(exc).__name__}: {exc}") from None
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        body = None
-    if not isinstance(body, dict) or body.get("status") != "success":
-        why = body.get("error") if isinstance(body, dict) else None
-        raise _Unanswered(f"HTTP {status}: {why or 'not an answer of the API'}")
-    return body.get("data")
+@dataclass(frozen=True, slots=True)
+class _Api:
+    session: aiohttp.ClientSession
+    base: str
+    headers: Mapping[str, str]
+    timeout_s: float
+    max_bytes: int
+
+    async def get(self, path: str, params: Mapping[str, str]) -> Any:
+        """``data`` of one API answer, read within the time and size limits."""
+        try:
+            async with self.session.get(
+                self.base + path,
+                params=params,
+                headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            ) as resp:
+                raw = await read_bounded(resp, self.max_bytes)
+                status = resp.status
+        except TimeoutError:
+            raise _Unanswered(f"no answer within {self.timeout_s:g} s") from None
+        except BodyTooLarge as exc:
+            raise _Unanswered(str(exc)) from None
+        except aiohttp.ClientError as exc:
+            raise _Unanswered(f"{type(exc).__name__}: {exc}") from None
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or body.get("status") != "success":
+            why = body.get("error") if isinstance(body, dict) else None
+            raise _Unanswered(f"HTTP {status}: {why or 'not an answer of the API'}")
+        return body.get("data")
 
 
-def _satisfies(labels: Mapping[str, str], matchers: Sequence[str]) -> bool:
-    """Whether ``labels`` satisfy every matcher on a label they carry."""
+def _satisfies(
+    labels: Mapping[str, str], matchers: Sequence[str], known: set[str]
+) -> bool:
+    """Whether ``labels`` satisfy every matcher on a label some target carries
+    (``known``; a missing label is empty, as Prometheus reads it). A matcher on a
+    label no target carries is one of the series' own (``target``, ``model``)."""
     for text in matchers:
         found = _MATCHER.fullmatch(text)
         if found is None:
             continue
         name, op, quoted = found.groups()
-        if name not in labels:
+        if name not in known:
             continue
         try:
             value = json.loads(f'"{quoted}"')
         except ValueError:
             continue
-        have = labels[name]
+        have = labels.get(name, "")
         if op in ("=~", "!~"):
             try:
                 hit = re.fullmatch(value, have) is not None
@@ -137,23 +145,26 @@ async def find_scrape_interval(
     url: str,
     matchers: Sequence[str],
     headers: Mapping[str, str] | None = None,
+    *,
+    timeout_s: float = TIMEOUT_S,
+    max_bytes: int = MAX_BODY_BYTES,
 ) -> ScrapeInterval:
     """The largest scrape interval of the targets behind ``matchers`` (see the
-    module), or :data:`DEFAULT_S` with the reason."""
-    base = url.rstrip("/")
-    sent = dict(headers or {})
+    module), or :data:`DEFAULT_S` with the reason; each read within
+    ``timeout_s`` and ``max_bytes``."""
+    api = _Api(session, url.rstrip("/"), dict(headers or {}), timeout_s, max_bytes)
     grouped = promql.aggregate(
         "group", promql.braces(_SERVEMON, *matchers), ("job", "instance")
     )
     try:
-        data = await _get(session, f"{base}/api/v1/query", {"query": grouped}, sent)
+        data = await api.get("/api/v1/query", {"query": grouped})
         result = data.get("result") if isinstance(data, dict) else None
         behind = {
             (str(m.get("job")), str(m.get("instance")))
             for item in (result if isinstance(result, list) else [])
             if isinstance(item, dict) and isinstance(m := item.get("metric"), dict)
         }
-        data = await _get(session, f"{base}/api/v1/targets", {"state": "active"}, sent)
+        data = await api.get("/api/v1/targets", {"state": "active"})
     except _Unanswered as exc:
         return ScrapeInterval(DEFAULT_S, "default", why=f"Prometheus: {exc}")
     active = data.get("activeTargets") if isinstance(data, dict) else None
@@ -171,7 +182,8 @@ async def find_scrape_interval(
         ]
     else:
         how = "labels"
-        picked = [t for t in targets if _satisfies(t["labels"], matchers)]
+        known = {name for t in targets for name in t["labels"]}
+        picked = [t for t in targets if _satisfies(t["labels"], matchers, known)]
     if not picked:
         what = "no active target" if not targets else "no active target matches"
         return ScrapeInterval(DEFAULT_S, "default", how, why=f"Prometheus: {what}")
