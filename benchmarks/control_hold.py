@@ -18,7 +18,7 @@ after its settle time, the share of control ticks whose measured signal was with
 
     .venv/bin/python benchmarks/control_hold.py [--soak 600] [--signals waiting,...]
 
-With ``--cold`` each signal of :data:`COLD` is held as a new user holds it the
+With ``--cold`` each case of :data:`COLD` (``--signals`` names cases) is held as a new user holds it the
 first time: through a real Prometheus (Debian's ``prometheus``, scraping
 ``servemon exporter`` in front of the simulator every second), with no
 ``--scrape-interval`` (the run reads it from Prometheus' targets API) and from the
@@ -99,15 +99,24 @@ CASES: dict[str, tuple[float, list[str], list[str]]] = {
 SPEED_AFTER = 0.7
 TOLERANCE = 0.15
 DEFAULT_SIGNALS = "waiting,kv_cache_usage,ttft_p95"
-#: --cold: signal -> (setpoint, simulator flags, control flags); the queue as
-#: the new user of issue 27 held it, and a cache fill of short-lived requests.
-COLD: dict[str, tuple[float, list[str], list[str]]] = {
+#: --cold: case -> (signal, setpoint, simulator flags, control flags): a queue
+#: of 48 behind a batch of 16 (about 8 req/s), the setpoint of 6 a new user first
+#: tried (issue 27) on the same server, and a cache fill of short-lived requests.
+COLD: dict[str, tuple[str, float, list[str], list[str]]] = {
     "waiting": (
+        "waiting",
         48.0,
         ["--max-num-seqs", "16"],
         ["--workload", "random:prompt=128,output=64"],
     ),
+    "waiting-6": (
+        "waiting",
+        6.0,
+        ["--max-num-seqs", "16"],
+        ["--workload", "random:prompt=128,output=64"],
+    ),
     "kv_cache_usage": (
+        "kv_cache_usage",
         0.5,
         ["--max-num-seqs", "256", "--num-gpu-blocks", "1000", "--block-size", "16"],
         ["--workload", "random:prompt=64,output=96", "--ignore-eos"],
@@ -244,10 +253,10 @@ def prometheus_stack(sim_args: list[str], work: Path) -> Iterator[tuple[str, str
                     proc.kill()
 
 
-def cold(signal: str, soak: float, work: Path, seed: int) -> str:
+def cold(case: str, soak: float, work: Path, seed: int) -> str:
     """One cold start through Prometheus (see the module): a row."""
-    setpoint, sim_args, control_args = COLD[signal]
-    out = work / f"cold-{signal}-{seed}"
+    signal, setpoint, sim_args, control_args = COLD[case]
+    out = work / f"cold-{case}-{seed}"
     out.mkdir(parents=True)
     with prometheus_stack(sim_args, out) as (url, prom):
         command = [
@@ -279,7 +288,7 @@ def cold(signal: str, soak: float, work: Path, seed: int) -> str:
     started = sum(t.get("phase") == "start" for t in ticks)
     interval = ticks[1]["t_s"] - ticks[0]["t_s"] if len(ticks) > 1 else float("nan")
     return (
-        f"{signal:<15} {setpoint:>8g} {seed:>4} {scrape['seconds']:>6g} "
+        f"{case:<15} {setpoint:>8g} {seed:>4} {scrape['seconds']:>6g} "
         f"{interval:>8.1f} {started:>6} "
         f"{'never' if reach is None else f'{reach:.0f} s':>7} {len(after):>5} "
         f"{within:>7.0%} {statistics.median(t['offered_rps'] for t in ticks):>8.2f}"
@@ -353,14 +362,14 @@ def main() -> None:
             f"{args.soak:g} s from 1 req/s, no --scrape-interval, Poisson arrivals"
         )
         print(
-            f"{'signal':<15} {'setpoint':>8} {'seed':>4} {'scrape':>6} "
+            f"{'case':<15} {'setpoint':>8} {'seed':>4} {'scrape':>6} "
             f"{'interval':>8} {'start':>6} {'reach':>7} {'ticks':>5} {'within':>7} "
             f"{'rps':>8}"
         )
         signals = args.signals if args.signals != DEFAULT_SIGNALS else ",".join(COLD)
-        for signal in signals.split(","):
+        for case in signals.split(","):
             for seed in range(args.seed, args.seed + args.repeat):
-                print(cold(signal, args.soak, work, seed), flush=True)
+                print(cold(case, args.soak, work, seed), flush=True)
         if args.keep is None:
             subprocess.run(["rm", "-rf", str(work)], check=False)
         return

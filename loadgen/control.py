@@ -36,7 +36,32 @@ Why this shape:
 - **Aware of the signal's delay.** A change of the rate shows in the signal only
   after the signal's delay: the sample interval (direct) or the scrape interval plus
   half the rate window (Prometheus). The control interval is twice that delay (at
-  least 1 s), so each step is judged on a signal that saw the previous one.
+  least 1 s), so each step is judged on a signal that saw the previous one. The
+  scrape interval is Prometheus' own, read from its targets API
+  (:mod:`loadgen.promtargets`): assumed at 15 s, a Prometheus scraping every
+  second got a change every 32 s.
+- **A cold start doubles (``waiting``, ``kv_cache_usage``).** From 1 req/s the
+  careful step (x1.25 an interval) needs 14 intervals to reach 16 req/s: a
+  minute at 4-s intervals, which is a user's whole first run. A queue and a cache
+  fill stay near 0 until the rate is near what the server takes, so while the
+  signal is under half the setpoint nothing is lost by doubling the rate each
+  interval (``phase: start`` in each tick); the first reading at half the setpoint
+  or more hands over to the careful law for good (``hold``), which may undo the
+  last doubling at once (down is safe), and ``--rps-max`` and the guard rails
+  bound both. Doubling was chosen over a start from Little's law (the rate that
+  would make the queue, from the measured service rate) because the service rate
+  is not measurable until the server is saturated, which is what the start is
+  looking for. Without the client's model of what its requests hold, KV usage
+  doubles only while its requests live less than an interval (the gauge would
+  show a doubling a lifetime late, after several more); with it, the model's step
+  is taken, within x2. A TTFT or a burn rate has a floor well above 0 and a knee
+  that doubling would jump past: no start phase.
+- **The queue now, from the client.** The queue read is the mean over an interval
+  of readings each half a scrape old. Every request the client has in flight is
+  running or waiting, so the law steers on the measured queue moved by how many
+  more the client has in flight now than when the readings were taken
+  (``steered``): at a full batch that change is the queue's; below it, it
+  overstates the queue, the safe side.
 - **Saturation.** A full cache reads 1.0 whether the backlog behind it is one
   request or a thousand: the integral step, at most ``0.15 x log(setpoint)`` a tick,
   would take tens of intervals to drain it and then overshoot the other way once
@@ -100,101 +125,20 @@ import random
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from loadgen.arrivals import Arrival, Due, Stage
 from loadgen.backlog import PrefillBacklog
 from loadgen.context import Driven, RunContext
-from loadgen.controllaw import (
-    HORIZON_LIFETIMES,
-    SATURATING,
-    ControlLaw,
-    control_interval,
-    parse_hold,
-)
-from loadgen.heldtokens import Forecast, HeldTokens
+from loadgen.controllaw import SATURATING, ControlLaw, control_interval, parse_hold
+from loadgen.controlsignal import ClientWindow, held_model, measure, queue_now
+from loadgen.heldtokens import HeldTokens
 from loadgen.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
 from loadgen.ramp import open_loop, wait_for_start
 from loadgen.runrecord import ControlResult
 from loadgen.stopping import Stopper
-from loadgen.timing import Outcome, RequestTiming
-from monitor import names
 
 __all__ = ["drive_control"]
-
-
-@dataclass(slots=True)
-class _ClientWindow:
-    """The client's own TTFTs of the last ``window_s`` (``ttft_p95`` without
-    Prometheus) and the requests' lifetimes: a sink of finished requests."""
-
-    window_s: float
-    ttfts: deque[tuple[float, float]] = field(default_factory=deque)
-    #: Requests completed (ok) so far.
-    served: int = 0
-    #: Requests finished, whatever their outcome.
-    finished: int = 0
-    #: End-to-end seconds of the requests completed since :meth:`lifetime`.
-    e2e_sum: float = 0.0
-    e2e_count: int = 0
-    #: The last interval's mean lifetime (kept through an interval with none).
-    mean_lifetime: float | None = None
-
-    def __call__(self, timing: RequestTiming) -> None:
-        self.finished += 1
-        if timing.outcome is Outcome.OK:
-            self.served += 1
-            self.e2e_sum += timing.e2e
-            self.e2e_count += 1
-            if timing.ttft is not None:
-                self.ttfts.append((timing.end_s, timing.ttft))
-
-    def lifetime(self) -> float | None:
-        """The mean end-to-end latency of the requests completed since the last
-        call (the last known one if none completed)."""
-        if self.e2e_count:
-            self.mean_lifetime = self.e2e_sum / self.e2e_count
-        self.e2e_sum, self.e2e_count = 0.0, 0
-        return self.mean_lifetime
-
-    def p95(self, now: float) -> float | None:
-        while self.ttfts and self.ttfts[0][0] < now - self.window_s:
-            self.ttfts.popleft()
-        if len(self.ttfts) < 5:
-            return None
-        values = sorted(v for _, v in self.ttfts)
-        return values[min(len(values) - 1, math.ceil(0.95 * len(values)) - 1)]
-
-
-def _measure(
-    ctx: RunContext, signal: str, since: float, now: float, window: _ClientWindow
-) -> float | None:
-    """The signal over the last interval: the mean of its fresh samples (direct or
-    Prometheus), or the client's TTFT p95 without Prometheus; None when missing."""
-    if signal == "ttft_p95" and ctx.config.prometheus is None:
-        return window.p95(now)
-    values = []
-    if ctx.config.prometheus is not None:
-        for at, signals in reversed(ctx.signal_history):
-            if at < since:
-                break
-            value = signals.get(signal)
-            if value is not None:
-                values.append(value)
-        return sum(values) / len(values) if values else None
-    key = {
-        "waiting": names.ENGINE_REQUESTS_WAITING.name,
-        "kv_cache_usage": names.ENGINE_KV_CACHE_USAGE.name,
-    }[signal]
-    for at, samples in reversed(ctx.history):
-        if at < since:
-            break
-        found = [value for name, _labels, value in samples if name == key]
-        if found:
-            kv = signal == "kv_cache_usage"
-            values.append(max(found) if kv else sum(found))
-    return sum(values) / len(values) if values else None
 
 
 def _arrivals(
@@ -238,7 +182,7 @@ async def drive_control(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dri
         rate=min(rps_max, max(c.rps_min, start_rate)),
         interval_s=interval,
     )
-    window = _ClientWindow(c.signal_window)
+    window = ClientWindow(c.signal_window)
     ctx.sinks.append(window)
     held = None
     if signal == "kv_cache_usage":
@@ -294,7 +238,7 @@ async def _ticks(
     signal: str,
     interval: float,
     start: float,
-    window: _ClientWindow,
+    window: ClientWindow,
     held: HeldTokens | None,
     backlog: PrefillBacklog | None,
     result: ControlResult,
@@ -330,7 +274,7 @@ async def _ticks(
         achieved = (sent - sent_before) / span
         served_rps = (served - served_before) / span
         sent_before, served_before, tick_start = sent, served, now
-        measured = _measure(ctx, signal, now - interval, now, window)
+        measured = measure(ctx, signal, now - interval, now, window)
         lifetime = window.lifetime()
         offered = law.rate
         steered: float | None = None
@@ -347,15 +291,15 @@ async def _ticks(
             steered = measured
             queue = None
             if signal in SATURATING:
-                queue = _measure(ctx, "waiting", now - interval, now, window)
+                queue = measure(ctx, "waiting", now - interval, now, window)
             elif backlog is not None:
                 queue = backlog.count()  # the client's prompts with no answer yet
             model = None
             if held is not None:
-                model = _held_model(held, modelled, now, interval, lag)
+                model = held_model(held, modelled, now, interval, lag)
             if signal == "waiting":
                 inflight = ctx.sent - window.finished
-                steered = _queue_now(measured, flying, inflight, now, interval, lag)
+                steered = queue_now(measured, flying, inflight, now, interval, lag)
             offered = law.update(steered, served_rps, queue, lifetime, model)
             state = "unreachable" if law.unreachable else "tracking"
             state = "draining" if law.draining else state
@@ -394,42 +338,3 @@ async def _ticks(
         }
         result.add(line, now - start)
         ctx.rundir.append_control(line)
-
-
-def _queue_now(
-    measured: float,
-    flying: deque[tuple[float, float]],
-    inflight: float,
-    now: float,
-    interval: float,
-    lag: float,
-) -> float:
-    """The queue now: the measured one (the mean over the interval its samples
-    saw) moved by how many more of the client's requests are in flight now than
-    then. Each of them is running or waiting, so at a full batch the change is
-    the queue's; below it, it overstates the queue (the safe side)."""
-    seen = [v for at, v in flying if now - interval - lag <= at <= now - lag]
-    if not seen:
-        return measured
-    return max(0.0, measured + inflight - sum(seen) / len(seen))
-
-
-def _held_model(
-    held: HeldTokens,
-    modelled: deque[tuple[float, float]],
-    now: float,
-    interval: float,
-    lag: float,
-) -> tuple[float, Forecast] | None:
-    """The model's mean over the interval the gauge saw, and its forecast
-    :data:`~loadgen.controllaw.HORIZON_LIFETIMES` of a lifetime (at least an
-    interval) ahead; None until the model has a shape and samples."""
-    shape = held.shape()
-    if shape is None:
-        return None
-    seen = [v for at, v in modelled if now - interval - lag <= at <= now - lag]
-    horizon = max(interval, HORIZON_LIFETIMES * shape.lifetime_s)
-    forecast = held.forecast(now, horizon)
-    if not seen or forecast is None:
-        return None
-    return sum(seen) / len(seen), forecast
