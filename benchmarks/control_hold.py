@@ -18,7 +18,8 @@ after its settle time, the share of control ticks whose measured signal was with
 
     .venv/bin/python benchmarks/control_hold.py [--soak 600] [--signals waiting,...]
 
-With ``--cold`` each case of :data:`COLD` (``--signals`` names cases) is held as a new user holds it the
+With ``--cold`` each case of :data:`COLD` (``--signals`` names cases) is held
+as a new user holds it the
 first time: through a real Prometheus (Debian's ``prometheus``, scraping
 ``servemon exporter`` in front of the simulator every second), with no
 ``--scrape-interval`` (the run reads it from Prometheus' targets API) and from the

@@ -146,6 +146,8 @@ class ControlLaw:
     #: In the start phase (:data:`FAST_START` signals, until the signal first
     #: reaches :data:`START_UNTIL` of the setpoint).
     starting: bool = True
+    #: The start grew the rate faster than the careful law would have.
+    doubled: bool = False
 
     @property
     def phase(self) -> str:
@@ -194,7 +196,7 @@ class ControlLaw:
             and measured < START_UNTIL * self.setpoint
             and self.rate < self.rps_max
         )
-        if started and not self.starting:
+        if started and not self.starting and self.doubled:
             # The hand-over: the last doubling may have gone far past what the
             # server takes; the careful law may undo it at once (down is safe).
             low = math.log(1e-6)
@@ -226,6 +228,7 @@ class ControlLaw:
             self.last_error = e
         if self.starting:
             step, high = self._start(step, lifetime_s, predicted)
+            self.doubled = self.doubled or step > math.log(1 + self.max_up)
         saturated = self.signal in SATURATING and measured >= self.ceiling
         queued = (
             self.signal == "ttft_p95"

@@ -236,6 +236,21 @@ def test_a_cold_start_doubles_until_the_signal_is_near_then_holds() -> None:
     assert queue == pytest.approx(6.0, rel=0.1)
 
 
+def test_the_hand_over_may_undo_the_last_doubling_at_once() -> None:
+    """The start doubled past what the server takes: the first careful step goes
+    straight to the queue law's rate; a law that never doubled steps down x0.5."""
+    law = ControlLaw("waiting", 8.0, 0.5, 1000.0, rate=1.0, interval_s=4.0)
+    law.update(0.0, 1.0)
+    law.update(0.0, 2.0)
+    assert law.rate == 4.0
+    law.update(10.0, 1.0)  # served 1/s, a queue of 10: the queue law wants 0.75
+    assert law.phase == "hold"
+    assert law.rate == pytest.approx(0.75)
+    busy = ControlLaw("waiting", 8.0, 0.5, 1000.0, rate=4.0, interval_s=4.0)
+    busy.update(10.0, 1.0)  # a server busy before the run: no doubling to undo
+    assert busy.rate == 2.0
+
+
 def test_kv_usage_starts_fast_only_where_the_gauge_keeps_up() -> None:
     """Without the client's model, a cache fill doubles while requests live less
     than an interval; with long-lived ones (the gauge a lifetime late) the start
