@@ -101,14 +101,22 @@ SPEED_AFTER = 0.7
 TOLERANCE = 0.15
 DEFAULT_SIGNALS = "waiting,kv_cache_usage,ttft_p95"
 #: --cold: case -> (signal, setpoint, simulator flags, control flags): a queue
-#: of 48 behind a batch of 16 (about 8 req/s), the setpoint of 6 a new user first
-#: tried (issue 27) on the same server, and a cache fill of short-lived requests.
+#: of 48 behind a batch of 16 (about 8 req/s), the same with requests four times
+#: as long (about 2 req/s: the arrivals' noise over an interval is half), the
+#: setpoint of 6 a new user first tried (issue 27), and a cache fill of
+#: short-lived requests.
 COLD: dict[str, tuple[str, float, list[str], list[str]]] = {
     "waiting": (
         "waiting",
         48.0,
         ["--max-num-seqs", "16"],
         ["--workload", "random:prompt=128,output=64"],
+    ),
+    "waiting-long": (
+        "waiting",
+        48.0,
+        ["--max-num-seqs", "16"],
+        ["--workload", "random:prompt=128,output=256"],
     ),
     "waiting-6": (
         "waiting",

@@ -60,8 +60,10 @@ Why this shape:
   of readings each half a scrape old. Every request the client has in flight is
   running or waiting, so the law steers on the measured queue moved by how many
   more the client has in flight now than when the readings were taken
-  (``steered``): at a full batch that change is the queue's; below it, it
-  overstates the queue, the safe side.
+  (``steered``): at a full batch that change is the queue's. Only where a queue
+  was seen (a mean of one or more): below a full batch the change goes to the
+  running requests, and the in-flight count's own noise read as a queue ended a
+  start at 1.55 req/s and a queue of 0 (a setpoint of 6).
 - **Saturation.** A full cache reads 1.0 whether the backlog behind it is one
   request or a thousand: the integral step, at most ``0.15 x log(setpoint)`` a tick,
   would take tens of intervals to drain it and then overshoot the other way once

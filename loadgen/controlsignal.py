@@ -108,10 +108,12 @@ def queue_now(
 ) -> float:
     """The queue now: the measured one (the mean over the interval its samples
     saw) moved by how many more of the client's requests are in flight now than
-    then. Each of them is running or waiting, so at a full batch the change is
-    the queue's; below it, it overstates the queue (the safe side)."""
+    then. Each of them is running or waiting, so with a full batch the change is
+    the queue's. Only where a queue was seen (a mean of at least one waiting):
+    below a full batch the change goes to the running requests, and the
+    in-flight count's own noise would read as a queue that is not there."""
     seen = [v for at, v in flying if now - interval - lag <= at <= now - lag]
-    if not seen:
+    if not seen or measured < 1:
         return measured
     return max(0.0, measured + inflight - sum(seen) / len(seen))
 
