@@ -8,8 +8,9 @@ Each case must reach its setpoint (a tick within ±15 %) within :data:`REACH_S` 
 the start and then hold it within ±15 % in at least :data:`MIN_WITHIN` of the
 ticks. The goal is 30 s and 80 % (``benchmarks/control_hold.py --cold``, figures
 in ``benchmarks/RESULTS.md``); the margins are for a busy 2-core machine, where a
-75-s run judges only 10-14 ticks. Without the start phase the queue case
-reached its setpoint at 60 s (measured once, with the start turned off); with
+75-s run judges only 10-14 ticks. Without the start phase a queue of 48 behind
+the same batch (64-token requests, about 8 req/s) was reached at 60 s (measured
+once, the start turned off); with
 the 15 s once assumed for the scrape interval the control interval is 32 s, two
 changes in the whole run.
 
