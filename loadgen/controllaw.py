@@ -59,6 +59,10 @@ UNREACHABLE_AFTER = 3
 FAST_START = ("waiting", "kv_cache_usage")
 #: The start ends at the first reading at or above this share of the setpoint.
 START_UNTIL = 0.5
+#: ... or, for ``waiting``, at the first queue of this mean: a queue forms only
+#: once the server takes no more, so the rate is at or past its capacity (a
+#: transient queue below it only hands over to the careful law early).
+START_QUEUE = 1.0
 #: How much the start may grow the rate an interval (x2).
 START_UP = 1.0
 
@@ -194,6 +198,7 @@ class ControlLaw:
             self.starting
             and self.signal in FAST_START
             and measured < START_UNTIL * self.setpoint
+            and not (self.signal == "waiting" and measured >= START_QUEUE)
             and self.rate < self.rps_max
         )
         if started and not self.starting and self.doubled:

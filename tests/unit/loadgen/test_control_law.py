@@ -198,19 +198,14 @@ def test_the_rate_stays_in_its_bounds_and_an_unreachable_setpoint_is_said() -> N
     assert start.rate == 10.0
 
 
-def _queue_from_cold(law: ControlLaw, capacity: float, lifetime_s: float) -> int:
+def _queue_from_cold(law: ControlLaw, capacity: float) -> int:
     """Intervals until a fluid queue served at ``capacity`` reaches half the
-    setpoint (the law fed what the server completed, which trails what was sent
-    by a lifetime), and the peak rate on the way."""
-    queue, sent, ticks = 0.0, [law.rate], 0
+    setpoint."""
+    queue, ticks = 0.0, 0
     while queue < law.setpoint / 2 and ticks < 100:
         ticks += 1
-        lag = min(1.0, lifetime_s / law.interval_s)
-        offered = law.rate
-        arriving = (1 - lag) * offered + lag * sent[-1]
-        served = min(capacity, arriving + queue / law.interval_s)
-        queue = max(0.0, queue + (offered - served) * law.interval_s)
-        sent.append(offered)
+        served = min(capacity, law.rate + queue / law.interval_s)
+        queue = max(0.0, queue + (law.rate - served) * law.interval_s)
         law.update(queue, served)
     return ticks
 
@@ -223,8 +218,8 @@ def test_a_cold_start_doubles_until_the_signal_is_near_then_holds() -> None:
     careful.starting = False
     fast = ControlLaw("waiting", 6.0, 0.5, 1000.0, rate=1.0, interval_s=4.0)
     assert fast.phase == "start"
-    slow_ticks = _queue_from_cold(careful, 50.0, 1.0)
-    fast_ticks = _queue_from_cold(fast, 50.0, 1.0)
+    slow_ticks = _queue_from_cold(careful, 50.0)
+    fast_ticks = _queue_from_cold(fast, 50.0)
     assert fast_ticks <= 7 < slow_ticks
     assert fast.phase == "hold"
     queue = 3.0
@@ -249,6 +244,20 @@ def test_the_hand_over_may_undo_the_last_doubling_at_once() -> None:
     busy = ControlLaw("waiting", 8.0, 0.5, 1000.0, rate=4.0, interval_s=4.0)
     busy.update(10.0, 1.0)  # a server busy before the run: no doubling to undo
     assert busy.rate == 2.0
+
+
+def test_the_first_queue_ends_the_start() -> None:
+    """A queue forms only once the server takes no more: a mean of one waiting
+    hands over however far the setpoint is (one doubling more went to 80 req/s
+    on a fleet that takes 41, and the queue overshot to 2.7 times 48)."""
+    law = ControlLaw("waiting", 48.0, 0.5, 1000.0, rate=40.0, interval_s=4.0)
+    law.update(0.5, 40.0)
+    assert law.phase == "start"
+    assert law.rate == 80.0
+    law = ControlLaw("waiting", 48.0, 0.5, 1000.0, rate=40.0, interval_s=4.0)
+    law.update(2.5, 39.5)
+    assert law.phase == "hold"
+    assert law.rate <= 50.0  # the careful law: x1.25 at most, not x2
 
 
 def test_kv_usage_starts_fast_only_where_the_gauge_keeps_up() -> None:
