@@ -12,8 +12,8 @@ the margins are for a busy 2-core machine, where a 90-s run judges only 12-18
 ticks and a load average of 6 (other sessions, a vLLM server) stalls the
 simulator for seconds: measured there, 36 s and 20 % of ticks for KV usage
 (its mean 0.45 against 0.5), against 24 s and 77 % on a quieter minute.
-Without the start phase a queue of 48 behind the same batch (64-token requests, about 8 req/s) was reached at 60 s (measured
-once, the start turned off); with
+Without the start phase a queue of 48 behind the same batch (64-token requests,
+about 8 req/s) was reached at 60 s (measured once, the start turned off); with
 the 15 s once assumed for the scrape interval the control interval is 32 s, two
 changes in the whole run.
 
