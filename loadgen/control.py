@@ -56,14 +56,6 @@ Why this shape:
   show a doubling a lifetime late, after several more); with it, the model's step
   is taken, within x2. A TTFT or a burn rate has a floor well above 0 and a knee
   that doubling would jump past: no start phase.
-- **The queue now, from the client.** The queue read is the mean over an interval
-  of readings each half a scrape old. Every request the client has in flight is
-  running or waiting, so the law steers on the measured queue moved by how many
-  more the client has in flight now than when the readings were taken
-  (``steered``): at a full batch that change is the queue's. Only where a queue
-  was seen (a mean of one or more): below a full batch the change goes to the
-  running requests, and the in-flight count's own noise read as a queue ended a
-  start at 1.55 req/s and a queue of 0 (a setpoint of 6).
 - **Saturation.** A full cache reads 1.0 whether the backlog behind it is one
   request or a thousand: the integral step, at most ``0.15 x log(setpoint)`` a tick,
   would take tens of intervals to drain it and then overshoot the other way once
@@ -133,7 +125,7 @@ from loadgen.arrivals import Arrival, Due, Stage
 from loadgen.backlog import PrefillBacklog
 from loadgen.context import Driven, RunContext
 from loadgen.controllaw import SATURATING, ControlLaw, control_interval, parse_hold
-from loadgen.controlsignal import ClientWindow, held_model, measure, queue_now
+from loadgen.controlsignal import ClientWindow, held_model, measure
 from loadgen.heldtokens import HeldTokens
 from loadgen.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
 from loadgen.ramp import open_loop, wait_for_start
@@ -250,8 +242,6 @@ async def _ticks(
     # The model of what the requests hold, sampled as often as the gauge, over the
     # window the gauge's samples of an interval describe (Prometheus: a scrape ago).
     modelled: deque[tuple[float, float]] = deque(maxlen=4096)
-    # The client's requests in flight, sampled likewise (the queue's prediction).
-    flying: deque[tuple[float, float]] = deque(maxlen=4096)
     every = min(c.sample_interval, interval / 4)
     # A value read from Prometheus was scraped half a scrape interval ago, on
     # average (a whole one biased the model's scale high while the gauge rose).
@@ -268,8 +258,6 @@ async def _ticks(
         while (now := time.monotonic()) < due:
             if held is not None and (tokens := held.held(now)) is not None:
                 modelled.append((now, tokens))
-            if signal == "waiting":
-                flying.append((now, ctx.sent - window.finished))
             await asyncio.sleep(min(every, due - now))
         sent, served = ctx.sent, window.served
         span = max(now - tick_start, 1e-9)
@@ -279,7 +267,6 @@ async def _ticks(
         measured = measure(ctx, signal, now - interval, now, window)
         lifetime = window.lifetime()
         offered = law.rate
-        steered: float | None = None
         if measured is None:
             blind_since = blind_since if blind_since is not None else now
             state = "blind"
@@ -290,7 +277,6 @@ async def _ticks(
                 )
         else:
             blind_since = None
-            steered = measured
             queue = None
             if signal in SATURATING:
                 queue = measure(ctx, "waiting", now - interval, now, window)
@@ -299,10 +285,7 @@ async def _ticks(
             model = None
             if held is not None:
                 model = held_model(held, modelled, now, interval, lag)
-            if signal == "waiting":
-                inflight = ctx.sent - window.finished
-                steered = queue_now(measured, flying, inflight, now, interval, lag)
-            offered = law.update(steered, served_rps, queue, lifetime, model)
+            offered = law.update(measured, served_rps, queue, lifetime, model)
             state = "unreachable" if law.unreachable else "tracking"
             state = "draining" if law.draining else state
             if law.unreachable and not warned:
@@ -326,7 +309,6 @@ async def _ticks(
             "signal": signal,
             "setpoint": law.setpoint,
             "measured": measured,
-            "steered": steered,
             "offered_rps": offered,
             "achieved_rps": achieved,
             "served_rps": served_rps,

@@ -4,8 +4,6 @@ signal over the last interval, and what the client knows of it without lag.
 - :func:`measure`: the mean of the signal's fresh readings over an interval
   (Prometheus' or the target's ``/metrics``), or the client's own TTFT p95;
 - :class:`ClientWindow`: the requests finished (served, lifetimes, TTFTs);
-- :func:`queue_now`: the measured queue moved by the client's change in flight
-  since the readings were taken;
 - :func:`held_model`: the KV model's mean over what the gauge saw, and its
   forecast (:mod:`loadgen.heldtokens`).
 """
@@ -22,7 +20,7 @@ from loadgen.heldtokens import Forecast, HeldTokens
 from loadgen.timing import Outcome, RequestTiming
 from monitor import names
 
-__all__ = ["ClientWindow", "held_model", "measure", "queue_now"]
+__all__ = ["ClientWindow", "held_model", "measure"]
 
 
 @dataclass(slots=True)
@@ -96,26 +94,6 @@ def measure(
             kv = signal == "kv_cache_usage"
             values.append(max(found) if kv else sum(found))
     return sum(values) / len(values) if values else None
-
-
-def queue_now(
-    measured: float,
-    flying: deque[tuple[float, float]],
-    inflight: float,
-    now: float,
-    interval: float,
-    lag: float,
-) -> float:
-    """The queue now: the measured one (the mean over the interval its samples
-    saw) moved by how many more of the client's requests are in flight now than
-    then. Each of them is running or waiting, so with a full batch the change is
-    the queue's. Only where a queue was seen (a mean of at least one waiting):
-    below a full batch the change goes to the running requests, and the
-    in-flight count's own noise would read as a queue that is not there."""
-    seen = [v for at, v in flying if now - interval - lag <= at <= now - lag]
-    if not seen or measured < 1:
-        return measured
-    return max(0.0, measured + inflight - sum(seen) / len(seen))
 
 
 def held_model(
