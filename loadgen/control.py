@@ -46,8 +46,9 @@ Why this shape:
   fill stay near 0 until the rate is near what the server takes, so while the
   signal is under half the setpoint nothing is lost by doubling the rate each
   interval (``phase: start`` in each tick); the first reading at half the setpoint
-  or more hands over to the careful law for good (``hold``), which may undo the
-  last doubling at once (down is safe), and ``--rps-max`` and the guard rails
+  or more (a queue: the first of a mean of one, the server taking no more)
+  hands over to the careful law for good (``hold``), which may undo the last
+  doubling at once (down is safe), and ``--rps-max`` and the guard rails
   bound both. Doubling was chosen over a start from Little's law (the rate that
   would make the queue, from the measured service rate) because the service rate
   is not measurable until the server is saturated, which is what the start is
