@@ -18,6 +18,15 @@ after its settle time, the share of control ticks whose measured signal was with
 
     .venv/bin/python benchmarks/control_hold.py [--soak 600] [--signals waiting,...]
 
+With ``--cold`` each case of :data:`COLD` (``--signals`` names cases) is held
+as a new user holds it the
+first time: through a real Prometheus (Debian's ``prometheus``, scraping
+``servemon exporter`` in front of the simulator every second), with no
+``--scrape-interval`` (the run reads it from Prometheus' targets API) and from the
+default start of 1 req/s. It prints when the signal first came within ±15 % of the
+setpoint (the reach time, from the start) and the share of ticks within ±15 % after
+that, over ``--soak`` seconds (``--repeat`` runs, seeds ``--seed`` up).
+
 With ``--pin RATE`` the law's rate is pinned (``--rps-min = --rps-max = RATE``) and
 no speed change is made: for ``ttft_p95``, runs with and without ``--no-pace``
 print the share of 30-s p95s within ±15 % of their own median: the noise floor of
@@ -27,13 +36,18 @@ the signal itself, which the pace on the sends lowers (``loadgen/backlog.py``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import re
+import shutil
+import socket
 import statistics
 import subprocess
 import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from _common import SERVEMON, sim_process
@@ -85,6 +99,38 @@ CASES: dict[str, tuple[float, list[str], list[str]]] = {
 }
 SPEED_AFTER = 0.7
 TOLERANCE = 0.15
+DEFAULT_SIGNALS = "waiting,kv_cache_usage,ttft_p95"
+#: --cold: case -> (signal, setpoint, simulator flags, control flags): a queue
+#: of 48 behind a batch of 16 (about 8 req/s), the same with requests four times
+#: as long (about 2 req/s: the arrivals' noise over an interval is half), the
+#: setpoint of 6 a new user first tried (issue 27), and a cache fill of
+#: short-lived requests.
+COLD: dict[str, tuple[str, float, list[str], list[str]]] = {
+    "waiting": (
+        "waiting",
+        48.0,
+        ["--max-num-seqs", "16"],
+        ["--workload", "random:prompt=128,output=64"],
+    ),
+    "waiting-long": (
+        "waiting",
+        48.0,
+        ["--max-num-seqs", "16"],
+        ["--workload", "random:prompt=128,output=256"],
+    ),
+    "waiting-6": (
+        "waiting",
+        6.0,
+        ["--max-num-seqs", "16"],
+        ["--workload", "random:prompt=128,output=64"],
+    ),
+    "kv_cache_usage": (
+        "kv_cache_usage",
+        0.5,
+        ["--max-num-seqs", "256", "--num-gpu-blocks", "1000", "--block-size", "16"],
+        ["--workload", "random:prompt=64,output=96", "--ignore-eos"],
+    ),
+}
 
 
 def _slow_down(url: str, at: float) -> None:
@@ -148,6 +194,116 @@ def run_case(
     return rows
 
 
+@contextlib.contextmanager
+def prometheus_stack(sim_args: list[str], work: Path) -> Iterator[tuple[str, str]]:
+    """``servemon sim`` behind ``servemon exporter``, scraped every second by
+    Debian's Prometheus; yields (the simulator's URL, Prometheus' URL) once
+    Prometheus has the simulator's queue."""
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        raise SystemExit("--cold needs Debian's prometheus (scripts/system-deps)")
+    procs: list[subprocess.Popen[bytes]] = []
+    with sim_process("--profile", "qwen3-0.6b-eager", *sim_args) as url:
+        try:
+            log = (work / "exporter.log").open("wb")
+            exporter = subprocess.Popen(
+                [str(SERVEMON), "exporter", "--target", f"sim={url}",
+                 "--listen", "127.0.0.1:0", "--no-gpu"],
+                stdout=subprocess.PIPE, stderr=log,
+            )  # fmt: skip
+            procs.append(exporter)
+            assert exporter.stdout is not None
+            ready = exporter.stdout.readline().decode()
+            found = re.search(r"http://127\.0\.0\.1:(\d+)", ready)
+            if found is None:
+                raise SystemExit(f"servemon exporter did not start: {ready!r}")
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            config = work / "prometheus.yml"
+            config.write_text(
+                "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
+                "scrape_configs:\n  - job_name: servemon\n"
+                f"    static_configs: [{{targets: ['127.0.0.1:{found.group(1)}']}}]\n"
+            )
+            procs.append(
+                subprocess.Popen(
+                    [
+                        prometheus,
+                        f"--config.file={config}",
+                        f"--storage.tsdb.path={work / 'tsdb'}",
+                        f"--web.listen-address=127.0.0.1:{port}",
+                        "--log.level=warn",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=(work / "prometheus.log").open("wb"),
+                )
+            )
+            prom = f"http://127.0.0.1:{port}"
+            query = prom + "/api/v1/query?query=servemon_engine_requests_waiting"
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(query, timeout=2) as resp:
+                        if json.load(resp)["data"]["result"]:
+                            break
+                except OSError:
+                    pass
+                time.sleep(0.5)
+            else:
+                raise SystemExit("Prometheus did not scrape the exporter in 60 s")
+            yield url, prom
+        finally:
+            for proc in reversed(procs):
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def cold(case: str, soak: float, work: Path, seed: int) -> str:
+    """One cold start through Prometheus (see the module): a row."""
+    signal, setpoint, sim_args, control_args = COLD[case]
+    out = work / f"cold-{case}-{seed}"
+    out.mkdir(parents=True)
+    with prometheus_stack(sim_args, out) as (url, prom):
+        command = [
+            str(SERVEMON), "control", "--target", url, "--prometheus", prom,
+            "--hold", f"{signal}={setpoint:g}", "--duration", f"{soak:g}",
+            "--metrics-port", "0", "--out", str(out / "runs"), "--seed", str(seed),
+            *control_args,
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"servemon control failed: {done.stderr[-2000:]}")
+    (run,) = (out / "runs").glob("*-control")
+    ticks = [json.loads(x) for x in (run / "control.jsonl").read_text().splitlines()]
+    start = float(
+        json.loads((run / "summary.json").read_text())["stages"][0]["start_s"]
+    )
+    scrape = json.loads((run / "run.json").read_text())["server_metrics"][
+        "scrape_interval"
+    ]
+    band = [
+        t["measured"] is not None
+        and abs(t["measured"] - setpoint) <= TOLERANCE * setpoint
+        for t in ticks
+    ]
+    first = band.index(True) if True in band else None
+    reach = None if first is None else ticks[first]["t_s"] - start
+    after = band[first:] if first is not None else []
+    within = sum(after) / len(after) if after else 0.0
+    started = sum(t.get("phase") == "start" for t in ticks)
+    interval = ticks[1]["t_s"] - ticks[0]["t_s"] if len(ticks) > 1 else float("nan")
+    return (
+        f"{case:<15} {setpoint:>8g} {seed:>4} {scrape['seconds']:>6g} "
+        f"{interval:>8.1f} {started:>6} "
+        f"{'never' if reach is None else f'{reach:.0f} s':>7} {len(after):>5} "
+        f"{within:>7.0%} {statistics.median(t['offered_rps'] for t in ticks):>8.2f}"
+    )
+
+
 def pinned(signal: str, rate: float, soak: float, settle: float, work: Path) -> None:
     """The signal's own spread at a pinned rate, paced and not (see the module)."""
     setpoint, sim_args, control_args = CASES[signal]
@@ -189,7 +345,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--soak", type=float, default=600.0)
     parser.add_argument("--settle", type=float, default=60.0)
-    parser.add_argument("--signals", default="waiting,kv_cache_usage,ttft_p95")
+    parser.add_argument("--signals", default=DEFAULT_SIGNALS)
     parser.add_argument(
         "--keep", type=Path, default=None, help="keep the run directories here"
     )
@@ -200,8 +356,32 @@ def main() -> None:
         "--pin", type=float, default=None, help="pin the rate (see the module)"
     )
     parser.add_argument("--seed", type=int, default=0, help="servemon control --seed")
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="cold starts through Prometheus at 1 s (see the module)",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="--cold: runs a signal")
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="control-hold-"))
+    if args.cold:
+        print(
+            f"control_hold --cold: servemon control through Prometheus (1 s scrapes "
+            f"of servemon exporter) against servemon sim (qwen3-0.6b-eager), "
+            f"{args.soak:g} s from 1 req/s, no --scrape-interval, Poisson arrivals"
+        )
+        print(
+            f"{'case':<15} {'setpoint':>8} {'seed':>4} {'scrape':>6} "
+            f"{'interval':>8} {'start':>6} {'reach':>7} {'ticks':>5} {'within':>7} "
+            f"{'rps':>8}"
+        )
+        signals = args.signals if args.signals != DEFAULT_SIGNALS else ",".join(COLD)
+        for case in signals.split(","):
+            for seed in range(args.seed, args.seed + args.repeat):
+                print(cold(case, args.soak, work, seed), flush=True)
+        if args.keep is None:
+            subprocess.run(["rm", "-rf", str(work)], check=False)
+        return
     if args.pin is not None:
         print(
             f"control_hold --pin: servemon control at a pinned {args.pin:g} req/s "

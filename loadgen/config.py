@@ -142,7 +142,8 @@ class LoadConfig:
     #: Label matchers every signal query gets (``model="q",target=~"pool-a.*"``).
     select: str | None = None
     #: Prometheus' scrape interval: a signal older than two of them is stale.
-    scrape_interval: Positive = 15.0
+    #: None: asked of Prometheus (loadgen.promtargets), else 15 s.
+    scrape_interval: Positive | None = None
     #: The range of rate() and histogram_quantile() in the signal queries.
     signal_window: Annotated[float, Ge(1)] = 30.0
     # servemon control

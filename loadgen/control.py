@@ -36,7 +36,27 @@ Why this shape:
 - **Aware of the signal's delay.** A change of the rate shows in the signal only
   after the signal's delay: the sample interval (direct) or the scrape interval plus
   half the rate window (Prometheus). The control interval is twice that delay (at
-  least 1 s), so each step is judged on a signal that saw the previous one.
+  least 1 s), so each step is judged on a signal that saw the previous one. The
+  scrape interval is Prometheus' own, read from its targets API
+  (:mod:`loadgen.promtargets`): assumed at 15 s, a Prometheus scraping every
+  second got a change every 32 s.
+- **A cold start doubles (``waiting``, ``kv_cache_usage``).** From 1 req/s the
+  careful step (x1.25 an interval) needs 14 intervals to reach 16 req/s: a
+  minute at 4-s intervals, which is a user's whole first run. A queue and a cache
+  fill stay near 0 until the rate is near what the server takes, so while the
+  signal is under half the setpoint nothing is lost by doubling the rate each
+  interval (``phase: start`` in each tick); the first reading at half the setpoint
+  or more (a queue: the first of a mean of one, the server taking no more)
+  hands over to the careful law for good (``hold``), which may undo the last
+  doubling at once (down is safe), and ``--rps-max`` and the guard rails
+  bound both. Doubling was chosen over a start from Little's law (the rate that
+  would make the queue, from the measured service rate) because the service rate
+  is not measurable until the server is saturated, which is what the start is
+  looking for. Without the client's model of what its requests hold, KV usage
+  doubles only while its requests live less than an interval (the gauge would
+  show a doubling a lifetime late, after several more); with it, the model's step
+  is taken, within x2. A TTFT or a burn rate has a floor well above 0 and a knee
+  that doubling would jump past: no start phase.
 - **Saturation.** A full cache reads 1.0 whether the backlog behind it is one
   request or a thousand: the integral step, at most ``0.15 x log(setpoint)`` a tick,
   would take tens of intervals to drain it and then overshoot the other way once
@@ -100,97 +120,20 @@ import random
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from loadgen.arrivals import Arrival, Due, Stage
 from loadgen.backlog import PrefillBacklog
 from loadgen.context import Driven, RunContext
-from loadgen.controllaw import (
-    HORIZON_LIFETIMES,
-    SATURATING,
-    ControlLaw,
-    control_interval,
-    parse_hold,
-)
-from loadgen.heldtokens import Forecast, HeldTokens
+from loadgen.controllaw import SATURATING, ControlLaw, control_interval, parse_hold
+from loadgen.controlsignal import ClientWindow, held_model, measure
+from loadgen.heldtokens import HeldTokens
+from loadgen.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
 from loadgen.ramp import open_loop, wait_for_start
 from loadgen.runrecord import ControlResult
 from loadgen.stopping import Stopper
-from loadgen.timing import Outcome, RequestTiming
-from monitor import names
 
 __all__ = ["drive_control"]
-
-
-@dataclass(slots=True)
-class _ClientWindow:
-    """The client's own TTFTs of the last ``window_s`` (``ttft_p95`` without
-    Prometheus) and the requests' lifetimes: a sink of finished requests."""
-
-    window_s: float
-    ttfts: deque[tuple[float, float]] = field(default_factory=deque)
-    #: Requests completed (ok) so far.
-    served: int = 0
-    #: End-to-end seconds of the requests completed since :meth:`lifetime`.
-    e2e_sum: float = 0.0
-    e2e_count: int = 0
-    #: The last interval's mean lifetime (kept through an interval with none).
-    mean_lifetime: float | None = None
-
-    def __call__(self, timing: RequestTiming) -> None:
-        if timing.outcome is Outcome.OK:
-            self.served += 1
-            self.e2e_sum += timing.e2e
-            self.e2e_count += 1
-            if timing.ttft is not None:
-                self.ttfts.append((timing.end_s, timing.ttft))
-
-    def lifetime(self) -> float | None:
-        """The mean end-to-end latency of the requests completed since the last
-        call (the last known one if none completed)."""
-        if self.e2e_count:
-            self.mean_lifetime = self.e2e_sum / self.e2e_count
-        self.e2e_sum, self.e2e_count = 0.0, 0
-        return self.mean_lifetime
-
-    def p95(self, now: float) -> float | None:
-        while self.ttfts and self.ttfts[0][0] < now - self.window_s:
-            self.ttfts.popleft()
-        if len(self.ttfts) < 5:
-            return None
-        values = sorted(v for _, v in self.ttfts)
-        return values[min(len(values) - 1, math.ceil(0.95 * len(values)) - 1)]
-
-
-def _measure(
-    ctx: RunContext, signal: str, since: float, now: float, window: _ClientWindow
-) -> float | None:
-    """The signal over the last interval: the mean of its fresh samples (direct or
-    Prometheus), or the client's TTFT p95 without Prometheus; None when missing."""
-    if signal == "ttft_p95" and ctx.config.prometheus is None:
-        return window.p95(now)
-    values = []
-    if ctx.config.prometheus is not None:
-        for at, signals in reversed(ctx.signal_history):
-            if at < since:
-                break
-            value = signals.get(signal)
-            if value is not None:
-                values.append(value)
-        return sum(values) / len(values) if values else None
-    key = {
-        "waiting": names.ENGINE_REQUESTS_WAITING.name,
-        "kv_cache_usage": names.ENGINE_KV_CACHE_USAGE.name,
-    }[signal]
-    for at, samples in reversed(ctx.history):
-        if at < since:
-            break
-        found = [value for name, _labels, value in samples if name == key]
-        if found:
-            kv = signal == "kv_cache_usage"
-            values.append(max(found) if kv else sum(found))
-    return sum(values) / len(values) if values else None
 
 
 def _arrivals(
@@ -234,7 +177,7 @@ async def drive_control(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dri
         rate=min(rps_max, max(c.rps_min, start_rate)),
         interval_s=interval,
     )
-    window = _ClientWindow(c.signal_window)
+    window = ClientWindow(c.signal_window)
     ctx.sinks.append(window)
     held = None
     if signal == "kv_cache_usage":
@@ -290,7 +233,7 @@ async def _ticks(
     signal: str,
     interval: float,
     start: float,
-    window: _ClientWindow,
+    window: ClientWindow,
     held: HeldTokens | None,
     backlog: PrefillBacklog | None,
     result: ControlResult,
@@ -301,7 +244,10 @@ async def _ticks(
     # window the gauge's samples of an interval describe (Prometheus: a scrape ago).
     modelled: deque[tuple[float, float]] = deque(maxlen=4096)
     every = min(c.sample_interval, interval / 4)
-    lag = 0.0 if c.prometheus is None else c.scrape_interval
+    # A value read from Prometheus was scraped half a scrape interval ago, on
+    # average (a whole one biased the model's scale high while the gauge rose).
+    scrape = c.scrape_interval or SCRAPE_DEFAULT_S
+    lag = 0.0 if c.prometheus is None else scrape / 2
     blind_since: float | None = None
     warned = False
     tick_start = start
@@ -319,7 +265,7 @@ async def _ticks(
         achieved = (sent - sent_before) / span
         served_rps = (served - served_before) / span
         sent_before, served_before, tick_start = sent, served, now
-        measured = _measure(ctx, signal, now - interval, now, window)
+        measured = measure(ctx, signal, now - interval, now, window)
         lifetime = window.lifetime()
         offered = law.rate
         if measured is None:
@@ -334,12 +280,12 @@ async def _ticks(
             blind_since = None
             queue = None
             if signal in SATURATING:
-                queue = _measure(ctx, "waiting", now - interval, now, window)
+                queue = measure(ctx, "waiting", now - interval, now, window)
             elif backlog is not None:
                 queue = backlog.count()  # the client's prompts with no answer yet
             model = None
             if held is not None:
-                model = _held_model(held, modelled, now, interval, lag)
+                model = held_model(held, modelled, now, interval, lag)
             offered = law.update(measured, served_rps, queue, lifetime, model)
             state = "unreachable" if law.unreachable else "tracking"
             state = "draining" if law.draining else state
@@ -373,27 +319,7 @@ async def _ticks(
             "pace": backlog.mean_pace() if backlog and c.pace else None,
             "backlog": None if backlog is None else backlog.count(),
             "state": state,
+            "phase": law.phase,
         }
         result.add(line, now - start)
         ctx.rundir.append_control(line)
-
-
-def _held_model(
-    held: HeldTokens,
-    modelled: deque[tuple[float, float]],
-    now: float,
-    interval: float,
-    lag: float,
-) -> tuple[float, Forecast] | None:
-    """The model's mean over the interval the gauge saw, and its forecast
-    :data:`~loadgen.controllaw.HORIZON_LIFETIMES` of a lifetime (at least an
-    interval) ahead; None until the model has a shape and samples."""
-    shape = held.shape()
-    if shape is None:
-        return None
-    seen = [v for at, v in modelled if now - interval - lag <= at <= now - lag]
-    horizon = max(interval, HORIZON_LIFETIMES * shape.lifetime_s)
-    forecast = held.forecast(now, horizon)
-    if not seen or forecast is None:
-        return None
-    return sum(seen) / len(seen), forecast

@@ -9,15 +9,18 @@ from dataclasses import dataclass
 
 from loadgen.config import LoadConfig
 from loadgen.heldtokens import Forecast
+from loadgen.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
 from servemon.errors import ConfigError
 
 __all__ = [
+    "FAST_START",
     "HOLDABLE",
     "HORIZON_LIFETIMES",
     "KP_MAX",
     "LAGGED_BY_LIFETIME",
     "PROMETHEUS_ONLY",
     "SATURATING",
+    "START_UNTIL",
     "TOLERANCE",
     "TTFT_DRAIN_OVER",
     "ControlLaw",
@@ -49,6 +52,19 @@ SCALE_ALPHA = 0.3
 TTFT_DRAIN_OVER = 2.0
 #: Intervals at a bound, signal still off, before the setpoint is unreachable.
 UNREACHABLE_AFTER = 3
+#: Signals whose cold start doubles the rate while they are far below the
+#: setpoint: a queue and a cache fill, which stay near 0 until the rate is close
+#: to what the server can take (a TTFT or a burn rate has a floor well above 0 and
+#: a knee that doubling jumps past).
+FAST_START = ("waiting", "kv_cache_usage")
+#: The start ends at the first reading at or above this share of the setpoint.
+START_UNTIL = 0.5
+#: ... or, for ``waiting``, at the first queue of this mean: a queue forms only
+#: once the server takes no more, so the rate is at or past its capacity (a
+#: transient queue below it only hands over to the careful law early).
+START_QUEUE = 1.0
+#: How much the start may grow the rate an interval (x2).
+START_UP = 1.0
 
 
 def parse_hold(text: str) -> tuple[str, float]:
@@ -131,6 +147,16 @@ class ControlLaw:
     gain: float = 0.0
     #: Measured KV usage per token of the client's model (None: not used yet).
     scale: float | None = None
+    #: In the start phase (:data:`FAST_START` signals, until the signal first
+    #: reaches :data:`START_UNTIL` of the setpoint).
+    starting: bool = True
+    #: The start grew the rate faster than the careful law would have.
+    doubled: bool = False
+
+    @property
+    def phase(self) -> str:
+        """``start`` or ``hold``: the phase the last step was taken in."""
+        return "start" if self.starting else "hold"
 
     @property
     def ceiling(self) -> float:
@@ -167,6 +193,19 @@ class ControlLaw:
         interval and its forecast; None: no model yet)."""
         low = math.log(1 - self.max_down)
         high = math.log(1 + self.max_up)
+        started = self.starting
+        self.starting = (
+            self.starting
+            and self.signal in FAST_START
+            and measured < START_UNTIL * self.setpoint
+            and not (self.signal == "waiting" and measured >= START_QUEUE)
+            and self.rate < self.rps_max
+        )
+        if started and not self.starting and self.doubled:
+            # The hand-over: the last doubling may have gone far past what the
+            # server takes; the careful law may undo it at once (down is safe).
+            low = math.log(1e-6)
+        predicted = False
         if self.signal == "waiting":
             if measured < self.setpoint / 2 and served_rps >= 0.9 * self.rate:
                 # Far below, and the server serves all it is offered: it has room.
@@ -186,11 +225,15 @@ class ControlLaw:
             wanted = forecast.rate_for(self.setpoint / self.scale)
             step = math.log(max(wanted, 1e-9) / self.rate)
             self.gain = 0.0
+            predicted = True
         else:
             e = self.error(measured)
             self.gain = self.proportional_gain(lifetime_s)
             step = self.gain * (e - self.last_error) + self.ki * e
             self.last_error = e
+        if self.starting:
+            step, high = self._start(step, lifetime_s, predicted)
+            self.doubled = self.doubled or step > math.log(1 + self.max_up)
         saturated = self.signal in SATURATING and measured >= self.ceiling
         queued = (
             self.signal == "ttft_p95"
@@ -222,6 +265,22 @@ class ControlLaw:
         self.rate = rate
         return rate
 
+    def _start(
+        self, step: float, lifetime_s: float | None, predicted: bool
+    ) -> tuple[float, float]:
+        """The step of the start phase and its limit: double the rate an interval;
+        KV usage on the client's model takes the model's step within that limit,
+        and without a model only doubles when its requests live less than an
+        interval (else the gauge would show a doubling a lifetime late, after
+        several more)."""
+        up = math.log(1 + START_UP)
+        if self.signal == "kv_cache_usage":
+            if predicted:
+                return step, up
+            if lifetime_s is None or lifetime_s > self.interval_s:
+                return step, math.log(1 + self.max_up)
+        return up, up
+
     @property
     def unreachable(self) -> bool:
         """At a bound for a while with the signal still off."""
@@ -239,7 +298,8 @@ def control_interval(config: LoadConfig, signal: str) -> float:
             delay = max(delay, config.signal_window / 2)
     else:
         # A scrape, then servemon's own poll of Prometheus.
-        delay = config.scrape_interval + config.sample_interval
+        scrape = config.scrape_interval or SCRAPE_DEFAULT_S
+        delay = scrape + config.sample_interval
         if signal in ("ttft_p95", "burn_rate"):
             delay += config.signal_window / 2
     return max(1.0, 2.0 * delay)

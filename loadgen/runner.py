@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
+
 from loadgen.arrivals import Arrival
 from loadgen.capacity import drive_capacity
 from loadgen.client import ClientSettings, make_session
@@ -42,6 +44,7 @@ from loadgen.plan import (
 )
 from loadgen.progress import Progress
 from loadgen.promsource import PrometheusSampler, auth_header
+from loadgen.promtargets import DEFAULT_S, ScrapeInterval, find_scrape_interval
 from loadgen.ramp import drive_ramp
 from loadgen.record import RunDirectory
 from loadgen.replay import drive_replay
@@ -170,6 +173,10 @@ async def run_load(
         version, gpus = await asyncio.gather(
             target_version(session, base), asyncio.to_thread(local_gpus)
         )
+        given = config
+        scrape = await _scrape_interval(session, config, progress)
+        if scrape is not None:
+            config = replace(config, scrape_interval=scrape.seconds)
         label = config.target_name or urlsplit(base).netloc
         live = LiveMetrics(label, model, slo)
         try:
@@ -215,7 +222,7 @@ async def run_load(
                 clock_origin=rundir.clock_origin,
                 servemon_version=_version(),
                 command=redact_argv(argv),
-                config=recorded_config(config),
+                config=recorded_config(given),
                 target={
                     "url": base,
                     "model": model,
@@ -253,13 +260,53 @@ async def run_load(
             )
             write_record(rundir.path, info)
             with hold_cpu_latency(config.cpu_dma_latency):
-                return await _execute(ctx, info, stop, arrival)
+                return await _execute(ctx, info, stop, arrival, scrape)
         finally:
             await live.stop()
 
 
+async def _scrape_interval(
+    session: aiohttp.ClientSession, config: LoadConfig, progress: Progress
+) -> ScrapeInterval | None:
+    """Prometheus' scrape interval behind ``--select`` (None without
+    ``--prometheus``): the flag's, else asked of Prometheus, else the default,
+    said once."""
+    if config.prometheus is None:
+        return None
+    if config.scrape_interval is not None:
+        return ScrapeInterval(config.scrape_interval, "flag")
+    auth = (
+        load_auth(Path(config.prometheus_auth_file))
+        if config.prometheus_auth_file
+        else None
+    )
+    found = await find_scrape_interval(
+        session,
+        config.prometheus,
+        parse_selector(config.select),
+        auth_header(auth),
+    )
+    if found.source == "default":
+        progress.console.print(
+            f"servemon: warning: Prometheus' scrape interval is not known "
+            f"({found.why}); assuming {DEFAULT_S:g} s (--scrape-interval sets it)",
+            soft_wrap=True,
+        )
+    else:
+        progress.console.print(
+            f"servemon: Prometheus scrapes the {len(found.targets)} target(s) behind "
+            f"--select every {found.seconds:g} s or faster (its targets API)",
+            soft_wrap=True,
+        )
+    return found
+
+
 async def _execute(
-    ctx: RunContext, info: RunInfo, stop: Stopper, arrival: Arrival
+    ctx: RunContext,
+    info: RunInfo,
+    stop: Stopper,
+    arrival: Arrival,
+    scrape: ScrapeInterval | None,
 ) -> RunResult:
     sampler = _sampler(ctx)
     sampling = asyncio.create_task(sampler.run())
@@ -285,7 +332,7 @@ async def _execute(
         ctx.live.stage(-1, 0.0)
         ctx.progress.stop()
         try:
-            result = _finish(ctx, info, status, sampler, driven.capacity)
+            result = _finish(ctx, info, status, sampler, driven.capacity, scrape)
         finally:
             ctx.rundir.close()
     return result
@@ -309,7 +356,7 @@ def _sampler(ctx: RunContext) -> ServerSampler | PrometheusSampler:
         signal_queries(c),
         ctx.sampled,
         interval_s=c.sample_interval,
-        stale_after_s=2 * c.scrape_interval,
+        stale_after_s=2 * (c.scrape_interval or DEFAULT_S),
         headers=auth_header(auth),
     )
 
@@ -325,6 +372,7 @@ def _finish(
     status: str,
     sampler: ServerSampler | PrometheusSampler,
     capacity: CapacityResult | None,
+    scrape: ScrapeInterval | None,
 ) -> RunResult:
     origin = ctx.rundir.origin_s
     ctx.client_limits()
@@ -359,6 +407,7 @@ def _finish(
             "errors": sampler.errors,
             "engine_info": sampler.engine_info or None,
             **_source(ctx.config),
+            "scrape_interval": None if scrape is None else scrape.record(),
         },
     )
     try:
@@ -398,7 +447,7 @@ def _source(config: LoadConfig) -> dict[str, Any]:
         "source": "prometheus",
         "prometheus": config.prometheus,
         "select": config.select,
-        "stale_after_s": 2 * config.scrape_interval,
+        "stale_after_s": 2 * (config.scrape_interval or DEFAULT_S),
         "queries": {
             name: {"value": q.value, "age": q.age}
             for name, q in signal_queries(config).items()

@@ -15,6 +15,7 @@ The spelling is fixed: ``op (expr)`` or ``op by (a, b) (expr)``, matchers joined
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Literal
 
@@ -31,6 +32,7 @@ __all__ = [
     "le_matcher",
     "number",
     "on",
+    "parse_duration",
     "quantile",
     "rate",
     "sample_name",
@@ -53,6 +55,28 @@ def duration(seconds: int) -> str:
         if count:
             parts.append(f"{count}{unit}")
     return "".join(parts) or "0s"
+
+
+#: Seconds in each unit of a Prometheus duration, as Prometheus reads them.
+_READ_UNITS = {
+    "y": 365 * 86400.0,
+    "w": 7 * 86400.0,
+    "d": 86400.0,
+    "h": 3600.0,
+    "m": 60.0,
+    "s": 1.0,
+    "ms": 0.001,
+}
+_DURATION = re.compile(r"(?:([0-9]+)(ms|y|w|d|h|m|s))")
+
+
+def parse_duration(text: str) -> float | None:
+    """Seconds of a Prometheus duration (``1m30s``, ``500ms``, ``15s``); None when
+    ``text`` is not one."""
+    text = text.strip()
+    if not text or not re.fullmatch(f"{_DURATION.pattern}+", text):
+        return None
+    return sum(int(n) * _READ_UNITS[unit] for n, unit in _DURATION.findall(text))
 
 
 def number(value: float) -> str:

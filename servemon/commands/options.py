@@ -221,8 +221,9 @@ def prometheus() -> Callable[[F], F]:
         _option(
             "--scrape-interval",
             type=float,
-            help="Prometheus' scrape interval: a signal older than two is stale.",
-            shown="15",
+            help="Prometheus' scrape interval: a signal older than two is stale, "
+            "and control waits two between rate changes.",
+            shown="read from Prometheus' targets API, else 15",
         ),
         _option(
             "--signal-window",

@@ -75,27 +75,28 @@ def alertmanager_file(path: Path, webhook: str) -> Path:
 def prometheus_file(
     path: Path,
     *,
-    rules: Sequence[Path],
+    rules: Sequence[Path] = (),
     jobs: Mapping[str, Sequence[str]],
-    alertmanager: str,
+    alertmanager: str | None = None,
 ) -> Path:
     """Scrapes (``jobs``: job name -> host:port targets) and rule evaluation every
-    second, alerts to ``alertmanager`` (host:port)."""
-    config = {
+    second, alerts to ``alertmanager`` (host:port) where there is one."""
+    config: dict[str, Any] = {
         "global": {
             "scrape_interval": "1s",
             "scrape_timeout": "1s",
             "evaluation_interval": "1s",
         },
         "rule_files": [str(p) for p in rules],
-        "alerting": {
-            "alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]
-        },
         "scrape_configs": [
             {"job_name": job, "static_configs": [{"targets": list(targets)}]}
             for job, targets in jobs.items()
         ],
     }
+    if alertmanager is not None:
+        config["alerting"] = {
+            "alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]
+        }
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     return path
 

@@ -184,9 +184,106 @@ def test_the_rate_stays_in_its_bounds_and_an_unreachable_setpoint_is_said() -> N
     assert law.rate < 10.0
     assert not law.unreachable
     up = ControlLaw("waiting", 8.0, 1.0, 100.0, rate=4.0, interval_s=2.0)
+    up.starting = False  # past the start: the careful law
     before = up.rate
     up.update(0.0, 4.0)
     assert up.rate <= before * 1.5  # rate-limited steps
+    start = ControlLaw("waiting", 8.0, 1.0, 10.0, rate=4.0, interval_s=2.0)
+    start.update(0.0, 4.0)
+    assert start.rate == 8.0  # the start doubles, within --rps-max
+    start.update(0.0, 8.0)
+    assert start.rate == 10.0
+    start.update(0.0, 10.0)
+    assert start.phase == "hold"  # at --rps-max: nothing left to start
+    assert start.rate == 10.0
+
+
+def _queue_from_cold(law: ControlLaw, capacity: float) -> int:
+    """Intervals until a fluid queue served at ``capacity`` reaches half the
+    setpoint."""
+    queue, ticks = 0.0, 0
+    while queue < law.setpoint / 2 and ticks < 100:
+        ticks += 1
+        served = min(capacity, law.rate + queue / law.interval_s)
+        queue = max(0.0, queue + (law.rate - served) * law.interval_s)
+        law.update(queue, served)
+    return ticks
+
+
+def test_a_cold_start_doubles_until_the_signal_is_near_then_holds() -> None:
+    """From 1 req/s to a server that takes 50: the careful step (x1.25) needs 18
+    intervals to get there; the start's doublings 6, then the queue law takes over
+    and settles on the setpoint without a lasting overshoot."""
+    careful = ControlLaw("waiting", 6.0, 0.5, 1000.0, rate=1.0, interval_s=4.0)
+    careful.starting = False
+    fast = ControlLaw("waiting", 6.0, 0.5, 1000.0, rate=1.0, interval_s=4.0)
+    assert fast.phase == "start"
+    slow_ticks = _queue_from_cold(careful, 50.0)
+    fast_ticks = _queue_from_cold(fast, 50.0)
+    assert fast_ticks <= 7 < slow_ticks
+    assert fast.phase == "hold"
+    queue = 3.0
+    for _ in range(30):
+        served = min(50.0, fast.rate + queue / fast.interval_s)
+        queue = max(0.0, queue + (fast.rate - served) * fast.interval_s)
+        fast.update(queue, served)
+        assert fast.phase == "hold"  # the start never comes back
+    assert queue == pytest.approx(6.0, rel=0.1)
+
+
+def test_the_hand_over_may_undo_the_last_doubling_at_once() -> None:
+    """The start doubled past what the server takes: the first careful step goes
+    straight to the queue law's rate; a law that never doubled steps down x0.5."""
+    law = ControlLaw("waiting", 8.0, 0.5, 1000.0, rate=1.0, interval_s=4.0)
+    law.update(0.0, 1.0)
+    law.update(0.0, 2.0)
+    assert law.rate == 4.0
+    law.update(10.0, 1.0)  # served 1/s, a queue of 10: the queue law wants 0.75
+    assert law.phase == "hold"
+    assert law.rate == pytest.approx(0.75)
+    busy = ControlLaw("waiting", 8.0, 0.5, 1000.0, rate=4.0, interval_s=4.0)
+    busy.update(10.0, 1.0)  # a server busy before the run: no doubling to undo
+    assert busy.rate == 2.0
+
+
+def test_the_first_queue_ends_the_start() -> None:
+    """A queue forms only once the server takes no more: a mean of one waiting
+    hands over however far the setpoint is (one doubling more went to 80 req/s
+    on a fleet that takes 41, and the queue overshot to 2.7 times 48)."""
+    law = ControlLaw("waiting", 48.0, 0.5, 1000.0, rate=40.0, interval_s=4.0)
+    law.update(0.5, 40.0)
+    assert law.phase == "start"
+    assert law.rate == 80.0
+    law = ControlLaw("waiting", 48.0, 0.5, 1000.0, rate=40.0, interval_s=4.0)
+    law.update(2.5, 39.5)
+    assert law.phase == "hold"
+    assert law.rate <= 50.0  # the careful law: x1.25 at most, not x2
+
+
+def test_kv_usage_starts_fast_only_where_the_gauge_keeps_up() -> None:
+    """Without the client's model, a cache fill doubles while requests live less
+    than an interval; with long-lived ones (the gauge a lifetime late) the start
+    keeps the careful step, so it cannot double past the setpoint unseen."""
+    short = ControlLaw("kv_cache_usage", 0.7, 0.5, 1000.0, rate=1.0, interval_s=4.0)
+    short.update(0.01, 1.0, 0.0, 2.0)
+    assert short.rate == 2.0
+    long = ControlLaw("kv_cache_usage", 0.7, 0.5, 1000.0, rate=1.0, interval_s=4.0)
+    long.update(0.01, 1.0, 0.0, 25.0)
+    assert long.rate == pytest.approx(1.25)
+    unknown = ControlLaw("kv_cache_usage", 0.7, 0.5, 1000.0, rate=1.0, interval_s=4.0)
+    unknown.update(0.01, 1.0)
+    assert unknown.rate == pytest.approx(math.exp(0.15))  # the integral step
+    assert short.phase == long.phase == "start"
+    short.update(0.4, 2.0, 0.0, 2.0)  # past half the setpoint: the careful law
+    assert short.phase == "hold"
+    assert short.rate <= 2.0 * 1.25
+
+
+def test_the_start_is_only_for_a_queue_and_a_cache_fill() -> None:
+    ttft = ControlLaw("ttft_p95", 0.4, 0.5, 1000.0, rate=1.0, interval_s=10.0)
+    ttft.update(0.05, 1.0)
+    assert ttft.phase == "hold"
+    assert ttft.rate == pytest.approx(math.exp(0.15))
 
 
 @pytest.mark.parametrize(

@@ -45,3 +45,21 @@ def test_aggregations_and_quantiles() -> None:
         "histogram_quantile(0.99, sum by (le, target) "
         '(rate(servemon_engine_ttft_seconds_bucket{target="a"}[5m])))'
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("1s", 1.0), ("15s", 15.0), ("1m30s", 90.0), ("500ms", 0.5), ("2h", 7200.0)],
+)
+def test_parse_duration_reads_what_prometheus_writes(text: str, seconds: float) -> None:
+    assert q.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "15", "s", "1.5s", "1x", "-1s"])
+def test_parse_duration_is_none_for_what_is_not_a_duration(text: str) -> None:
+    assert q.parse_duration(text) is None
+
+
+@pytest.mark.parametrize("seconds", [1, 90, 86400 * 3, 93784])
+def test_parse_duration_reads_back_what_duration_writes(seconds: int) -> None:
+    assert q.parse_duration(q.duration(seconds)) == seconds
