@@ -7,7 +7,9 @@ One step, as vLLM's V1 scheduler does it:
    the KV pool cannot hold them, the newest running request is preempted back to the
    front of the queue (its blocks freed; it will recompute), until it fits.
 2. If nothing was preempted, waiting requests are admitted while there is budget and
-   a free sequence slot: prefix-cache hits are looked up, the rest is prefilled. With
+   a free sequence slot: prefix-cache hits are looked up, the rest is prefilled (the
+   first chunk now; but, as vLLM's ``scheduler_reserve_full_isl``, only once blocks
+   for the whole sequence so far are free). With
    LoRA, a request whose adapter would make the batch hold more than ``max_loras``
    distinct adapters is skipped (it stays waiting, in its place) and the next one is
    tried, as vLLM's V1 scheduler does; adapters the batch uses that are not loaded
@@ -86,6 +88,7 @@ class Request:
     num_computed: int = 0
     num_output: int = 0
     cached_tokens: int = 0
+    num_preemptions: int = 0
     blocks: list[int] = field(default_factory=list)
     num_keyed_blocks: int = 0
     pieces: list[str] = field(default_factory=list)
@@ -364,14 +367,22 @@ class Engine:
         cached = len(hits) * self.args.block_size
         new = min(req.num_tokens - cached, budget)
         need = self.pool.blocks_for(cached + new) - len(hits)
-        if not self.pool.can_take(hits, need):
+        # vLLM admits a waiting request only if its whole sequence so far fits
+        # (``scheduler_reserve_full_isl``, on by default): a long prompt is not let
+        # in for its first chunk alone, though only that chunk's blocks are taken.
+        whole = self.pool.blocks_for(req.num_tokens) - len(hits)
+        if not self.pool.can_take(hits, whole):
             return False
         self.pool.take(hits)
         req.blocks = [*hits, *self.pool.allocate(need)]
         req.num_keyed_blocks = len(hits)
         req.num_computed = cached
-        req.cached_tokens = max(req.cached_tokens, cached)
-        if not self.args.enable_prefix_caching:
+        if not req.num_preemptions:
+            # What the answer reports: the first admission's hits, as vLLM does.
+            req.cached_tokens = cached
+        if not self.args.enable_prefix_caching or req.num_preemptions:
+            # vLLM keeps a preempted request's second lookup out of its prefix
+            # cache counters (``PrefixCacheStats.preempted_*``).
             return True
         stats = self.stats
         stats.prefix_queries += req.num_tokens
@@ -385,6 +396,7 @@ class Engine:
         req.blocks = []
         req.num_computed = 0
         req.num_keyed_blocks = 0
+        req.num_preemptions += 1
         self.waiting.appendleft(req)
         self.stats.preemptions += 1
 

@@ -5,7 +5,8 @@ by a hash chain over the prompt (each key covers the block and everything before
 so a later request with the same prefix can reuse it and skip its prefill. A freed
 block stays cached until the pool needs it: free blocks are handed out oldest first,
 and a request's blocks are freed tail first, so the tail of a prefix goes before its
-head, as vLLM does. A cached block nobody holds counts as free for usage.
+head, as vLLM does; a freed block with no key (a partial last block) is handed out
+before any cached one. A cached block nobody holds counts as free for usage.
 """
 
 from __future__ import annotations
@@ -103,11 +104,18 @@ class BlockPool:
         self._hash_of[block] = key
 
     def free(self, blocks: Sequence[int]) -> None:
-        """Release a request's blocks, tail first."""
+        """Release a request's blocks, tail first: keyed blocks to the end of the
+        eviction order, blocks no later request can hit (a partial last block) to
+        its front, reused first, as vLLM's ``BlockPool.free_blocks`` does."""
+        unkeyed: list[int] = []
         for block in reversed(blocks):
             self._refs[block] -= 1
             if self._refs[block] == 0:
                 self._free[block] = None
+                if self._hash_of[block] is None:
+                    unkeyed.append(block)
+        for block in reversed(unkeyed):
+            self._free.move_to_end(block, last=False)
 
     def reset_cache(self) -> None:
         """Forget every cached prefix (blocks in use keep their data)."""

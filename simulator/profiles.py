@@ -23,7 +23,7 @@ from servemon.fields import FORBID_EXTRA, load, read_yaml
 
 __all__ = ["BUILTIN_PROFILES", "Profile", "load_profile"]
 
-BUILTIN_PROFILES = ("tiny", "qwen3-0.6b-eager")
+BUILTIN_PROFILES = ("tiny", "qwen3-0.6b-eager", "vllm-cpu-tiny")
 
 Positive = Annotated[float, Gt(0)]
 NonNegative = Annotated[float, Ge(0)]

@@ -151,8 +151,8 @@ def profile(**how: Any) -> Decorator:
     """``--profile``: the simulator's profile (``sim``, ``demo``)."""
     return _option(
         "--profile",
-        help="Simulator profile: built-in (tiny, qwen3-0.6b-eager) or a profile "
-        "YAML file.",
+        help="Simulator profile: built-in (tiny, qwen3-0.6b-eager, vllm-cpu-tiny) "
+        "or a profile YAML file.",
         **how,
     )
 

@@ -186,6 +186,46 @@ def test_preemption_never_exceeds_the_pool() -> None:
     assert engine.stats.finished == {"length": 6}
 
 
+def test_a_preempted_request_is_counted_in_the_prefix_cache_once() -> None:
+    # vLLM counts a preempted request's second lookup apart (its "preempted"
+    # queries), and its answer reports the first admission's cached tokens.
+    engine = make_engine(num_gpu_blocks=8, block_size=4)
+    reqs = [
+        engine.add_request(str(i), tokens(6, 100 * i), max_tokens=10, ignore_eos=True)
+        for i in range(3)
+    ]
+    drive(engine)
+    assert engine.stats.preemptions > 0
+    assert any(r.num_preemptions for r in reqs)
+    assert engine.stats.prefix_queries == 3 * 6
+    assert [r.cached_tokens for r in reqs] == [0, 0, 0]
+
+
+# -- admission ---------------------------------------------------------------------
+
+
+def test_a_waiting_request_is_admitted_only_when_its_whole_prompt_fits() -> None:
+    # 9 blocks of 4 tokens and a budget of 8 tokens a step. The first request
+    # holds 3 blocks, then 4; the second's 28-token prompt needs 7 blocks: its
+    # first chunk (2 blocks) would fit at once, but vLLM waits until all 7 are free.
+    engine = make_engine(num_gpu_blocks=9, block_size=4, max_num_batched_tokens=8)
+    first = engine.add_request("a", tokens(8), max_tokens=8, ignore_eos=True)
+    step(engine)
+    second = engine.add_request("b", tokens(28, 100), max_tokens=1, ignore_eos=True)
+    admitted_at = None
+    for n in range(40):
+        plan = step(engine)
+        if admitted_at is None and any(r is second for r, _ in plan):
+            admitted_at = n
+            assert first.finished
+            assert [new for r, new in plan if r is second] == [8]  # a first chunk
+        if not engine.running and not engine.waiting:
+            break
+    assert admitted_at is not None
+    assert engine.stats.preemptions == 0
+    assert second.num_output == 1
+
+
 # -- prefix caching --------------------------------------------------------------
 
 

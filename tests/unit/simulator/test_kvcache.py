@@ -134,6 +134,18 @@ def test_eviction_order_is_least_recently_freed_first() -> None:
     assert pool.lookup(b_keys) == b_blocks
 
 
+def test_a_freed_block_without_a_key_is_reused_before_any_cached_one() -> None:
+    # vLLM's BlockPool.free_blocks: blocks no request can hit go to the front of
+    # the free queue, cached ones to its end.
+    pool = BlockPool(num_blocks=6, block_size=BLOCK)
+    a_blocks, a_keys = keyed_blocks(pool, list(range(10)))  # 2 full + 1 partial
+    pool.free(a_blocks)
+    assert pool.allocate(1) == [a_blocks[2]]  # the partial one, before fresh ones
+    fresh = pool.allocate(3)
+    assert not set(fresh) & set(a_blocks)
+    assert pool.lookup(a_keys) == a_blocks[:2]
+
+
 def test_taking_a_cached_block_protects_it_from_eviction() -> None:
     pool = BlockPool(num_blocks=4, block_size=BLOCK)
     a_blocks, a_keys = keyed_blocks(pool, list(range(8)))
