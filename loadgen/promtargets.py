@@ -70,6 +70,18 @@ class ScrapeInterval:
             "why": self.why,
         }
 
+    def said(self) -> str:
+        """The one line a run prints about it."""
+        if self.source == "default":
+            return (
+                f"servemon: warning: Prometheus' scrape interval is not known "
+                f"({self.why}); assuming {DEFAULT_S:g} s (--scrape-interval sets it)"
+            )
+        return (
+            f"servemon: Prometheus scrapes the {len(self.targets)} target(s) behind "
+            f"--select every {self.seconds:g} s or faster (its targets API)"
+        )
+
 
 class _Unanswered(Exception):
     """Prometheus gave no usable answer."""

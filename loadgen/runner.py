@@ -72,6 +72,7 @@ from loadgen.workload import Workload, build_workload
 from monitor.config import load_auth
 from monitor.signals import SignalQuery, parse_selector, queries
 from monitor.webconfig import load_web_config
+from servemon import __version__
 from servemon.errors import ConfigError, RecordError
 
 __all__ = [
@@ -220,7 +221,7 @@ async def run_load(
                 kind=kind,
                 status="running",
                 clock_origin=rundir.clock_origin,
-                servemon_version=_version(),
+                servemon_version=__version__,
                 command=redact_argv(argv),
                 config=recorded_config(given),
                 target={
@@ -275,29 +276,10 @@ async def _scrape_interval(
         return None
     if config.scrape_interval is not None:
         return ScrapeInterval(config.scrape_interval, "flag")
-    auth = (
-        load_auth(Path(config.prometheus_auth_file))
-        if config.prometheus_auth_file
-        else None
-    )
     found = await find_scrape_interval(
-        session,
-        config.prometheus,
-        parse_selector(config.select),
-        auth_header(auth),
+        session, config.prometheus, parse_selector(config.select), _prom_headers(config)
     )
-    if found.source == "default":
-        progress.console.print(
-            f"servemon: warning: Prometheus' scrape interval is not known "
-            f"({found.why}); assuming {DEFAULT_S:g} s (--scrape-interval sets it)",
-            soft_wrap=True,
-        )
-    else:
-        progress.console.print(
-            f"servemon: Prometheus scrapes the {len(found.targets)} target(s) behind "
-            f"--select every {found.seconds:g} s or faster (its targets API)",
-            soft_wrap=True,
-        )
+    progress.console.print(found.said(), soft_wrap=True)
     return found
 
 
@@ -349,7 +331,6 @@ def _sampler(ctx: RunContext) -> ServerSampler | PrometheusSampler:
             ctx.sampled,
             interval_s=c.sample_interval,
         )
-    auth = load_auth(Path(c.prometheus_auth_file)) if c.prometheus_auth_file else None
     return PrometheusSampler(
         ctx.session,
         c.prometheus,
@@ -357,8 +338,14 @@ def _sampler(ctx: RunContext) -> ServerSampler | PrometheusSampler:
         ctx.sampled,
         interval_s=c.sample_interval,
         stale_after_s=2 * (c.scrape_interval or DEFAULT_S),
-        headers=auth_header(auth),
+        headers=_prom_headers(c),
     )
+
+
+def _prom_headers(config: LoadConfig) -> dict[str, str]:
+    """The header ``--prometheus-auth-file`` asks for on every Prometheus read."""
+    path = config.prometheus_auth_file
+    return auth_header(load_auth(Path(path)) if path else None)
 
 
 def signal_queries(config: LoadConfig) -> dict[str, SignalQuery]:
@@ -453,15 +440,6 @@ def _source(config: LoadConfig) -> dict[str, Any]:
             for name, q in signal_queries(config).items()
         },
     }
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("servemon")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _loop_name() -> str:

@@ -19,8 +19,9 @@ MAY_IMPORT = {
     "monitor": set(),
     "simulator": set(),
 }
-#: The foundation every package may use: they import nothing of servemon's own.
-FOUNDATION = {"servemon.errors", "servemon.fields"}
+#: The foundation every package may use: they import nothing of servemon's own
+#: (``servemon`` itself: its ``__init__`` holds only the version).
+FOUNDATION = {"servemon", "servemon.errors", "servemon.fields"}
 #: Modules allowed past MAX_LINES: declarative tables, not logic.
 TABLES = {"monitor.names"}
 MAX_LINES = 450
