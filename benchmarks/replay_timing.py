@@ -3,12 +3,14 @@
 Two traces of at least ``--requests`` requests each are written: a synthetic
 Mooncake-format one (``servemon trace synth``: diurnal rate, bursts, conversations
 with shared system prompts) and a plain CSV one of lengths with bursty gaps (every
-tenth gap 0, as requests that arrive together). Each is replayed with ``servemon
-replay`` against ``servemon sim --profile tiny`` (pinned to CPU 0; the client to
-CPU 1), as a user runs it (no real-time scheduling), and the achieved send times
-are compared with the trace's: the schedule servemon followed must be the trace's
-offsets scaled (checked to the microsecond), and the dispatch lag (actual minus
-scheduled send, from ``requests.jsonl``) is printed as p50/p99/max.
+tenth gap 0, as requests that arrive together); with ``--traces long``, a CSV of
+production's long prompts (lognormal around 10,000 tokens, one in 250 of 150,000,
+the same bursts) against a simulator whose context takes them. Each is replayed with
+``servemon replay`` against ``servemon sim --profile tiny`` (pinned to CPU 0; the
+client to CPU 1), as a user runs it (no real-time scheduling), and the achieved send
+times are compared with the trace's: the schedule servemon followed must be the
+trace's offsets scaled (checked to the microsecond), and the dispatch lag (actual
+minus scheduled send, from ``requests.jsonl``) is printed as p50/p99/max.
 
 Each trace is replayed as a user gets it by default, then with
 ``--cpu-dma-latency 0`` (idle CPUs kept polling, :mod:`loadgen.cpulatency`) where
@@ -26,15 +28,20 @@ each repeat. vLLM saves no send lag; its schedule is the trace's timestamps from
 these, i.e. the least-late request at lag 0 (a lower bound; see ``_vllm_peer.py``).
 
     .venv/bin/python benchmarks/replay_timing.py [--requests 10000] [--repeats 3]
-        [--peer vllm] [--default-only] [--traces synthetic,plain]
+        [--peer vllm [--peer-venv .venv-vllm]] [--default-only]
+        [--traces synthetic,plain,long]
+
+Each client's peak RSS is measured with GNU ``time``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import tempfile
@@ -48,6 +55,10 @@ from loadgen.cpulatency import PM_QOS_PATH
 from loadgen.replayplan import replay_plan
 from loadgen.tracefile import prefix_hit_ratio, read_trace
 from loadgen.tracesynth import SynthSpec, synthesize
+
+#: The long trace's longest prompt, and the simulator's context for it.
+LONG_MAX_TOKENS = 200_000
+LONG_SIM = ("--max-model-len", "262144", "--num-gpu-blocks", "1000000", "--speed", "20")
 
 
 def synthetic(path: Path, requests: int) -> None:
@@ -81,6 +92,22 @@ def plain(path: Path, requests: int) -> None:
     for i in range(requests):
         t += 0.0 if i % 10 == 9 else rng.expovariate(60.0)
         rows.append(f"{t:.6f},{rng.randint(16, 256)},{rng.randint(2, 16)}")
+    path.write_text("\n".join(rows) + "\n")
+
+
+def long_context(path: Path, requests: int) -> None:
+    """Production's long prompts: lognormal around 10,000 tokens (mean about
+    12,000), one in 250 of 150,000 tokens, short answers, some 8 requests a second with
+    every tenth gap 0 (requests that arrive in the same millisecond)."""
+    rng = random.Random(13)
+    t = 0.0
+    rows = ["timestamp,prompt_tokens,output_tokens"]
+    for i in range(requests):
+        t += 0.0 if i % 10 == 9 else rng.expovariate(8.0)
+        prompt = min(LONG_MAX_TOKENS, max(1000, round(rng.lognormvariate(9.21, 0.6))))
+        if i % 250 == 125:
+            prompt = 150_000  # past the 131,071 tokens of a 17-bit token count
+        rows.append(f"{t:.6f},{prompt},{rng.randint(8, 32)}")
     path.write_text("\n".join(rows) + "\n")
 
 
@@ -125,7 +152,7 @@ def replay_peer(
     twin = peer_twin(trace, out.parent / f"{trace.stem}-peer.jsonl")
     out.mkdir(parents=True, exist_ok=True)
     command = [
-        "taskset", "-c", "1", str(venv / "bin" / "vllm"), "bench", "serve",
+        "taskset", "-c", "1", *_vllm_peer.bench_serve(venv),
         "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
         "--model", model, "--tokenizer", str(tokenizer),
         "--dataset-name", "timed_trace", "--dataset-path", str(twin),
@@ -135,7 +162,7 @@ def replay_peer(
         "--save-result", "--save-detailed", "--result-dir", str(out),
         "--result-filename", "result.json",
     ]  # fmt: skip
-    steal_pct = run_client(command, "vllm bench serve")
+    steal_pct, rss_mb = run_client(command, "vllm bench serve")
     data: dict[str, Any] = json.loads((out / "result.json").read_text())
     starts: list[float] = data["start_times"]
     offsets = [e.at_s for e in entries]
@@ -156,6 +183,8 @@ def replay_peer(
         "same_p50_ms": q[49] * 1000,
         "same_p99_ms": q[98] * 1000,
         "hit_ratio_trace": prefix_hit_ratio(entries) or 0.0,
+        "rss_mb": rss_mb,
+        "mean_prompt": statistics.fmean(e.prompt_tokens or 0 for e in entries),
     }
 
 
@@ -174,14 +203,18 @@ def cpu_steal(cpu: int) -> tuple[int, int]:
     return 0, 0
 
 
-def run_client(command: list[str], name: str) -> float:
-    """Run a client to its end; CPU 1's steal time meanwhile, in % of its time."""
+def run_client(command: list[str], name: str) -> tuple[float, float]:
+    """Run a client (``taskset -c 1 ...``) to its end: CPU 1's steal time
+    meanwhile, in % of its time, and the client's peak RSS in MiB (GNU time)."""
     steal0, total0 = cpu_steal(1)
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    timed = [*command[:3], "/usr/bin/time", "-f", "maxrss_kb=%M", *command[3:]]
+    done = subprocess.run(timed, capture_output=True, text=True, check=False)
     steal1, total1 = cpu_steal(1)
     if done.returncode != 0:
         raise SystemExit(f"{name} failed: {done.stderr[-2000:]}")
-    return 100.0 * (steal1 - steal0) / max(1, total1 - total0)
+    found = re.findall(r"maxrss_kb=(\d+)", done.stderr)
+    rss_mb = int(found[-1]) / 1024 if found else float("nan")
+    return 100.0 * (steal1 - steal0) / max(1, total1 - total0), rss_mb
 
 
 def replay(
@@ -192,7 +225,7 @@ def replay(
         "--target", url, "--rate-scale", f"{rate_scale:g}", "--metrics-port", "0",
         "--max-inflight", "100000", "--timeout", "60", "--out", str(out), *extra,
     ]  # fmt: skip
-    steal_pct = run_client(command, "servemon replay")
+    steal_pct, rss_mb = run_client(command, "servemon replay")
     (run,) = out.glob("*-replay")
     records = [json.loads(x) for x in (run / "requests.jsonl").read_text().splitlines()]
     entries = read_trace(trace)
@@ -221,6 +254,8 @@ def replay(
         "same_p50_ms": qs[49] * 1000,
         "same_p99_ms": qs[98] * 1000,
         "hit_ratio_trace": prefix_hit_ratio(entries) or 0.0,
+        "rss_mb": rss_mb,
+        "mean_prompt": statistics.fmean(e.prompt_tokens or 0 for e in entries),
     }
 
 
@@ -234,6 +269,7 @@ FIGURES = (
     "steal_pct",
     "same_p50_ms",
     "same_p99_ms",
+    "rss_mb",
 )
 
 
@@ -244,7 +280,7 @@ def row(name: str, r: dict[str, float]) -> str:
         f"{r['lag_p50_ms']:>7.2f} {r['lag_p99_ms']:>7.2f} "
         f"{r['lag_max_ms']:>7.2f} {r['early']:>5.0f} {r['over_1ms']:>6.0f} "
         f"{r['steal_pct']:>7.2f} {r['same_p50_ms']:>8.2f} {r['same_p99_ms']:>8.2f} "
-        f"{r['hit_ratio_trace']:>9.3f}"
+        f"{r['hit_ratio_trace']:>9.3f} {r['mean_prompt']:>7.0f} {r['rss_mb']:>7.0f}"
     )
 
 
@@ -267,11 +303,17 @@ def main() -> None:
         help="also replay each trace with this peer (vllm: vllm bench serve 0.33 "
         "from .venv-peer-vllm, created on first use)",
     )
-    parser.add_argument("--peer-venv", type=Path, default=None)
+    parser.add_argument(
+        "--peer-venv",
+        type=Path,
+        default=None,
+        help="the peer's venv (.venv-vllm: the CPU build's own vllm bench serve)",
+    )
     parser.add_argument(
         "--traces",
         default="synthetic,plain",
-        help="which traces to replay: synthetic (Mooncake JSONL), plain (CSV)",
+        help="which traces to replay: synthetic (Mooncake JSONL), plain (CSV), "
+        "long (CSV of long prompts, against a simulator whose context takes them)",
     )
     parser.add_argument(
         "--default-only",
@@ -288,8 +330,11 @@ def main() -> None:
     if "plain" in wanted:
         traces["plain CSV, bursty"] = work / "plain.csv"
         plain(traces["plain CSV, bursty"], args.requests)
+    if "long" in wanted:
+        traces["long context, bursty"] = work / "long.csv"
+        long_context(traces["long context, bursty"], args.requests)
     if not traces:
-        raise SystemExit("--traces: synthetic, plain or both")
+        raise SystemExit("--traces: synthetic, plain, long or a list of them")
     conditions = {"default": list(args.replay_arg)}
     writable = PM_QOS_PATH.exists() and os.access(PM_QOS_PATH, os.W_OK)
     if writable and not args.default_only:
@@ -312,12 +357,20 @@ def main() -> None:
         f"{'trace, condition':<46} {'requests':>8} {'errors':>6} {'seconds':>7} "
         f"{'sched err us':>12} {'lag p50':>7} {'lag p99':>7} {'lag max':>7} "
         f"{'early':>5} {'>1 ms':>6} {'steal %':>7} {'same p50':>8} {'same p99':>8} "
-        f"{'hit ratio':>9}"
+        f"{'hit ratio':>9} {'prompt':>7} {'RSS MiB':>7}"
     )
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
-    with sim_process("--profile", "tiny", cpu=0) as url:
+    with contextlib.ExitStack() as sims:
+        short_url = long_url = ""
+        if any(t.stem != "long" for t in traces.values()):
+            short_url = sims.enter_context(sim_process("--profile", "tiny", cpu=0))
+        if any(t.stem == "long" for t in traces.values()):
+            long_url = sims.enter_context(
+                sim_process("--profile", "tiny", *LONG_SIM, cpu=0)
+            )
         for repeat in range(args.repeats):
             for name, trace in traces.items():
+                url = long_url if trace.stem == "long" else short_url
                 for condition, extra in conditions.items():
                     out = work / f"{trace.stem}-{repeat}-{len(results)}"
                     r = replay(trace, url, out, args.rate_scale, extra)
