@@ -95,7 +95,8 @@ class ControlLaw:
     ``waiting`` is a queue, an integrator of (offered - served): the queue law
     offers what the server served plus the queue error spread over ``drain``
     intervals, which closes the error geometrically (half of it an interval) however
-    fast the server is. Every other signal is a monotone function of the rate: an
+    fast the server is (with no queue, from the rate sent where that is higher than
+    what was served). Every other signal is a monotone function of the rate: an
     integral step on the logarithm of the rate, ``ki`` times the logarithmic error
     ``log(setpoint / measured)`` clamped to ±1 (a PI law in velocity form whose
     proportional gain ``kp`` is 0 by default: on a static map it only adds the
@@ -211,8 +212,17 @@ class ControlLaw:
                 # Far below, and the server serves all it is offered: it has room.
                 wanted = self.rate * (1 + self.max_up)
             else:
+                # Without a queue the server took all it was sent: the rate sent,
+                # not one interval's noisy count of completions, is where to
+                # grow from (from the count, vLLM's queue of 4 at 2-s intervals
+                # sank to a mean of 0.14 while the server had room).
                 spread = self.drain * self.interval_s
-                wanted = served_rps + (self.setpoint - measured) / spread
+                base = (
+                    served_rps
+                    if measured >= START_QUEUE
+                    else max(served_rps, self.rate)
+                )
+                wanted = base + (self.setpoint - measured) / spread
             # Steps up are limited against what the server served, not only the
             # last rate: after a drain the rate may go straight back to it.
             high = math.log(max(1.0, served_rps / self.rate) * (1 + self.max_up))

@@ -456,3 +456,16 @@ def test_prometheus_signals_missing_stale_or_down_are_never_zero() -> None:
     assert "queries are failing" in lines[2]["error"]
     assert set(fake.auth) == {"Bearer s3cret"}
     assert "s3cret" not in json.dumps(lines)
+
+
+def test_without_a_queue_the_law_grows_from_the_rate_not_the_noisy_count() -> None:
+    """No queue: the server took all it was sent, so an interval that counted fewer
+    completions (Poisson, a 2-s interval) does not pull the rate down."""
+    law = ControlLaw("waiting", 4.0, 0.5, 1000.0, rate=8.0, interval_s=2.0)
+    law.starting = False
+    law.update(0.0, 6.0)  # 0.75 of the rate completed, no queue
+    assert law.rate == pytest.approx(8.0 + 4.0 / 4.0)
+    queued = ControlLaw("waiting", 4.0, 0.5, 1000.0, rate=8.0, interval_s=2.0)
+    queued.starting = False
+    queued.update(2.0, 6.0)  # a queue: the server's count is its rate
+    assert queued.rate == pytest.approx(6.0 + 2.0 / 4.0)
