@@ -44,10 +44,10 @@ from typing import Any
 
 from _common import SERVEMON, sim_process
 
-from loadgen.record import timing_from_line
-from loadgen.slo import parse_slo
-from loadgen.summary import summarize
-from simulator.profiles import load_profile
+from servemon.loadgen.record import timing_from_line
+from servemon.loadgen.slo import parse_slo
+from servemon.loadgen.summary import summarize
+from servemon.simulator.profiles import load_profile
 
 SIM_CPU, CLIENT_CPU = 0, 1
 SEQS, SPEED, OUTPUT = 8, 0.02, 16

@@ -51,10 +51,10 @@ from typing import Any
 import _vllm_peer
 from _common import SERVEMON, sim_process
 
-from loadgen.cpulatency import PM_QOS_PATH
-from loadgen.replayplan import replay_plan
-from loadgen.tracefile import prefix_hit_ratio, read_trace
-from loadgen.tracesynth import SynthSpec, synthesize
+from servemon.loadgen.cpulatency import PM_QOS_PATH
+from servemon.loadgen.replayplan import replay_plan
+from servemon.loadgen.tracefile import prefix_hit_ratio, read_trace
+from servemon.loadgen.tracesynth import SynthSpec, synthesize
 
 #: The long trace's longest prompt, and the simulator's context for it.
 LONG_MAX_TOKENS = 200_000

@@ -19,10 +19,10 @@ import aiohttp
 from _common import pin_self, sim_process
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.client import ClientSettings, make_session
-from loadgen.closedloop import run_closed_loop
-from loadgen.summary import summarize
-from loadgen.workload import chat_body
+from servemon.loadgen.client import ClientSettings, make_session
+from servemon.loadgen.closedloop import run_closed_loop
+from servemon.loadgen.summary import summarize
+from servemon.loadgen.workload import chat_body
 
 
 async def cpu_seconds(session: aiohttp.ClientSession, url: str) -> float:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards.rule_names import (
+from servemon.dashboards.rule_names import (
     ALERT_CLIENT_STALLED,
     ALERT_ENGINE_ABSENT,
     ALERT_EXPORTER_ABSENT,
@@ -32,9 +32,17 @@ from dashboards.rule_names import (
     ALERT_TARGET_DOWN,
     LEVEL_LABELS,
 )
-from dashboards.slos import Severity, SloConfig
-from monitor import names
-from monitor.promql import aggregate, duration, increase, number, on, rate, selector
+from servemon.dashboards.slos import Severity, SloConfig
+from servemon.monitor import names
+from servemon.monitor.promql import (
+    aggregate,
+    duration,
+    increase,
+    number,
+    on,
+    rate,
+    selector,
+)
 
 __all__ = [
     "VALUE_0F",

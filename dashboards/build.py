@@ -7,7 +7,8 @@ achieved rate, dispatch lag, latency against queue and KV usage) and **GPU**
 (:mod:`dashboards.gpu`: per GPU and per process), made of the panels of
 :mod:`dashboards.panels` and the queries of :mod:`dashboards.queries`. Every panel has
 a unit, every rate uses ``$__rate_interval``, and the template variables are
-datasource, target and model (and gpu). ``python -m dashboards.build dashboards/json``
+datasource, target and model (and gpu).
+``python -m servemon.dashboards.build dashboards/json``
 (or ``servemon dashboards --out DIR``) writes the JSON; the committed files under
 ``dashboards/json/`` are checked against a fresh generation by a test.
 
@@ -26,10 +27,10 @@ from pathlib import Path
 
 from grafanalib._gen import DashboardEncoder
 
-from dashboards.gpu import gpu
-from dashboards.grafana_json import current
-from dashboards.overview import overview
-from dashboards.ramp import ramp
+from servemon.dashboards.gpu import gpu
+from servemon.dashboards.grafana_json import current
+from servemon.dashboards.overview import overview
+from servemon.dashboards.ramp import ramp
 
 __all__ = ["DASHBOARDS", "dashboard_json", "main", "write_dashboards"]
 
@@ -58,7 +59,7 @@ def write_dashboards(out_dir: Path) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m dashboards.build OUT_DIR``."""
+    """``python -m servemon.dashboards.build OUT_DIR``."""
     out = Path(argv[0]) if argv else Path(__file__).parent / "json"
     for path in write_dashboards(out):
         sys.stdout.write(f"{path}\n")

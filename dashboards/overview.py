@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
-from dashboards.gpu import gpu_panels
-from dashboards.panels import (
+from servemon.dashboards.gpu import gpu_panels
+from servemon.dashboards.panels import (
     DS,
     PEAK_BANDWIDTH,
     PEAK_TFLOPS,
@@ -23,7 +23,7 @@ from dashboards.panels import (
     stat,
     timeseries,
 )
-from dashboards.queries import (
+from servemon.dashboards.queries import (
     TARGET,
     current,
     hist_mean,
@@ -34,10 +34,10 @@ from dashboards.queries import (
     ratio_of_rates,
     target_rate,
 )
-from dashboards.rule_names import burn_rate_regex
-from dashboards.sli import ERRORS
-from monitor import names as n
-from monitor.promql import aggregate, braces, le_matcher
+from servemon.dashboards.rule_names import burn_rate_regex
+from servemon.dashboards.sli import ERRORS
+from servemon.monitor import names as n
+from servemon.monitor.promql import aggregate, braces, le_matcher
 
 __all__ = ["GOODPUT_TTFT", "burn_rates", "overview"]
 

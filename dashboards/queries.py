@@ -8,9 +8,9 @@ is spelled by :mod:`monitor.promql`.
 
 from __future__ import annotations
 
-from monitor import names, promql
-from monitor.names import Series
-from monitor.promql import Part
+from servemon.monitor import names, promql
+from servemon.monitor.names import Series
+from servemon.monitor.promql import Part
 
 __all__ = [
     "GPU",

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
-from dashboards.panels import Layout, dashboard, percentiles, right_axis, timeseries
-from dashboards.queries import count, current, rate, target_rate
-from monitor import names as n
+from servemon.dashboards.panels import (
+    Layout,
+    dashboard,
+    percentiles,
+    right_axis,
+    timeseries,
+)
+from servemon.dashboards.queries import count, current, rate, target_rate
+from servemon.monitor import names as n
 
 __all__ = ["ramp"]
 

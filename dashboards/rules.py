@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from dashboards.alerts import health_group, saturation_group
-from dashboards.rule_names import (
+from servemon.dashboards.alerts import health_group, saturation_group
+from servemon.dashboards.rule_names import (
     ALERT_BURN,
     ALERT_CLIENT_STALLED,
     ALERT_ENGINE_ABSENT,
@@ -38,8 +38,8 @@ from dashboards.rule_names import (
     metric_of,
     traffic_name,
 )
-from dashboards.slo_rules import slo_groups
-from dashboards.slos import SloConfig, load_slo_config
+from servemon.dashboards.slo_rules import slo_groups
+from servemon.dashboards.slos import SloConfig, load_slo_config
 
 __all__ = [
     "ALERT_BURN",
@@ -125,10 +125,12 @@ def alert_names(rules: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dashboards.rules SLO_FILE OUT_DIR`` (as ``servemon rules``)."""
+    """``python -m servemon.dashboards.rules SLO_FILE OUT_DIR`` (``servemon rules``)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        sys.stderr.write("usage: python -m dashboards.rules SLO_FILE OUT_DIR\n")
+        sys.stderr.write(
+            "usage: python -m servemon.dashboards.rules SLO_FILE OUT_DIR\n"
+        )
         return 2
     write_rules(load_slo_config(Path(args[0])), Path(args[1]))
     return 0

@@ -17,10 +17,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from monitor import names
-from monitor.buckets import E2E_BUCKETS, ITL_BUCKETS, LATENCY_BUCKETS, TTFT_BUCKETS
-from monitor.names import Series
-from monitor.outcomes import FAILED_MATCHER, JUDGED_MATCHER, NOT_JUDGED, Outcome
+from servemon.monitor import names
+from servemon.monitor.buckets import (
+    E2E_BUCKETS,
+    ITL_BUCKETS,
+    LATENCY_BUCKETS,
+    TTFT_BUCKETS,
+)
+from servemon.monitor.names import Series
+from servemon.monitor.outcomes import (
+    FAILED_MATCHER,
+    JUDGED_MATCHER,
+    NOT_JUDGED,
+    Outcome,
+)
 
 __all__ = [
     "ENGINE_ERROR_REASONS",

@@ -29,18 +29,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards.alerts import VALUE_1F, alert, label
-from dashboards.rule_names import (
+from servemon.dashboards.alerts import VALUE_1F, alert, label
+from servemon.dashboards.rule_names import (
     ALERT_BURN,
     LEVEL_LABELS,
     burn_rate_name,
     error_ratio_name,
     traffic_name,
 )
-from dashboards.sli import ERRORS, REQUESTS, SourceName
-from dashboards.slos import SEVERITIES, LatencySlo, Severity, Slo, SloConfig
-from monitor import names
-from monitor.promql import (
+from servemon.dashboards.sli import ERRORS, REQUESTS, SourceName
+from servemon.dashboards.slos import SEVERITIES, LatencySlo, Severity, Slo, SloConfig
+from servemon.monitor import names
+from servemon.monitor.promql import (
     aggregate,
     braces,
     duration,

@@ -51,11 +51,11 @@ from typing import Annotated, Literal
 import pydantic
 from annotated_types import Ge, Gt, Lt
 
-from dashboards.sli import HISTOGRAMS, Figure, Histogram, SourceName
-from monitor.promql import duration
-from monitor.slo import parse_slo
+from servemon.dashboards.sli import HISTOGRAMS, Figure, Histogram, SourceName
 from servemon.errors import ConfigError
 from servemon.fields import FORBID_EXTRA, load, read_yaml
+from servemon.monitor.promql import duration
+from servemon.monitor.slo import parse_slo
 
 __all__ = [
     "SEVERITIES",

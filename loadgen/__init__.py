@@ -10,10 +10,10 @@ published live by :mod:`loadgen.live` and summed up as it finishes by
 Prompts come from :mod:`loadgen.workload`.
 """
 
-from loadgen.client import ClientSettings, send_request
-from loadgen.closedloop import run_closed_loop
-from loadgen.summary import Summary, summarize
-from loadgen.timing import Outcome, RequestTiming, TokenSource
+from servemon.loadgen.client import ClientSettings, send_request
+from servemon.loadgen.closedloop import run_closed_loop
+from servemon.loadgen.summary import Summary, summarize
+from servemon.loadgen.timing import Outcome, RequestTiming, TokenSource
 
 __all__ = [
     "ClientSettings",

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from loadgen.timing import RequestTiming
+from servemon.loadgen.timing import RequestTiming
 
 __all__ = ["PACE_CATCH_UP_S", "PACE_GAIN", "PACE_MAX", "PACE_MIN", "PrefillBacklog"]
 

@@ -35,16 +35,17 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from loadgen.arrivals import Arrival, Stage
-from loadgen.context import Driven, RunContext
-from loadgen.plan import StageRecord, step_seconds
-from loadgen.ramp import open_loop
-from loadgen.runrecord import CapacityResult, StepVerdict
-from loadgen.slo import SloTerm
-from loadgen.stopping import Stopper
-from loadgen.summary import Summarizer, Summary
-from loadgen.timing import RequestTiming
-from monitor import names
+from servemon.loadgen.arrivals import Arrival, Stage
+from servemon.loadgen.clientwatch import LAG_WINDOW, fell_behind, lag_median
+from servemon.loadgen.context import Driven, RunContext
+from servemon.loadgen.plan import StageRecord, step_seconds
+from servemon.loadgen.ramp import open_loop
+from servemon.loadgen.runrecord import CapacityResult, StepVerdict
+from servemon.loadgen.slo import SloTerm
+from servemon.loadgen.stopping import Stopper
+from servemon.loadgen.summary import Summarizer, Summary
+from servemon.loadgen.timing import RequestTiming
+from servemon.monitor import names
 
 __all__ = ["CapacityResult", "StepVerdict", "drive_capacity"]
 
@@ -52,7 +53,6 @@ WAITING = names.ENGINE_REQUESTS_WAITING.name
 RUNNING = names.ENGINE_REQUESTS_RUNNING.name
 KV = names.ENGINE_KV_CACHE_USAGE.name
 PREEMPTIONS = names.ENGINE_PREEMPTIONS.name
-LAG_LIMIT_S = 0.05
 #: A step lasts long enough for about this many judged requests.
 MIN_REQUESTS = 10
 History = Iterable[tuple[float, list[list[Any]]]]
@@ -67,7 +67,7 @@ class _Step:
         self.record, self.settle_s = record, settle_s
         self.judged = Summarizer(slo)
         self.every = Summarizer(slo)
-        self.lags: deque[float] = deque(maxlen=50)
+        self.lags: deque[float] = deque(maxlen=LAG_WINDOW)
 
     def __call__(self, timing: RequestTiming) -> None:
         if timing.stage != self.record.index:
@@ -131,7 +131,7 @@ def _attribute(history: History, record: StageRecord, summary: Summary) -> str:
         if queued >= max(1, len(window) // 5):
             return "queue"  # requests waited for a batch slot in a fifth of samples
     lag = summary.figure("dispatch_lag")
-    if lag is not None and lag.p50 > LAG_LIMIT_S:
+    if lag is not None and fell_behind(lag.p50):
         return "client"
     return "none"
 
@@ -150,9 +150,9 @@ async def _watch(
             continue
         signal = _server_signal(_window(history, record.start_s, time.monotonic()))
         # The client is behind when its recent lag stays high (the median of the
-        # last requests), not when one stall of the process shows in a p99.
-        lags = sorted(step.lags)
-        if signal is None and len(lags) >= 20 and lags[len(lags) // 2] > LAG_LIMIT_S:
+        # last requests), not when one stall of the process shows in a p99; by the
+        # client watch's one definition.
+        if signal is None and fell_behind(lag_median(step.lags)):
             signal = ("client", "the client fell behind its schedule")
         if signal is not None:
             verdict["saturated"], verdict["reason"] = signal

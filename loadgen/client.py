@@ -17,19 +17,16 @@ from typing import Any
 import aiohttp
 import orjson
 
-from loadgen.failures import error_message, tls_failure
-from loadgen.timing import Outcome, RequestTiming, TokenSource
-from monitor.http import NotAnswered, PoolConnector, post
-from monitor.limits import (
+from servemon.loadgen.timing import Outcome, RequestTiming, TokenSource
+from servemon.monitor.failures import ENDINGS, ending, error_message
+from servemon.monitor.http import PoolConnector, post
+from servemon.monitor.limits import (
     DEFAULT_LIMITS,
     ResponseLimits,
-    ResponseTooLarge,
-    head_refused,
-    head_too_large,
     read_body,
     session_options,
 )
-from monitor.sse import answer_text, choice_text, is_done, iter_events
+from servemon.monitor.sse import answer_text, choice_text, is_done, iter_events
 
 __all__ = [
     "ClientSettings",
@@ -38,7 +35,6 @@ __all__ = [
     "parse_event",
     "send_request",
     "server_facts",
-    "tls_failure",
 ]
 
 
@@ -127,44 +123,17 @@ async def send_request(
                     probe.read_whole(await read_body(resp, limits.answer_bytes))
                 if probe.outcome is Outcome.CANCELLED:
                     resp.close()
-    except aiohttp.ConnectionTimeoutError as exc:
-        probe.fail(Outcome.CONNECT_ERROR, f"connect timeout: {exc}")
-    except TimeoutError as exc:
+    except asyncio.CancelledError:
+        if not record_interruption:
+            raise
+        probe.fail(Outcome.CANCELLED, "interrupted: the run stopped first")
+    except ENDINGS as exc:
         if walk_away.expired():
             probe.fail(Outcome.CANCELLED, f"client closed after {cancel_after_s:g} s")
         elif deadline.expired():
             probe.fail(Outcome.TIMEOUT, f"no complete answer within {timeout_s:g} s")
         else:
-            probe.fail(Outcome.TIMEOUT, f"read timeout: {exc or type(exc).__name__}")
-    except asyncio.CancelledError:
-        if not record_interruption:
-            raise
-        probe.fail(Outcome.CANCELLED, "interrupted: the run stopped first")
-    except aiohttp.ClientConnectorError as exc:
-        probe.fail(Outcome.CONNECT_ERROR, tls_failure(exc) or str(exc))
-    except NotAnswered as exc:
-        what = (
-            "the server closed a fresh connection before answering"
-            if exc.fresh
-            else f"every pooled connection was closed ({exc.resends} resends)"
-        )
-        probe.fail(Outcome.CONNECT_ERROR, f"{what}: {exc}")
-    except aiohttp.ClientPayloadError as exc:
-        probe.fail(Outcome.STREAM_ERROR, f"connection cut {probe.where()}: {exc}")
-    except ResponseTooLarge as exc:
-        probe.fail(Outcome.RESPONSE_TOO_LARGE, f"{exc} {probe.where()}")
-    except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
-        # aiohttp raises a bare RuntimeError("Connection closed.") in some of its
-        # paths where the connection went away under a read.
-        head = head_refused(exc)
-        if head is not None:
-            large = head_too_large(exc)
-            probe.fail(
-                Outcome.RESPONSE_TOO_LARGE if large else Outcome.STREAM_ERROR, head
-            )
-        else:
-            what = f"{type(exc).__name__} {probe.where()}: {exc}"
-            probe.fail(Outcome.STREAM_ERROR, what)
+            probe.fail(*ending(exc, probe.where()))
     probe.reconnects = resends[0]
     return probe.result()
 

@@ -28,11 +28,11 @@ import asyncio
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
-from loadgen.runrecord import ClientLimit, StageResult
-from loadgen.timing import RequestTiming
+from servemon.loadgen.runrecord import ClientLimit, StageResult
+from servemon.loadgen.timing import RequestTiming
 
 __all__ = [
     "CHECK_S",
@@ -41,6 +41,8 @@ __all__ = [
     "LOOP_LIMIT_S",
     "ClientWatch",
     "Verdict",
+    "fell_behind",
+    "lag_median",
     "limit_lines",
 ]
 
@@ -50,6 +52,19 @@ LAG_WINDOW = 50
 LAG_LIMIT_S = 0.005
 LOOP_LIMIT_S = 0.1
 CPU_LIMIT = 0.9
+
+
+def lag_median(lags: Collection[float]) -> float | None:
+    """The median dispatch lag of a window of requests; None under half a window
+    (too few to say)."""
+    return statistics.median(lags) if len(lags) >= LAG_WINDOW // 2 else None
+
+
+def fell_behind(median_lag: float | None) -> bool:
+    """Whether a median dispatch lag says the client fell behind its schedule: the
+    one definition, which the watch warns on and the capacity search ends a step on."""
+    return median_lag is not None and median_lag > LAG_LIMIT_S
+
 
 ADVICE = (
     "figures from here on measure the client, not the target; "
@@ -144,10 +159,10 @@ class ClientWatch:
         """One check, from the CPU share since the last one and what was seen."""
         verdict = Verdict(cpu=cpu_share, loop_delay=self._loop_delay)
         self._loop_delay = 0.0
-        if self._open_loop and self._fresh and len(self._lags) >= LAG_WINDOW // 2:
-            verdict.lag = statistics.median(self._lags)
+        if self._open_loop and self._fresh:
+            verdict.lag = lag_median(self._lags)
         self._fresh = 0
-        if verdict.lag is not None and verdict.lag > LAG_LIMIT_S:
+        if verdict.lag is not None and fell_behind(verdict.lag):
             verdict.tripped["lag"] = verdict.lag
         if verdict.loop_delay >= LOOP_LIMIT_S:
             verdict.tripped["loop"] = verdict.loop_delay

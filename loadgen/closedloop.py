@@ -14,8 +14,8 @@ from typing import Any
 
 import aiohttp
 
-from loadgen.client import send_request
-from loadgen.timing import RequestTiming
+from servemon.loadgen.client import send_request
+from servemon.loadgen.timing import RequestTiming
 
 __all__ = ["run_closed_loop"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from loadgen.runrecord import RunSummary
-from loadgen.summary import Summary
+from servemon.loadgen.runrecord import RunSummary
+from servemon.loadgen.summary import Summary
 
 __all__ = [
     "COMPARED",
@@ -66,7 +66,8 @@ STAGE_COLUMNS: tuple[Column, ...] = (
     Column("load", lambda r: r.load),
     Column("sent", lambda r: str(r.sent)),
     Column("ok", lambda r: str(r.summary.ok)),
-    Column("errors", lambda r: str(r.summary.requests - r.summary.ok)),
+    Column("errors", lambda r: str(r.summary.failed)),
+    Column("cancelled", lambda r: str(r.summary.cancelled)),
     Column("achieved rps", lambda r: f"{r.achieved_rate:.2f}"),
     Column("out tok/s", lambda r: f"{r.summary.output_throughput:.1f}"),
     Column("TTFT p50", _ms("ttft_p50")),

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from loadgen.columns import COMPARED
-from loadgen.plots import svg
-from loadgen.report import CSS, RunData, load_run
-from loadgen.runrecord import StageResult
-from loadgen.summary import Summary
+from servemon.loadgen.columns import COMPARED
+from servemon.loadgen.plots import svg
+from servemon.loadgen.report import CSS, RunData, load_run
+from servemon.loadgen.runrecord import StageResult
+from servemon.loadgen.summary import Summary
 
 __all__ = [
     "Comparison",

@@ -22,7 +22,9 @@ from annotated_types import Ge, Gt, Le
 from pydantic import BeforeValidator
 from pydantic.dataclasses import dataclass
 
-from loadgen.arrivals import (
+from servemon.errors import ConfigError
+from servemon.fields import FORBID_EXTRA, Secret
+from servemon.loadgen.arrivals import (
     Arrival,
     Shard,
     Stage,
@@ -31,9 +33,7 @@ from loadgen.arrivals import (
     parse_start_at,
     stages_text,
 )
-from loadgen.slo import SloTerm, parse_slo
-from servemon.errors import ConfigError
-from servemon.fields import FORBID_EXTRA, Secret
+from servemon.loadgen.slo import SloTerm, parse_slo
 
 #: Words that mark a header name as a credential's (``Authorization``,
 #: ``X-Api-Key``, ``X-Auth-Token``, ``Cookie``).

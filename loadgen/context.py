@@ -26,20 +26,20 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from loadgen.client import RequestTags
-from loadgen.clientwatch import CHECK_S, ClientWatch, Verdict
-from loadgen.config import LoadConfig
-from loadgen.guard import GuardRail
-from loadgen.live import LiveMetrics
-from loadgen.plan import Kind, StageRecord
-from loadgen.progress import Progress
-from loadgen.record import RunDirectory
-from loadgen.runrecord import CapacityResult, ControlResult, Tally
-from loadgen.slo import SloTerm
-from loadgen.stopping import Stopper
-from loadgen.timing import RequestTiming
-from loadgen.workload import Prompt, Workload, request_body
-from monitor import names
+from servemon.loadgen.client import RequestTags
+from servemon.loadgen.clientwatch import CHECK_S, ClientWatch, Verdict
+from servemon.loadgen.config import LoadConfig
+from servemon.loadgen.guard import GuardRail
+from servemon.loadgen.live import LiveMetrics
+from servemon.loadgen.plan import Kind, StageRecord
+from servemon.loadgen.progress import Progress
+from servemon.loadgen.record import RunDirectory
+from servemon.loadgen.runrecord import CapacityResult, ControlResult, Tally
+from servemon.loadgen.slo import SloTerm
+from servemon.loadgen.stopping import Stopper
+from servemon.loadgen.timing import RequestTiming
+from servemon.loadgen.workload import Prompt, Workload, request_body
+from servemon.monitor import names
 
 __all__ = [
     "HISTORY_SERIES",

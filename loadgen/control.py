@@ -122,16 +122,21 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from loadgen.arrivals import Arrival, Due, Stage
-from loadgen.backlog import PrefillBacklog
-from loadgen.context import Driven, RunContext
-from loadgen.controllaw import SATURATING, ControlLaw, control_interval, parse_hold
-from loadgen.controlsignal import ClientWindow, held_model, measure
-from loadgen.heldtokens import HeldTokens
-from loadgen.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
-from loadgen.ramp import open_loop, wait_for_start
-from loadgen.runrecord import ControlResult
-from loadgen.stopping import Stopper
+from servemon.loadgen.arrivals import Arrival, Due, Stage
+from servemon.loadgen.backlog import PrefillBacklog
+from servemon.loadgen.context import Driven, RunContext
+from servemon.loadgen.controllaw import (
+    SATURATING,
+    ControlLaw,
+    control_interval,
+    parse_hold,
+)
+from servemon.loadgen.controlsignal import ClientWindow, held_model, measure
+from servemon.loadgen.heldtokens import HeldTokens
+from servemon.loadgen.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
+from servemon.loadgen.ramp import open_loop, wait_for_start
+from servemon.loadgen.runrecord import ControlResult
+from servemon.loadgen.stopping import Stopper
 
 __all__ = ["drive_control"]
 

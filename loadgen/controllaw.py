@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from loadgen.config import LoadConfig
-from loadgen.heldtokens import Forecast
-from loadgen.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
 from servemon.errors import ConfigError
+from servemon.loadgen.config import LoadConfig
+from servemon.loadgen.heldtokens import Forecast
+from servemon.loadgen.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
 
 __all__ = [
     "FAST_START",

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from loadgen.findings import ControlResult
-from loadgen.plots import svg
-from loadgen.record import read_jsonl
+from servemon.loadgen.findings import ControlResult
+from servemon.loadgen.plots import svg
+from servemon.loadgen.record import read_jsonl
 
 __all__ = ["plot_control"]
 

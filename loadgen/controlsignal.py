@@ -10,15 +10,15 @@ signal over the last interval, and what the client knows of it without lag.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from loadgen.context import RunContext
-from loadgen.controllaw import HORIZON_LIFETIMES
-from loadgen.heldtokens import Forecast, HeldTokens
-from loadgen.timing import Outcome, RequestTiming
-from monitor import names
+from servemon.loadgen.context import RunContext
+from servemon.loadgen.controllaw import HORIZON_LIFETIMES
+from servemon.loadgen.figures import exact_quantile
+from servemon.loadgen.heldtokens import Forecast, HeldTokens
+from servemon.loadgen.timing import Outcome, RequestTiming
+from servemon.monitor import names
 
 __all__ = ["ClientWindow", "held_model", "measure"]
 
@@ -62,8 +62,7 @@ class ClientWindow:
             self.ttfts.popleft()
         if len(self.ttfts) < 5:
             return None
-        values = sorted(v for _, v in self.ttfts)
-        return values[min(len(values) - 1, math.ceil(0.95 * len(values)) - 1)]
+        return exact_quantile(sorted(v for _, v in self.ttfts), 0.95)
 
 
 def measure(

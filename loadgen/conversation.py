@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from loadgen.client import RequestTags, send_request
-from loadgen.context import RunContext
-from loadgen.prompts import Prompt
-from loadgen.sessions import Answer, SessionWorkload, Turn, system_messages
-from loadgen.timing import Outcome, RequestTiming
+from servemon.loadgen.client import RequestTags, send_request
+from servemon.loadgen.context import RunContext
+from servemon.loadgen.prompts import Prompt
+from servemon.loadgen.sessions import Answer, SessionWorkload, Turn, system_messages
+from servemon.loadgen.timing import Outcome, RequestTiming
 
 __all__ = ["SessionEnd", "run_session", "run_users"]
 

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from loadgen.arrivals import Due
+from servemon.loadgen.arrivals import Due
 
 __all__ = ["DispatchCounts", "KernelTimer", "OpenLoop", "Pacer"]
 

@@ -28,7 +28,7 @@ import numpy as np
 from ddsketch import DDSketch
 from ddsketch.mapping import LogarithmicMapping
 
-from loadgen.timing import RequestTiming
+from servemon.loadgen.timing import RequestTiming
 
 __all__ = [
     "EXACT_LIMIT",
@@ -38,6 +38,7 @@ __all__ = [
     "Distribution",
     "Figure",
     "FigureStats",
+    "exact_quantile",
 ]
 
 #: Values of one figure kept exactly before the sketch takes over (8 bytes each).
@@ -155,7 +156,7 @@ class FigureStats:
             return [math.nan for _ in qs]
         if self._sketch is None:
             ordered = sorted(self._pending)
-            return [_exact_quantile(ordered, q) for q in qs]
+            return [exact_quantile(ordered, q) for q in qs]
         self._fold()
         out = []
         for q in qs:
@@ -219,7 +220,10 @@ def _fold(sketch: DDSketch, values: array[float]) -> None:
         sketch.add(_MAPPING.value(int(key)), float(count))
 
 
-def _exact_quantile(ordered: list[float], q: float) -> float:
+def exact_quantile(ordered: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of sorted values, interpolated linearly between the
+    two nearest ranks (the inclusive method): the one percentile of servemon's, which
+    the summaries report, the live display shows and ``--hold ttft_p95`` steers on."""
     rank = q * (len(ordered) - 1)
     low = math.floor(rank)
     high = min(low + 1, len(ordered) - 1)

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from loadgen.timing import Outcome, RequestTiming
+from servemon.loadgen.timing import Outcome, RequestTiming
+from servemon.monitor.outcomes import failed
 
 __all__ = ["GuardRail"]
 
@@ -41,9 +42,9 @@ class GuardRail:
         """Account for one finished request; a reason to stop, or None."""
         now = timing.end_s
         dead = timing.outcome in _DEAD
-        failed = timing.outcome not in (Outcome.OK, Outcome.CANCELLED)
-        self._recent.append((now, failed, dead))
-        self._failed += failed
+        bad = failed(timing.outcome)
+        self._recent.append((now, bad, dead))
+        self._failed += bad
         self._dead += dead
         while self._recent and self._recent[0][0] < now - self.window_s:
             _at, old_failed, old_dead = self._recent.popleft()

@@ -27,7 +27,7 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
-from loadgen.timing import Outcome, RequestTiming
+from servemon.loadgen.timing import Outcome, RequestTiming
 
 __all__ = ["MIN_FINISHED", "Forecast", "HeldTokens", "Shape", "tail_speed"]
 

@@ -29,12 +29,12 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from loadgen.slo import SloTerm
-from loadgen.timing import RequestTiming
-from monitor import names
-from monitor.buckets import LATENCY_BUCKETS
-from monitor.names import Series
-from monitor.webconfig import WebConfig, site_url, web_middleware
+from servemon.loadgen.slo import SloTerm
+from servemon.loadgen.timing import RequestTiming
+from servemon.monitor import names
+from servemon.monitor.buckets import LATENCY_BUCKETS
+from servemon.monitor.names import Series
+from servemon.monitor.webconfig import WebConfig, site_url, web_middleware
 
 __all__ = ["ControlGauges", "LiveMetrics", "observe_many"]
 

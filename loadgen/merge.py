@@ -18,10 +18,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from loadgen.record import RunDirectory, read_jsonl, timing_from_line
-from loadgen.report import RunData, load_run, write_report
-from loadgen.runner import RunResult
-from loadgen.runrecord import (
+from servemon.errors import ConfigError
+from servemon.loadgen.record import RunDirectory, read_jsonl, timing_from_line
+from servemon.loadgen.report import RunData, load_run, write_report
+from servemon.loadgen.runner import RunResult
+from servemon.loadgen.runrecord import (
     RunInfo,
     RunSummary,
     StageResult,
@@ -29,8 +30,7 @@ from loadgen.runrecord import (
     read_record,
     write_record,
 )
-from loadgen.slo import parse_slo
-from servemon.errors import ConfigError
+from servemon.loadgen.slo import parse_slo
 
 __all__ = ["load_result", "merge_runs"]
 

@@ -10,20 +10,20 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from loadgen.arrivals import linear_stages, parse_stages
-from loadgen.config import LoadConfig, auth_headers, config_text
-from loadgen.controllaw import PROMETHEUS_ONLY, parse_hold
-from loadgen.cpulatency import check_cpu_latency
-from loadgen.modelmix import parse_model
-from loadgen.replayplan import ReplayPlan, replay_plan
-from loadgen.runrecord import ClientLimit, StageResult
-from loadgen.sessions import sessions_options
-from loadgen.target import is_loopback
-from loadgen.tracefile import TraceEntry, read_trace
-from loadgen.workload import check_workload, trace_path
-from monitor.signals import parse_selector
-from monitor.webconfig import load_web_config
 from servemon.errors import ConfigError
+from servemon.loadgen.arrivals import linear_stages, parse_stages
+from servemon.loadgen.config import LoadConfig, auth_headers, config_text
+from servemon.loadgen.controllaw import PROMETHEUS_ONLY, parse_hold
+from servemon.loadgen.cpulatency import check_cpu_latency
+from servemon.loadgen.modelmix import parse_model
+from servemon.loadgen.replayplan import ReplayPlan, replay_plan
+from servemon.loadgen.runrecord import ClientLimit, StageResult
+from servemon.loadgen.sessions import sessions_options
+from servemon.loadgen.target import is_loopback
+from servemon.loadgen.tracefile import TraceEntry, read_trace
+from servemon.loadgen.workload import check_workload, trace_path
+from servemon.monitor.signals import parse_selector
+from servemon.monitor.webconfig import load_web_config
 
 __all__ = [
     "DEFAULT_STAGES",

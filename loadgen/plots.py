@@ -23,9 +23,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from loadgen.runrecord import RunInfo, RunSummary, StageResult
-from loadgen.scan import CDF_FIGURES, WINDOW_S, RunScan
-from monitor import names
+from servemon.loadgen.runrecord import RunInfo, RunSummary, StageResult
+from servemon.loadgen.scan import CDF_FIGURES, WINDOW_S, RunScan
+from servemon.monitor import names
 
 __all__ = [
     "plot_by_turn",

@@ -16,8 +16,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from loadgen.plan import StageRecord
-from loadgen.timing import Outcome, RequestTiming
+from servemon.loadgen.figures import exact_quantile
+from servemon.loadgen.plan import StageRecord
+from servemon.loadgen.timing import Outcome, RequestTiming
+from servemon.monitor.outcomes import failed
 
 __all__ = ["Progress"]
 
@@ -39,7 +41,8 @@ class Progress:
         self._ttfts: deque[float] = deque(maxlen=500)
         self._errors = 0
         self._done = 0
-        #: (finished, ok) per stage: what the line printed at a stage's end says.
+        #: (finished, ok, failed) per stage: what the line printed at a stage's end
+        #: says (the rest were cancelled: neither ok nor failed).
         self._per_stage: dict[int, list[int]] = {}
         self._in_flight_closed = 0
         self._live: Live | None = None
@@ -75,14 +78,13 @@ class Progress:
         """A request finished."""
         self._done += 1
         self._sent_times.append(timing.sent_s)
-        counts = self._per_stage.setdefault(timing.stage, [0, 0])
+        counts = self._per_stage.setdefault(timing.stage, [0, 0, 0])
         counts[0] += 1
         counts[1] += timing.outcome is Outcome.OK
-        if timing.outcome is Outcome.OK:
-            if timing.ttft is not None:
-                self._ttfts.append(timing.ttft)
-        else:
-            self._errors += 1
+        counts[2] += failed(timing.outcome)
+        self._errors += failed(timing.outcome)
+        if timing.outcome is Outcome.OK and timing.ttft is not None:
+            self._ttfts.append(timing.ttft)
 
     def stop(self) -> None:
         """The run ended."""
@@ -100,8 +102,7 @@ class Progress:
     def _p95(self) -> float | None:
         if not self._ttfts:
             return None
-        ordered = sorted(self._ttfts)
-        return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+        return exact_quantile(sorted(self._ttfts), 0.95)
 
     def _table(self) -> Table:
         table = Table(title="servemon: running", title_justify="left")
@@ -134,13 +135,15 @@ class Progress:
 
     def _print_stage(self, index: int) -> None:
         stage = self._stages[index]
-        finished, ok = self._per_stage.get(index, (0, 0))
+        finished, ok, errors = self._per_stage.get(index, (0, 0, 0))
+        cancelled = finished - ok - errors
         p95 = self._p95()
         total = "" if self.growing else f"/{len(self._stages)}"
         self.console.print(
             f"stage {index + 1}{total} ({stage.label}): "
             f"{finished} finished, {ok} ok, "
-            f"{finished - ok} errors"
+            f"{errors} errors"
+            + (f", {cancelled} cancelled" if cancelled else "")
             + ("" if p95 is None else f", TTFT p95 {p95 * 1000:.0f} ms"),
             soft_wrap=True,
         )

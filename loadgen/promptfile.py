@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from loadgen.prompts import OutputBudget, Prompt, Workload
-from loadgen.tokens import TokenCounter, count_each
 from servemon.errors import ConfigError
+from servemon.loadgen.prompts import OutputBudget, Prompt, Workload
+from servemon.loadgen.tokens import TokenCounter, count_each
 
 __all__ = [
     "Conversation",

@@ -36,10 +36,10 @@ from typing import Any
 
 import aiohttp
 
-from monitor import names
-from monitor.config import Auth
-from monitor.limits import ResponseTooLarge, read_body
-from monitor.signals import SignalQuery
+from servemon.monitor import names
+from servemon.monitor.config import Auth
+from servemon.monitor.limits import ResponseTooLarge, read_body
+from servemon.monitor.signals import SignalQuery
 
 __all__ = ["PrometheusSampler", "auth_header"]
 

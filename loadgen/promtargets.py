@@ -30,8 +30,8 @@ from typing import Any
 
 import aiohttp
 
-from monitor import promql
-from monitor.limits import DEFAULT_LIMITS, ResponseTooLarge, read_body
+from servemon.monitor import promql
+from servemon.monitor.limits import DEFAULT_LIMITS, ResponseTooLarge, read_body
 
 __all__ = ["DEFAULT_S", "TIMEOUT_S", "ScrapeInterval", "find_scrape_interval"]
 

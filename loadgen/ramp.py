@@ -16,14 +16,14 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from loadgen.arrivals import Arrival, Due, Shard, Stage
-from loadgen.arrivals import schedule as make_schedule
-from loadgen.client import send_request
-from loadgen.context import Driven, RunContext
-from loadgen.conversation import run_session
-from loadgen.dispatch import OpenLoop
-from loadgen.sessions import SessionWorkload
-from loadgen.stopping import Stopper, grace, until_stopped
+from servemon.loadgen.arrivals import Arrival, Due, Shard, Stage
+from servemon.loadgen.arrivals import schedule as make_schedule
+from servemon.loadgen.client import send_request
+from servemon.loadgen.context import Driven, RunContext
+from servemon.loadgen.conversation import run_session
+from servemon.loadgen.dispatch import OpenLoop
+from servemon.loadgen.sessions import SessionWorkload
+from servemon.loadgen.stopping import Stopper, grace, until_stopped
 
 __all__ = ["drive_ramp", "open_loop", "wait_for_start"]
 

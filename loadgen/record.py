@@ -38,10 +38,10 @@ from typing import Any
 
 import orjson
 
-from loadgen.runrecord import RunInfo, RunSummary, StageResult, Tally
-from loadgen.slo import parse_slo
-from loadgen.timing import Outcome, RequestTiming, TokenSource
 from servemon.errors import RecordError
+from servemon.loadgen.runrecord import RunInfo, RunSummary, StageResult, Tally
+from servemon.loadgen.slo import parse_slo
+from servemon.loadgen.timing import Outcome, RequestTiming, TokenSource
 
 __all__ = [
     "UNFINISHED",

@@ -10,12 +10,12 @@ the same ``--start-at`` send the whole trace between them.
 
 from __future__ import annotations
 
-from loadgen.arrivals import Arrival, Due, Stage
-from loadgen.context import Driven, RunContext
-from loadgen.plan import replay_of, replay_plan_of
-from loadgen.ramp import open_loop, wait_for_start
-from loadgen.stopping import Stopper
-from loadgen.traceprompts import TraceWorkload
+from servemon.loadgen.arrivals import Arrival, Due, Stage
+from servemon.loadgen.context import Driven, RunContext
+from servemon.loadgen.plan import replay_of, replay_plan_of
+from servemon.loadgen.ramp import open_loop, wait_for_start
+from servemon.loadgen.stopping import Stopper
+from servemon.loadgen.traceprompts import TraceWorkload
 
 __all__ = ["drive_replay"]
 

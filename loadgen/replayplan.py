@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from loadgen.tracefile import TraceEntry
 from servemon.errors import ConfigError
+from servemon.loadgen.tracefile import TraceEntry
 
 __all__ = ["ReplayPlan", "replay_plan"]
 

@@ -20,8 +20,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from loadgen.clientwatch import limit_lines
-from loadgen.columns import (
+from servemon.errors import RecordError
+from servemon.loadgen.clientwatch import limit_lines
+from servemon.loadgen.columns import (
     GROUP_COLUMNS,
     REASONING_COLUMNS,
     SERVER_COLUMNS,
@@ -32,8 +33,8 @@ from loadgen.columns import (
     reasons,
     table_rows,
 )
-from loadgen.controlplot import plot_control
-from loadgen.plots import (
+from servemon.loadgen.controlplot import plot_control
+from servemon.loadgen.plots import (
     plot_by_turn,
     plot_cdf,
     plot_timeline,
@@ -42,10 +43,9 @@ from loadgen.plots import (
     plot_vs_load,
     svg,
 )
-from loadgen.record import UNFINISHED, rebuild_summary
-from loadgen.runrecord import RunInfo, RunSummary, read_record, write_record
-from loadgen.scan import RunScan, scan
-from servemon.errors import RecordError
+from servemon.loadgen.record import UNFINISHED, rebuild_summary
+from servemon.loadgen.runrecord import RunInfo, RunSummary, read_record, write_record
+from servemon.loadgen.scan import RunScan, scan
 
 __all__ = ["CSS", "RunData", "load_run", "render_report", "svg", "write_report"]
 

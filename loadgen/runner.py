@@ -24,16 +24,18 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from loadgen.arrivals import Arrival
-from loadgen.capacity import drive_capacity
-from loadgen.client import ClientSettings, make_session
-from loadgen.config import LoadConfig, auth_headers
-from loadgen.context import Driven, RunContext
-from loadgen.control import drive_control
-from loadgen.cpulatency import hold_cpu_latency
-from loadgen.live import LiveMetrics
-from loadgen.modelmix import ModelMix, parse_model
-from loadgen.plan import (
+from servemon import __version__
+from servemon.errors import ConfigError, RecordError
+from servemon.loadgen.arrivals import Arrival
+from servemon.loadgen.capacity import drive_capacity
+from servemon.loadgen.client import ClientSettings, make_session
+from servemon.loadgen.config import LoadConfig, auth_headers
+from servemon.loadgen.context import Driven, RunContext
+from servemon.loadgen.control import drive_control
+from servemon.loadgen.cpulatency import hold_cpu_latency
+from servemon.loadgen.live import LiveMetrics
+from servemon.loadgen.modelmix import ModelMix, parse_model
+from servemon.loadgen.plan import (
     Kind,
     StageRecord,
     check_load_config,
@@ -42,38 +44,36 @@ from loadgen.plan import (
     recorded_config,
     redact_argv,
 )
-from loadgen.progress import Progress
-from loadgen.promsource import PrometheusSampler, auth_header
-from loadgen.promtargets import DEFAULT_S, ScrapeInterval, find_scrape_interval
-from loadgen.ramp import drive_ramp
-from loadgen.record import RunDirectory
-from loadgen.replay import drive_replay
-from loadgen.runrecord import (
+from servemon.loadgen.progress import Progress
+from servemon.loadgen.promsource import PrometheusSampler, auth_header
+from servemon.loadgen.promtargets import DEFAULT_S, ScrapeInterval, find_scrape_interval
+from servemon.loadgen.ramp import drive_ramp
+from servemon.loadgen.record import RunDirectory
+from servemon.loadgen.replay import drive_replay
+from servemon.loadgen.runrecord import (
     CapacityResult,
     RunInfo,
     RunSummary,
     StageResult,
     write_record,
 )
-from loadgen.sampler import ServerSampler
-from loadgen.stopping import Stopper
-from loadgen.summary import Summary
-from loadgen.sweep import drive_sweep
-from loadgen.target import (
+from servemon.loadgen.sampler import ServerSampler
+from servemon.loadgen.stopping import Stopper
+from servemon.loadgen.summary import Summary
+from servemon.loadgen.sweep import drive_sweep
+from servemon.loadgen.target import (
     check_served,
     context_of,
     discover_model,
     local_gpus,
     target_version,
 )
-from loadgen.tokens import pick_counter
-from loadgen.traceprompts import TraceWorkload
-from loadgen.workload import Workload, build_workload
-from monitor.config import load_auth
-from monitor.signals import SignalQuery, parse_selector, queries
-from monitor.webconfig import load_web_config
-from servemon import __version__
-from servemon.errors import ConfigError, RecordError
+from servemon.loadgen.tokens import pick_counter
+from servemon.loadgen.traceprompts import TraceWorkload
+from servemon.loadgen.workload import Workload, build_workload
+from servemon.monitor.config import load_auth
+from servemon.monitor.signals import SignalQuery, parse_selector, queries
+from servemon.monitor.webconfig import load_web_config
 
 __all__ = [
     "DRIVERS",

@@ -28,11 +28,16 @@ from typing import Any, TypedDict
 
 import pydantic
 
-from loadgen.findings import CapacityResult, ClientLimit, ControlResult, StepVerdict
-from loadgen.slo import SloTerm
-from loadgen.summary import Summarizer, Summary, flat_row
-from loadgen.timing import RequestTiming
 from servemon.errors import ConfigError, RecordError
+from servemon.loadgen.findings import (
+    CapacityResult,
+    ClientLimit,
+    ControlResult,
+    StepVerdict,
+)
+from servemon.loadgen.slo import SloTerm
+from servemon.loadgen.summary import Summarizer, Summary, flat_row
+from servemon.loadgen.timing import RequestTiming
 
 __all__ = [
     "RECORD_VERSION",

@@ -23,8 +23,8 @@ from typing import Any
 
 import aiohttp
 
-from monitor.limits import read_body
-from monitor.normalize import Normalizer
+from servemon.monitor.limits import read_body
+from servemon.monitor.normalize import Normalizer
 
 __all__ = ["ServerSampler", "parse_engine_samples"]
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadgen.figures import FigureStats
-from loadgen.record import read_jsonl
-from monitor import names
+from servemon.loadgen.figures import FigureStats
+from servemon.loadgen.record import read_jsonl
+from servemon.monitor import names
 
 __all__ = ["CDF_FIGURES", "SCATTER_POINTS", "SERIES", "WINDOW_S", "RunScan", "scan"]
 

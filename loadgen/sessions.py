@@ -54,17 +54,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from loadgen.promptfile import Conversation, read_conversations
-from loadgen.prompts import OutputBudget, Prompt
-from loadgen.specs import spec_int, spec_options, spec_range
-from loadgen.tokens import (
+from servemon.errors import ConfigError
+from servemon.loadgen.promptfile import Conversation, read_conversations
+from servemon.loadgen.prompts import OutputBudget, Prompt
+from servemon.loadgen.specs import spec_int, spec_options, spec_range
+from servemon.loadgen.tokens import (
     WORDS,
     TextFitter,
     TokenCounter,
     count_each,
 )
-from loadgen.wordpool import POOL_WORDS, pool_text
-from servemon.errors import ConfigError
+from servemon.loadgen.wordpool import POOL_WORDS, pool_text
 
 __all__ = [
     "Session",

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from loadgen.timing import Outcome, RequestTiming
-from monitor.slo import FIGURES, STATS, SloTerm, parse_slo
+from servemon.loadgen.timing import Outcome, RequestTiming
+from servemon.monitor.slo import FIGURES, STATS, SloTerm, parse_slo
 
 __all__ = ["FIGURES", "STATS", "SloTerm", "parse_slo", "request_meets"]
 

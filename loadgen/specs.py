@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from loadgen.prompts import OutputBudget
 from servemon.errors import ConfigError
+from servemon.loadgen.prompts import OutputBudget
 
 __all__ = ["spec_int", "spec_options", "spec_range"]
 

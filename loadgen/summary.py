@@ -23,10 +23,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from loadgen.figures import FIGURE_NAMES, FIGURES, Distribution, FigureStats
-from loadgen.slo import SloTerm, request_meets
-from loadgen.timing import Outcome, RequestTiming
-from monitor.outcomes import failed, judged
+from servemon.loadgen.figures import FIGURE_NAMES, FIGURES, Distribution, FigureStats
+from servemon.loadgen.slo import SloTerm, request_meets
+from servemon.loadgen.timing import Outcome, RequestTiming
+from servemon.monitor.outcomes import count_failed, count_not_judged, failed, judged
 
 __all__ = [
     "FIGURE_NAMES",
@@ -75,6 +75,17 @@ class Summary:
     def ok(self) -> int:
         """Requests that ended ``ok``."""
         return self.outcomes.get(str(Outcome.OK), 0)
+
+    @property
+    def failed(self) -> int:
+        """Requests that failed (:mod:`monitor.outcomes`): not ok, not cancelled."""
+        return count_failed(self.outcomes)
+
+    @property
+    def cancelled(self) -> int:
+        """Requests the client cancelled: walked away from, or the run stopped
+        first. Neither ok nor failed."""
+        return count_not_judged(self.outcomes)
 
     def figure(self, name: str) -> Distribution | None:
         """A latency figure by name (one of FIGURE_NAMES); None if none had it."""
@@ -289,7 +300,8 @@ def flat_row(summary: Summary) -> dict[str, Any]:
     row: dict[str, Any] = {
         "requests": summary.requests,
         "ok": summary.ok,
-        "errors": summary.requests - summary.ok,
+        "errors": summary.failed,
+        "cancelled": summary.cancelled,
         "error_rate": rounded(summary.error_rate),
         "duration_s": rounded(summary.duration_s),
         "request_throughput": rounded(summary.request_throughput),

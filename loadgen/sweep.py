@@ -10,12 +10,12 @@ import itertools
 import time
 from typing import Any
 
-from loadgen.arrivals import Arrival
-from loadgen.closedloop import run_closed_loop
-from loadgen.context import Driven, RunContext
-from loadgen.conversation import run_users
-from loadgen.sessions import SessionWorkload
-from loadgen.stopping import Stopper, grace, until_stopped
+from servemon.loadgen.arrivals import Arrival
+from servemon.loadgen.closedloop import run_closed_loop
+from servemon.loadgen.context import Driven, RunContext
+from servemon.loadgen.conversation import run_users
+from servemon.loadgen.sessions import SessionWorkload
+from servemon.loadgen.stopping import Stopper, grace, until_stopped
 
 __all__ = ["drive_sweep"]
 

@@ -8,9 +8,15 @@ import random
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from loadgen.prompts import OutputBudget, Prompt, Workload
-from loadgen.tokens import WORDS, TextFitter, TokenCounter, count_each, estimate_tokens
 from servemon.errors import ConfigError
+from servemon.loadgen.prompts import OutputBudget, Prompt, Workload
+from servemon.loadgen.tokens import (
+    WORDS,
+    TextFitter,
+    TokenCounter,
+    count_each,
+    estimate_tokens,
+)
 
 __all__ = ["build_random", "build_shared_prefix"]
 

@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from loadgen.client import tls_failure
-from monitor.limits import ResponseTooLarge, head_refused, read_body
 from servemon.errors import TargetError
+from servemon.monitor.failures import tls_failure
+from servemon.monitor.limits import ResponseTooLarge, head_refused, read_body
 
 __all__ = [
     "check_served",
@@ -44,8 +44,8 @@ async def target_version(session: aiohttp.ClientSession, base_url: str) -> str |
 def local_gpus() -> list[dict[str, Any]] | str:
     """GPU names, driver and memory from NVML where the load generator runs, or
     why there are none (blocking: call through a thread)."""
-    from monitor.gpu import GpuUnavailable
-    from monitor.nvml import NvmlReader
+    from servemon.monitor.gpu import GpuUnavailable
+    from servemon.monitor.nvml import NvmlReader
 
     reader = NvmlReader()
     try:

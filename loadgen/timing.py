@@ -28,7 +28,7 @@ import itertools
 from dataclasses import dataclass
 from enum import StrEnum
 
-from monitor.outcomes import Outcome
+from servemon.monitor.outcomes import Outcome
 
 __all__ = ["Outcome", "RequestTiming", "TokenSource"]
 

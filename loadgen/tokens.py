@@ -30,9 +30,9 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
-from monitor.http import NotAnswered, post
-from monitor.limits import read_body
 from servemon.errors import ConfigError, TargetError
+from servemon.monitor.http import NotAnswered, post
+from servemon.monitor.limits import read_body
 
 __all__ = [
     "WORDS",

@@ -29,8 +29,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from loadgen.promptfile import read_text
 from servemon.errors import ConfigError
+from servemon.loadgen.promptfile import read_text
 
 __all__ = [
     "BLOCK_TOKENS",

@@ -30,17 +30,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from loadgen.prompts import OutputBudget, Prompt, Workload
-from loadgen.tokens import (
+from servemon.errors import ConfigError
+from servemon.loadgen.prompts import OutputBudget, Prompt, Workload
+from servemon.loadgen.tokens import (
     WORDS,
     TextFitter,
     TokenCounter,
     count_each,
     estimate_tokens,
 )
-from loadgen.tracefile import BLOCK_TOKENS, TraceEntry, read_trace
-from loadgen.wordpool import pool_text
-from servemon.errors import ConfigError
+from servemon.loadgen.tracefile import BLOCK_TOKENS, TraceEntry, read_trace
+from servemon.loadgen.wordpool import pool_text
 
 __all__ = ["ContextFit", "OverContext", "TraceWorkload", "build_trace"]
 

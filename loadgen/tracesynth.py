@@ -30,7 +30,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from loadgen.tracefile import BLOCK_TOKENS
+from servemon.loadgen.tracefile import BLOCK_TOKENS
 
 __all__ = ["SynthSpec", "synthesize"]
 

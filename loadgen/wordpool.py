@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from functools import lru_cache
 
-from loadgen.tokens import TOKENS_PER_WORD
+from servemon.loadgen.tokens import TOKENS_PER_WORD
 
 __all__ = ["POOL_WORDS", "pool_text"]
 

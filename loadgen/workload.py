@@ -61,8 +61,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from loadgen.promptfile import build_file, read_conversations, read_entries
-from loadgen.prompts import (
+from servemon.errors import ConfigError
+from servemon.loadgen.promptfile import build_file, read_conversations, read_entries
+from servemon.loadgen.prompts import (
     OutputBudget,
     Prompt,
     Workload,
@@ -70,13 +71,12 @@ from loadgen.prompts import (
     random_prompt,
     request_body,
 )
-from loadgen.sessions import build_sessions, parse_sessions
-from loadgen.specs import spec_int, spec_options, spec_range
-from loadgen.synthetic import build_random, build_shared_prefix
-from loadgen.tokens import TokenCounter
-from loadgen.tracefile import read_trace
-from loadgen.traceprompts import OverContext, build_trace
-from servemon.errors import ConfigError
+from servemon.loadgen.sessions import build_sessions, parse_sessions
+from servemon.loadgen.specs import spec_int, spec_options, spec_range
+from servemon.loadgen.synthetic import build_random, build_shared_prefix
+from servemon.loadgen.tokens import TokenCounter
+from servemon.loadgen.tracefile import read_trace
+from servemon.loadgen.traceprompts import OverContext, build_trace
 
 __all__ = [
     "Prompt",

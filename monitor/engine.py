@@ -27,10 +27,10 @@ import aiohttp
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from monitor import names
-from monitor.limits import ResponseTooLarge, read_body
-from monitor.normalize import Normalized, Normalizer
-from monitor.render import Encoder, Renderer
+from servemon.monitor import names
+from servemon.monitor.limits import ResponseTooLarge, read_body
+from servemon.monitor.normalize import Normalized, Normalizer
+from servemon.monitor.render import Encoder, Renderer
 
 __all__ = ["ERROR_REASONS", "EngineCollector", "Scrape", "Target"]
 

@@ -29,15 +29,20 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from monitor.config import Auth, ExporterConfig, load_auth, parse_listen
-from monitor.engine import EngineCollector, Target
-from monitor.gpu import GpuCollector, GpuReader
-from monitor.http import PoolConnector
-from monitor.limits import session_options
-from monitor.nvml import NvmlReader
-from monitor.probe import Prober
-from monitor.webconfig import WebConfig, load_web_config, site_url, web_middleware
 from servemon.errors import ConfigError
+from servemon.monitor.config import Auth, ExporterConfig, load_auth, parse_listen
+from servemon.monitor.engine import EngineCollector, Target
+from servemon.monitor.gpu import GpuCollector, GpuReader
+from servemon.monitor.http import PoolConnector
+from servemon.monitor.limits import session_options
+from servemon.monitor.nvml import NvmlReader
+from servemon.monitor.probe import Prober
+from servemon.monitor.webconfig import (
+    WebConfig,
+    load_web_config,
+    site_url,
+    web_middleware,
+)
 
 __all__ = ["Exporter"]
 

@@ -29,8 +29,8 @@ from typing import ParamSpec, Protocol, TypeVar
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from monitor import names
 from servemon.errors import ServemonError
+from servemon.monitor import names
 
 __all__ = [
     "THROTTLE_REASONS",

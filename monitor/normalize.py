@@ -35,8 +35,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from monitor.exposition import ExpositionParser, group, number
-from monitor.normalize_rules import (
+from servemon.monitor.exposition import ExpositionParser, group, number
+from servemon.monitor.normalize_rules import (
     KNOWN_FAMILIES,
     ZERO,
     Chunk,
@@ -44,7 +44,7 @@ from monitor.normalize_rules import (
     decide,
     detect_engine,
 )
-from monitor.render import Encoder, LineStarts, chunk_family, line_starts
+from servemon.monitor.render import Encoder, LineStarts, chunk_family, line_starts
 
 __all__ = ["Normalized", "Normalizer", "detect_engine", "normalize"]
 

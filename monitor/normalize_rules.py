@@ -44,9 +44,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from monitor import names
-from monitor.exposition import Family, Lines, SampleKey, sample_name
-from monitor.names import Series, Source
+from servemon.monitor import names
+from servemon.monitor.exposition import Family, Lines, SampleKey, sample_name
+from servemon.monitor.names import Series, Source
 
 __all__ = [
     "ENGINE_PREFIXES",

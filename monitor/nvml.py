@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ParamSpec, Protocol, TypeVar
 
-from monitor.gpu import (
+from servemon.monitor.gpu import (
     THROTTLE_REASONS,
     GpuProcess,
     GpuSample,

@@ -9,6 +9,7 @@ error rate at once.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 
 __all__ = [
@@ -17,6 +18,8 @@ __all__ = [
     "JUDGED_MATCHER",
     "NOT_JUDGED",
     "Outcome",
+    "count_failed",
+    "count_not_judged",
     "failed",
     "judged",
 ]
@@ -48,6 +51,19 @@ def judged(outcome: Outcome) -> bool:
 def failed(outcome: Outcome) -> bool:
     """Whether a request with this outcome counts as an error."""
     return outcome in FAILED
+
+
+def count_failed(by_outcome: Mapping[str, int]) -> int:
+    """The failed requests among counts by outcome label. As :data:`FAILED_MATCHER`
+    counts them: an outcome this version does not know (a newer client's) fails."""
+    unfailed = {o.value for o in NOT_JUDGED | {Outcome.OK}}
+    return sum(n for name, n in by_outcome.items() if name not in unfailed)
+
+
+def count_not_judged(by_outcome: Mapping[str, int]) -> int:
+    """The requests among counts by outcome label that no error rate judges: the
+    ones the client cancelled (walked away, or the run stopped first)."""
+    return sum(by_outcome.get(o.value, 0) for o in NOT_JUDGED)
 
 
 def _alternation(outcomes: frozenset[Outcome]) -> str:

@@ -22,12 +22,14 @@ from collections.abc import Callable, Mapping
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from monitor import names
-from monitor.buckets import PROBE_BUCKETS
-from monitor.engine import Target
-from monitor.http import NotAnswered, post
-from monitor.limits import ResponseTooLarge, head_refused, head_too_large, read_body
-from monitor.sse import choice_text, ends_answer, is_done, iter_events
+from servemon.monitor import names
+from servemon.monitor.buckets import PROBE_BUCKETS
+from servemon.monitor.engine import Target
+from servemon.monitor.failures import ENDINGS, ending
+from servemon.monitor.http import post
+from servemon.monitor.limits import read_body
+from servemon.monitor.outcomes import Outcome
+from servemon.monitor.sse import choice_text, ends_answer, is_done, iter_events
 
 __all__ = ["PROBE_HEADER", "Prober"]
 
@@ -94,13 +96,13 @@ class Prober:
         url = target.url.rstrip("/") + "/v1/chat/completions"
         sent = time.monotonic()
         first: float | None = None
-        outcome = "ok"
+        outcome = Outcome.OK
         try:
             async with asyncio.timeout(self.timeout_s):
                 resp = await post(self._session, url, json=body, headers=headers)
                 async with resp:
                     if resp.status != 200:
-                        outcome = "http_error"
+                        outcome = Outcome.HTTP_ERROR
                     else:
                         finished = False
                         async for data in iter_events(resp.content):
@@ -112,20 +114,15 @@ class Prober:
                                 first = time.monotonic()
                             finished = finished or ends_answer(event)
                         if not finished:
-                            outcome = "stream_error"
-        except TimeoutError:
-            outcome = "timeout"
-        except (aiohttp.ClientConnectorError, NotAnswered):
-            outcome = "connect_error"
-        except ResponseTooLarge:
-            outcome = "response_too_large"
-        except (aiohttp.ClientError, ConnectionError, RuntimeError) as exc:
-            large = head_refused(exc) is not None and head_too_large(exc)
-            outcome = "response_too_large" if large else "stream_error"
+                            outcome = Outcome.STREAM_ERROR
+        except ENDINGS as exc:
+            # The probe's deadline is a read timeout; a connect's is connect_error,
+            # as the load generator labels it (one definition: monitor.failures).
+            outcome, _why = ending(exc)
         end = time.monotonic()
         labels = (target.name, model or "unknown")
         self.requests.labels(*labels, outcome).inc()
-        if outcome == "ok":
+        if outcome is Outcome.OK:
             if first is not None:
                 self.ttft.labels(*labels).observe(first - sent)
             self.e2e.labels(*labels).observe(end - sent)

@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from typing import Literal
 
-from monitor.names import Series
+from servemon.monitor.names import Series
 
 __all__ = [
     "DURATION_REGEX",

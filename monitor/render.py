@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from monitor.normalize_rules import Chunk, Slot
+from servemon.monitor.normalize_rules import Chunk, Slot
 
 
 class Normalized(Protocol):

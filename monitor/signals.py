@@ -17,10 +17,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from monitor import names, promql
-from monitor.names import Series
-from monitor.outcomes import FAILED_MATCHER, JUDGED_MATCHER
 from servemon.errors import ConfigError
+from servemon.monitor import names, promql
+from servemon.monitor.names import Series
+from servemon.monitor.outcomes import FAILED_MATCHER, JUDGED_MATCHER
 
 __all__ = [
     "BURN_RATE_RECORDS",

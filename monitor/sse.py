@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import StreamReader
 
-from monitor.limits import DEFAULT_LIMITS, PIECE_BYTES, ResponseTooLarge, size
+from servemon.monitor.limits import DEFAULT_LIMITS, PIECE_BYTES, ResponseTooLarge, size
 
 __all__ = [
     "ANSWER_KEYS",

@@ -18,9 +18,6 @@ from urllib.parse import urlsplit
 import yaml
 from rich.console import Console
 
-from loadgen.config import LoadConfig
-from loadgen.runner import RunResult
-from loadgen.slo import parse_slo
 from servemon.embedded import (
     embedded_exporter,
     embedded_prometheus,
@@ -29,6 +26,9 @@ from servemon.embedded import (
 )
 from servemon.lifecycle import stop_on_signals
 from servemon.load import console_for, run_command
+from servemon.loadgen.config import LoadConfig
+from servemon.loadgen.runner import RunResult
+from servemon.loadgen.slo import parse_slo
 
 __all__ = ["DEMO_SLO", "run_demo"]
 

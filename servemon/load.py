@@ -11,9 +11,11 @@ from dataclasses import replace
 from rich.console import Console
 from rich.table import Table
 
-from loadgen.clientcost import WorkerChoice, workers_for
-from loadgen.clientwatch import limit_lines
-from loadgen.columns import (
+from servemon.embedded import embedded_simulator
+from servemon.lifecycle import stop_on_signals
+from servemon.loadgen.clientcost import WorkerChoice, workers_for
+from servemon.loadgen.clientwatch import limit_lines
+from servemon.loadgen.columns import (
     GROUP_COLUMNS,
     STAGE_COLUMNS,
     Column,
@@ -22,15 +24,13 @@ from loadgen.columns import (
     group_rows,
     table_rows,
 )
-from loadgen.config import LoadConfig
-from loadgen.plan import Kind, plan_stages
-from loadgen.progress import Progress
-from loadgen.report import write_report
-from loadgen.runner import RunResult, Stopper, check_load_config, run_load
-from loadgen.runrecord import CapacityResult, ControlResult
-from loadgen.workload import output_ceiling
-from servemon.embedded import embedded_simulator
-from servemon.lifecycle import stop_on_signals
+from servemon.loadgen.config import LoadConfig
+from servemon.loadgen.plan import Kind, plan_stages
+from servemon.loadgen.progress import Progress
+from servemon.loadgen.report import write_report
+from servemon.loadgen.runner import RunResult, Stopper, check_load_config, run_load
+from servemon.loadgen.runrecord import CapacityResult, ControlResult
+from servemon.loadgen.workload import output_ceiling
 
 __all__ = ["capacity_lines", "console_for", "run_command", "summary_table"]
 
@@ -186,7 +186,7 @@ def auto_workers(config: LoadConfig) -> WorkerChoice:
 
 
 async def _run_workers(config: LoadConfig, console: Console) -> RunResult:
-    from loadgen.merge import load_result
+    from servemon.loadgen.merge import load_result
     from servemon.workers import run_workers
 
     async with _target(config, console) as (url, _embedded):

@@ -26,9 +26,9 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from loadgen.config import LoadConfig, config_text, header_lines
-from loadgen.merge import merge_runs
 from servemon.errors import ServemonError
+from servemon.loadgen.config import LoadConfig, config_text, header_lines
+from servemon.loadgen.merge import merge_runs
 
 __all__ = ["run_workers"]
 

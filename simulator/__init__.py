@@ -6,9 +6,9 @@ steps in real time with a cost model (:mod:`simulator.profiles`). The HTTP face 
 :mod:`simulator.server`; the metric names per dialect are in :mod:`simulator.metrics`.
 """
 
-from simulator.config import Faults, SimConfig
-from simulator.engine import Engine
-from simulator.profiles import Profile
-from simulator.server import SimServer
+from servemon.simulator.config import Faults, SimConfig
+from servemon.simulator.engine import Engine
+from servemon.simulator.profiles import Profile
+from servemon.simulator.server import SimServer
 
 __all__ = ["Engine", "Faults", "Profile", "SimConfig", "SimServer"]

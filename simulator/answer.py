@@ -9,10 +9,10 @@ import time
 
 from aiohttp import web
 
-from simulator.chunks import DONE, MALFORMED, ChunkWriter, ServerFacts
-from simulator.engine import Engine, Request
-from simulator.openai import ParsedRequest
-from simulator.trace import TraceRecord
+from servemon.simulator.chunks import DONE, MALFORMED, ChunkWriter, ServerFacts
+from servemon.simulator.engine import Engine, Request
+from servemon.simulator.openai import ParsedRequest
+from servemon.simulator.trace import TraceRecord
 
 __all__ = ["RoleChunk", "facts", "stream_answer", "trace_record", "whole_answer"]
 

@@ -34,11 +34,11 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from simulator.kvcache import BlockPool, prompt_block_hashes
-from simulator.lora import AdapterCache
-from simulator.profiles import Profile
-from simulator.stats import EngineStats
-from simulator.tokenizer import WordTokenizer
+from servemon.simulator.kvcache import BlockPool, prompt_block_hashes
+from servemon.simulator.lora import AdapterCache
+from servemon.simulator.profiles import Profile
+from servemon.simulator.stats import EngineStats
+from servemon.simulator.tokenizer import WordTokenizer
 
 __all__ = ["Engine", "EngineArgs", "Request"]
 

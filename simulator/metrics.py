@@ -36,8 +36,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from simulator.engine import Engine
-from simulator.stats import Histogram
+from servemon.simulator.engine import Engine
+from servemon.simulator.stats import Histogram
 
 __all__ = ["EngineMetrics"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from simulator.tokenizer import VOCAB_SIZE, WordTokenizer
+from servemon.simulator.tokenizer import VOCAB_SIZE, WordTokenizer
 
 __all__ = ["ApiError", "ParsedRequest", "error_body", "parse_request"]
 

@@ -67,7 +67,8 @@ class Profile:
 def load_profile(name_or_path: str) -> Profile:
     """A built-in profile by name, or a profile YAML file by path."""
     if name_or_path in BUILTIN_PROFILES:
-        ref = resources.files("simulator") / "profiles" / f"{name_or_path}.yaml"
+        package = resources.files("servemon.simulator")
+        ref = package / "profiles" / f"{name_or_path}.yaml"
         with resources.as_file(ref) as path:
             return _from_file(path)
     path = Path(name_or_path)

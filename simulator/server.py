@@ -29,14 +29,19 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from servemon.errors import ConfigError
-from simulator.answer import RoleChunk, stream_answer, trace_record, whole_answer
-from simulator.chunks import ChunkWriter
-from simulator.config import SimConfig, merge
-from simulator.engine import Engine, EngineArgs
-from simulator.metrics import EngineMetrics
-from simulator.openai import ApiError, ParsedRequest, error_body, parse_request
-from simulator.profiles import Profile, load_profile
-from simulator.trace import TraceWriter
+from servemon.simulator.answer import (
+    RoleChunk,
+    stream_answer,
+    trace_record,
+    whole_answer,
+)
+from servemon.simulator.chunks import ChunkWriter
+from servemon.simulator.config import SimConfig, merge
+from servemon.simulator.engine import Engine, EngineArgs
+from servemon.simulator.metrics import EngineMetrics
+from servemon.simulator.openai import ApiError, ParsedRequest, error_body, parse_request
+from servemon.simulator.profiles import Profile, load_profile
+from servemon.simulator.trace import TraceWriter
 
 __all__ = ["SimServer", "is_loopback_peer"]
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import click
 
-from monitor.config import ExporterConfig, parse_target
 from servemon.commands import options
 from servemon.errors import ConfigError
 from servemon.fields import layer_config
 from servemon.lifecycle import run_async, stop_on_signals, stop_when_orphaned
+from servemon.monitor.config import ExporterConfig, parse_target
 
 __all__ = ["exporter", "exporter_config"]
 
@@ -101,8 +101,8 @@ async def _serve(
 ) -> None:
     import logging
 
-    from monitor.exporter import Exporter
-    from monitor.gpu import FakeGpuReader
+    from servemon.monitor.exporter import Exporter
+    from servemon.monitor.gpu import FakeGpuReader
 
     logging.basicConfig(level=logging.INFO, format="servemon exporter: %(message)s")
     stop = asyncio.Event()

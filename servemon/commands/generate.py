@@ -25,7 +25,7 @@ __all__ = ["dashboards", "rules"]
 )
 def dashboards(out_dir: Path) -> None:
     """Generate the Grafana dashboards (serving overview, ramp test, GPU)."""
-    from dashboards.build import write_dashboards
+    from servemon.dashboards.build import write_dashboards
 
     with _writable(out_dir):
         written = write_dashboards(out_dir)
@@ -50,7 +50,7 @@ def dashboards(out_dir: Path) -> None:
 )
 def rules(slo_config: Path, out_dir: Path) -> None:
     """Generate Prometheus recording rules and SLO burn-rate alerts."""
-    from dashboards.rules import load_slo_config, write_rules
+    from servemon.dashboards.rules import load_slo_config, write_rules
 
     config = load_slo_config(slo_config)
     with _writable(out_dir):

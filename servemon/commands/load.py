@@ -14,13 +14,13 @@ from typing import Any
 
 import click
 
-from loadgen.config import LoadConfig, secret_header_names
-from loadgen.plan import Kind
 from servemon import exits
 from servemon.commands import options
 from servemon.errors import ConfigError
 from servemon.fields import layer_config
 from servemon.lifecycle import run_async
+from servemon.loadgen.config import LoadConfig, secret_header_names
+from servemon.loadgen.plan import Kind
 
 __all__ = [
     "capacity",

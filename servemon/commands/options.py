@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
-from loadgen.config import parse_extra_body
+from servemon.loadgen.config import parse_extra_body
 
 __all__ = [
     "arrival",

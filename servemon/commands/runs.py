@@ -16,7 +16,7 @@ __all__ = ["compare", "merge_command", "report"]
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
 def report(run_dir: Path) -> None:
     """Write RUN_DIR/report.html from the run directory alone."""
-    from loadgen.report import write_report
+    from servemon.loadgen.report import write_report
 
     click.echo(str(write_report(run_dir)))
 
@@ -34,8 +34,8 @@ def compare(run_dirs: tuple[Path, ...], out: Path) -> None:
     """Compare run directories level by level, with ratios and caveats."""
     from rich.table import Table
 
-    from loadgen.compare import header, rows, write_compare
     from servemon.load import console_for
+    from servemon.loadgen.compare import header, rows, write_compare
 
     if len(run_dirs) < 2:
         raise ConfigError("compare: give at least two run directories")
@@ -59,7 +59,7 @@ def compare(run_dirs: tuple[Path, ...], out: Path) -> None:
 @options.out(default="runs")
 def merge_command(run_dirs: tuple[Path, ...], out: str) -> None:
     """Merge shard run directories (servemon ramp --shard I/N) into one run."""
-    from loadgen.merge import merge_runs
+    from servemon.loadgen.merge import merge_runs
 
     path = merge_runs(run_dirs, Path(out))
     click.echo(f"merged run directory: {path}")

@@ -18,7 +18,7 @@ import click
 from servemon.commands import options
 from servemon.fields import layer_config
 from servemon.lifecycle import stop_on_signals, stop_when_orphaned
-from simulator.config import (
+from servemon.simulator.config import (
     DIALECTS,
     REASONING_FIELDS,
     WIRE_DIALECTS,
@@ -207,7 +207,7 @@ def sim(config_file: Path | None, exit_with_parent: bool, **flags: Any) -> None:
 
 
 async def _serve(config: SimConfig, exit_with_parent: bool) -> None:
-    from simulator.server import SimServer
+    from servemon.simulator.server import SimServer
 
     server = SimServer(config)
     stop = asyncio.Event()

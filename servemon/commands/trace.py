@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from loadgen.tracefile import parse_trace, prefix_hit_ratio
-from loadgen.tracesynth import SynthSpec, synthesize
 from servemon.errors import ConfigError
+from servemon.loadgen.tracefile import parse_trace, prefix_hit_ratio
+from servemon.loadgen.tracesynth import SynthSpec, synthesize
 
 __all__ = ["trace"]
 

@@ -45,8 +45,8 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from dashboards.build import dashboard_json
-from dashboards.rules import (
+from servemon.dashboards.build import dashboard_json
+from servemon.dashboards.rules import (
     ALERT_BURN,
     SloConfig,
     burn_rate_name,

@@ -39,9 +39,9 @@ from typing import Any
 import pytest
 import yaml
 
-from monitor.config import ExporterConfig, parse_listen, parse_target
 from servemon.cli import cli
 from servemon.fields import merge
+from servemon.monitor.config import ExporterConfig, parse_listen, parse_target
 
 pytestmark = pytest.mark.e2e
 

@@ -88,8 +88,8 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from dashboards.rule_names import ALERT_QUEUE, ALERT_TARGET_DOWN
-from dashboards.rules import load_slo_config, write_rules
+from servemon.dashboards.rule_names import ALERT_QUEUE, ALERT_TARGET_DOWN
+from servemon.dashboards.rules import load_slo_config, write_rules
 from servemon.embedded import free_port
 from tests.support.alerting import (
     PrometheusApi,

@@ -27,13 +27,13 @@ import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from loadgen.config import LoadConfig
-from loadgen.promptfile import read_conversations, read_entries
-from loadgen.tracefile import read_trace
-from monitor.config import ExporterConfig, load_auth
 from servemon.errors import ConfigError
 from servemon.fields import layer_config
-from simulator.config import SimConfig
+from servemon.loadgen.config import LoadConfig
+from servemon.loadgen.promptfile import read_conversations, read_entries
+from servemon.loadgen.tracefile import read_trace
+from servemon.monitor.config import ExporterConfig, load_auth
+from servemon.simulator.config import SimConfig
 
 pytestmark = pytest.mark.fuzz
 

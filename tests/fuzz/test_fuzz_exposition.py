@@ -32,10 +32,10 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.engine import EngineCollector, Target
-from monitor.exposition import ExpositionParser
-from monitor.normalize import Normalizer
-from monitor.render import Encoder, Renderer
+from servemon.monitor.engine import EngineCollector, Target
+from servemon.monitor.exposition import ExpositionParser
+from servemon.monitor.normalize import Normalizer
+from servemon.monitor.render import Encoder, Renderer
 from tests.support.oracle import comparable, family_rows, oracle, parsed
 
 pytestmark = pytest.mark.fuzz

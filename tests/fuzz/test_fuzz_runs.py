@@ -19,12 +19,18 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from loadgen.record import RunDirectory, rebuild_summary
-from loadgen.report import load_run
-from loadgen.runrecord import RunInfo, RunSummary, StageResult, Tally, write_record
-from loadgen.slo import parse_slo
-from loadgen.timing import Outcome, RequestTiming
 from servemon.errors import ConfigError
+from servemon.loadgen.record import RunDirectory, rebuild_summary
+from servemon.loadgen.report import load_run
+from servemon.loadgen.runrecord import (
+    RunInfo,
+    RunSummary,
+    StageResult,
+    Tally,
+    write_record,
+)
+from servemon.loadgen.slo import parse_slo
+from servemon.loadgen.timing import Outcome, RequestTiming
 
 pytestmark = pytest.mark.fuzz
 

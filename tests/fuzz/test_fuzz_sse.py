@@ -26,8 +26,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from loadgen.client import _Probe
-from monitor.sse import EventTooLarge, iter_events
+from servemon.loadgen.client import _Probe
+from servemon.monitor.sse import EventTooLarge, iter_events
 
 pytestmark = pytest.mark.fuzz
 

@@ -30,14 +30,15 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from loadgen.config import LoadConfig
-from loadgen.runner import RunResult
-from loadgen.slo import parse_slo
-from loadgen.summary import summarize
 from servemon.cli import cli
 from servemon.errors import ConfigError
 from servemon.load import run_command
-from simulator.profiles import load_profile
+from servemon.loadgen.clientwatch import LAG_LIMIT_S
+from servemon.loadgen.config import LoadConfig
+from servemon.loadgen.runner import RunResult
+from servemon.loadgen.slo import parse_slo
+from servemon.loadgen.summary import summarize
+from servemon.simulator.profiles import load_profile
 from tests.support.runs import requests_of, run
 
 pytestmark = pytest.mark.integration
@@ -75,10 +76,6 @@ def config_for(target: str, tmp_path: Path, **fields: Any) -> LoadConfig:
 
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-#: The search blames the client when its dispatch lag passes 50 ms (docs/capacity.md).
-LAG_LIMIT_S = 0.05
 
 
 def blamed_client(result: RunResult, request: pytest.FixtureRequest) -> bool:

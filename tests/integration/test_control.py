@@ -15,9 +15,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from loadgen.runner import RunResult
-from simulator.config import SimConfig
-from simulator.server import SimServer
+from servemon.loadgen.runner import RunResult
+from servemon.simulator.config import SimConfig
+from servemon.simulator.server import SimServer
 from tests.support.runs import config_for, run
 
 pytestmark = pytest.mark.integration

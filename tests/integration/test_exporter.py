@@ -26,11 +26,11 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.client import ClientSettings, make_session, send_request
-from monitor.config import ExporterConfig, TargetConfig
-from monitor.exporter import Exporter
-from monitor.gpu import FakeGpuReader
-from simulator.config import DIALECTS
+from servemon.loadgen.client import ClientSettings, make_session, send_request
+from servemon.monitor.config import ExporterConfig, TargetConfig
+from servemon.monitor.exporter import Exporter
+from servemon.monitor.gpu import FakeGpuReader
+from servemon.simulator.config import DIALECTS
 
 pytestmark = pytest.mark.integration
 

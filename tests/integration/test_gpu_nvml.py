@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from monitor import names
-from monitor.gpu import THROTTLE_REASONS, GpuCollector, GpuUnavailable
-from monitor.nvml import NvmlReader
+from servemon.monitor import names
+from servemon.monitor.gpu import THROTTLE_REASONS, GpuCollector, GpuUnavailable
+from servemon.monitor.nvml import NvmlReader
 
 pytestmark = pytest.mark.gpu
 

@@ -22,9 +22,9 @@ import pytest
 from rich.console import Console
 from scipy import stats
 
-from loadgen.config import LoadConfig
-from loadgen.progress import Progress
-from loadgen.runner import RunResult, Stopper, run_load
+from servemon.loadgen.config import LoadConfig
+from servemon.loadgen.progress import Progress
+from servemon.loadgen.runner import RunResult, Stopper, run_load
 
 pytestmark = pytest.mark.integration
 

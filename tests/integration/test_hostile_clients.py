@@ -14,17 +14,17 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from loadgen.client import ClientSettings, make_session, send_request
-from loadgen.promsource import PrometheusSampler
-from loadgen.sampler import ServerSampler
-from loadgen.target import discover_model, target_version
-from loadgen.timing import Outcome
-from loadgen.tokens import EstimateCounter, ServerTokenizer, pick_counter
-from monitor.engine import EngineCollector, Target
-from monitor.limits import ResponseLimits, session_options
-from monitor.probe import Prober
-from monitor.signals import queries
 from servemon.errors import TargetError
+from servemon.loadgen.client import ClientSettings, make_session, send_request
+from servemon.loadgen.promsource import PrometheusSampler
+from servemon.loadgen.sampler import ServerSampler
+from servemon.loadgen.target import discover_model, target_version
+from servemon.loadgen.timing import Outcome
+from servemon.loadgen.tokens import EstimateCounter, ServerTokenizer, pick_counter
+from servemon.monitor.engine import EngineCollector, Target
+from servemon.monitor.limits import ResponseLimits, session_options
+from servemon.monitor.probe import Prober
+from servemon.monitor.signals import queries
 from tests.support.hostile import MODEL, hostile_target
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

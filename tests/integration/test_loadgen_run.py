@@ -24,11 +24,11 @@ import aiohttp
 import pytest
 from scipy import stats
 
-from loadgen.arrivals import Arrival, Due, parse_stages, schedule
-from loadgen.report import write_report
-from loadgen.runner import RunResult, Stopper
-from simulator.config import SimConfig
-from simulator.server import SimServer
+from servemon.loadgen.arrivals import Arrival, Due, parse_stages, schedule
+from servemon.loadgen.report import write_report
+from servemon.loadgen.runner import RunResult, Stopper
+from servemon.simulator.config import SimConfig
+from servemon.simulator.server import SimServer
 from tests.support.runs import config_for, run
 
 pytestmark = pytest.mark.integration

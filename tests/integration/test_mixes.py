@@ -15,10 +15,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from loadgen.runner import RunResult
 from servemon.errors import TargetError
-from simulator.config import SimConfig
-from simulator.server import SimServer
+from servemon.loadgen.runner import RunResult
+from servemon.simulator.config import SimConfig
+from servemon.simulator.server import SimServer
 from tests.support.runs import config_for, run
 
 pytestmark = pytest.mark.integration

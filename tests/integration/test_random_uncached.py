@@ -18,9 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from loadgen.config import LoadConfig
-from loadgen.progress import Progress
-from loadgen.runner import RunResult, Stopper, run_load
+from servemon.loadgen.config import LoadConfig
+from servemon.loadgen.progress import Progress
+from servemon.loadgen.runner import RunResult, Stopper, run_load
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

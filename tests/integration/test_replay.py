@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from loadgen.replayplan import replay_plan
-from loadgen.tracefile import prefix_hit_ratio, read_trace
-from loadgen.tracesynth import SynthSpec, synthesize
-from simulator.config import SimConfig
-from simulator.server import SimServer
+from servemon.loadgen.replayplan import replay_plan
+from servemon.loadgen.tracefile import prefix_hit_ratio, read_trace
+from servemon.loadgen.tracesynth import SynthSpec, synthesize
+from servemon.simulator.config import SimConfig
+from servemon.simulator.server import SimServer
 from tests.support.runs import config_for, run
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards.rules import RULES_FILE, load_slo_config, write_rules
+from servemon.dashboards.rules import RULES_FILE, load_slo_config, write_rules
 from tests.support.rule_tests import promtool_tests
 
 PROMTOOL = shutil.which("promtool")

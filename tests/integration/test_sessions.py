@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from loadgen.report import write_report
-from loadgen.runner import RunResult
-from simulator.config import SimConfig
-from simulator.server import SimServer
+from servemon.loadgen.report import write_report
+from servemon.loadgen.runner import RunResult
+from servemon.simulator.config import SimConfig
+from servemon.simulator.server import SimServer
 from tests.support.runs import config_for, run
 
 pytestmark = pytest.mark.integration

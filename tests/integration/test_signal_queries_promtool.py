@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from monitor import names
-from monitor.signals import parse_selector, queries
+from servemon.monitor import names
+from servemon.monitor.signals import parse_selector, queries
 
 PROMTOOL = shutil.which("promtool")
 

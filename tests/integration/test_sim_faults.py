@@ -15,8 +15,8 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from prometheus_client.parser import text_string_to_metric_families
 
-from simulator.config import SimConfig
-from simulator.server import SimServer, is_loopback_peer
+from servemon.simulator.config import SimConfig
+from servemon.simulator.server import SimServer, is_loopback_peer
 
 pytestmark = pytest.mark.integration
 

@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor import buckets
-from simulator.config import DIALECTS
-from simulator.stats import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+from servemon.monitor import buckets
+from servemon.simulator.config import DIALECTS
+from servemon.simulator.stats import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 
 pytestmark = pytest.mark.integration
 

@@ -22,9 +22,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from monitor import names
-from simulator.config import SimConfig, merge
-from simulator.server import SimServer
+from servemon.monitor import names
+from servemon.simulator.config import SimConfig, merge
+from servemon.simulator.server import SimServer
 from tests.support.runs import config_for, run
 
 pytestmark = pytest.mark.integration

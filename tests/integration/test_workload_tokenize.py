@@ -12,14 +12,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from loadgen.tokens import (
+from servemon.errors import ConfigError, TargetError
+from servemon.loadgen.tokens import (
     EstimateCounter,
     LocalTokenizer,
     ServerTokenizer,
     pick_counter,
 )
-from loadgen.workload import build_workload, request_body
-from servemon.errors import ConfigError, TargetError
+from servemon.loadgen.workload import build_workload, request_body
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dashboards.build import DASHBOARDS, dashboard_json
-from dashboards.panels import PEAK_DEFAULTS
+from servemon.dashboards.build import DASHBOARDS, dashboard_json
+from servemon.dashboards.panels import PEAK_DEFAULTS
 from tests.support.alerting import PrometheusError
 
 __all__ = [

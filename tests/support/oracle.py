@@ -21,9 +21,9 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from monitor.exposition import Family, Lines, SampleKey
-from monitor.normalize_rules import ZERO, decide, detect_engine
-from monitor.render import chunk_family
+from servemon.monitor.exposition import Family, Lines, SampleKey
+from servemon.monitor.normalize_rules import ZERO, decide, detect_engine
+from servemon.monitor.render import chunk_family
 
 __all__ = [
     "Expected",

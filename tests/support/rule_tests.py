@@ -32,12 +32,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dashboards import rules as r
-from dashboards.sli import REQUESTS
-from dashboards.slos import SEVERITIES, LatencySlo, Severity, Slo, SloConfig
-from monitor import names
-from monitor.outcomes import FAILED, NOT_JUDGED
-from monitor.promql import duration, number
+from servemon.dashboards import rules as r
+from servemon.dashboards.sli import REQUESTS
+from servemon.dashboards.slos import SEVERITIES, LatencySlo, Severity, Slo, SloConfig
+from servemon.monitor import names
+from servemon.monitor.outcomes import FAILED, NOT_JUDGED
+from servemon.monitor.promql import duration, number
 
 __all__ = ["promtool_tests", "render_template"]
 

@@ -9,11 +9,11 @@ from typing import Any
 
 from rich.console import Console
 
-from loadgen.config import LoadConfig
-from loadgen.progress import Progress
-from loadgen.record import read_jsonl, timing_from_line
-from loadgen.runner import RunResult, Stopper, run_load
-from loadgen.timing import RequestTiming
+from servemon.loadgen.config import LoadConfig
+from servemon.loadgen.progress import Progress
+from servemon.loadgen.record import read_jsonl, timing_from_line
+from servemon.loadgen.runner import RunResult, Stopper, run_load
+from servemon.loadgen.timing import RequestTiming
 
 __all__ = ["SMALL", "config_for", "requests_of", "run"]
 

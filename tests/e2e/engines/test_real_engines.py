@@ -23,8 +23,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.config import ExporterConfig, TargetConfig
-from monitor.exporter import Exporter
+from servemon.monitor.config import ExporterConfig, TargetConfig
+from servemon.monitor.exporter import Exporter
 
 #: The fixtures' types (conftest.Engine, conftest.Models), not imported here.
 Engine = Any

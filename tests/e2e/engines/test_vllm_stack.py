@@ -32,7 +32,12 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from dashboards.rules import ALERT_BURN, SloConfig, load_slo_config, write_rules
+from servemon.dashboards.rules import (
+    ALERT_BURN,
+    SloConfig,
+    load_slo_config,
+    write_rules,
+)
 from servemon.embedded import free_port
 from tests.e2e.engines.conftest import Engine, VllmModel
 from tests.e2e.test_alerting_stack import (

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from dashboards.build import DASHBOARDS, dashboard_json
-from dashboards.overview import GOODPUT_TTFT
-from dashboards.panels import PEAK_DEFAULTS
-from dashboards.rule_names import burn_rate_name
-from dashboards.rules import generate_rules, load_slo_config
-from dashboards.sli import HISTOGRAMS
-from monitor import names
-from monitor.outcomes import FAILED_MATCHER, JUDGED_MATCHER
+from servemon.dashboards.build import DASHBOARDS, dashboard_json
+from servemon.dashboards.overview import GOODPUT_TTFT
+from servemon.dashboards.panels import PEAK_DEFAULTS
+from servemon.dashboards.rule_names import burn_rate_name
+from servemon.dashboards.rules import generate_rules, load_slo_config
+from servemon.dashboards.sli import HISTOGRAMS
+from servemon.monitor import names
+from servemon.monitor.outcomes import FAILED_MATCHER, JUDGED_MATCHER
 
 JSON_DIR = Path(__file__).resolve().parents[3] / "dashboards" / "json"
 COUNTERS = [s.name for s in names.SCHEMA if s.kind == "counter"]
@@ -40,7 +40,7 @@ def exprs(name: str) -> Iterator[tuple[str, str]]:
 def test_committed_json_is_a_fresh_generation(name: str) -> None:
     committed = (JSON_DIR / f"{name}.json").read_text()
     assert committed == dashboard_json(name), (
-        "run: python -m dashboards.build dashboards/json"
+        "run: python -m servemon.dashboards.build dashboards/json"
     )
 
 

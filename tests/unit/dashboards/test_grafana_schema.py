@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from grafanalib._gen import DashboardEncoder
 
-from dashboards.build import DASHBOARDS, dashboard_json
-from dashboards.grafana_json import SCHEMA_VERSION
+from servemon.dashboards.build import DASHBOARDS, dashboard_json
+from servemon.dashboards.grafana_json import SCHEMA_VERSION
 from tests.support.grafana_schema import dashboard_errors, schema_version
 
 Dashboard = dict[str, Any]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from dashboards.rules import (
+from servemon.dashboards.rules import (
     ALERT_BURN,
     RULES_FILE,
     alert_names,
@@ -18,10 +18,11 @@ from dashboards.rules import (
     render_rules,
     write_rules,
 )
-from dashboards.sli import ENGINE_ERROR_REASONS, HISTOGRAMS
-from dashboards.slos import SloConfig
-from monitor import names
-from monitor.outcomes import (
+from servemon.dashboards.sli import ENGINE_ERROR_REASONS, HISTOGRAMS
+from servemon.dashboards.slos import SloConfig
+from servemon.errors import ConfigError
+from servemon.monitor import names
+from servemon.monitor.outcomes import (
     FAILED,
     FAILED_MATCHER,
     JUDGED_MATCHER,
@@ -30,8 +31,7 @@ from monitor.outcomes import (
     failed,
     judged,
 )
-from monitor.promql import le_matcher
-from servemon.errors import ConfigError
+from servemon.monitor.promql import le_matcher
 from tests.support.rule_tests import promtool_tests, render_template
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -505,7 +505,7 @@ def test_committed_rules_are_a_fresh_generation(
     fresh = render_rules(load_slo_config(EXAMPLE), COMMITTED.parent)
     assert COMMITTED.read_text() == fresh, (
         f"run: servemon rules --slo-config {EXAMPLE} --out {COMMITTED.parent} "
-        f"(or python -m dashboards.rules {EXAMPLE} {COMMITTED.parent})"
+        f"(or python -m servemon.dashboards.rules {EXAMPLE} {COMMITTED.parent})"
     )
 
 

@@ -11,7 +11,8 @@ import statistics
 import pytest
 from scipy import stats
 
-from loadgen.arrivals import (
+from servemon.errors import ConfigError
+from servemon.loadgen.arrivals import (
     Arrival,
     Due,
     Stage,
@@ -20,7 +21,6 @@ from loadgen.arrivals import (
     parse_stages,
     schedule,
 )
-from servemon.errors import ConfigError
 
 
 def gaps_per_stage(stages: list[Stage], due: list[Due]) -> dict[int, list[float]]:

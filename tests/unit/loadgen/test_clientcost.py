@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.clientcost import CORE_BUDGET, request_cpu_s, workers_for
-from loadgen.config import LoadConfig
 from servemon.errors import ConfigError
 from servemon.fields import load
 from servemon.load import auto_workers
+from servemon.loadgen.clientcost import CORE_BUDGET, request_cpu_s, workers_for
+from servemon.loadgen.config import LoadConfig
 
 
 def test_more_chunks_and_higher_rates_need_more_workers_up_to_the_cpus() -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from loadgen import clientwatch
-from loadgen.clientwatch import ClientWatch, limit_lines
-from loadgen.runrecord import (
+from servemon.loadgen import clientwatch
+from servemon.loadgen.clientwatch import ClientWatch, limit_lines
+from servemon.loadgen.runrecord import (
     ClientLimit,
     RunInfo,
     RunSummary,
@@ -19,8 +19,8 @@ from loadgen.runrecord import (
     read_record,
     write_record,
 )
-from loadgen.summary import Summarizer
-from loadgen.timing import Outcome, RequestTiming
+from servemon.loadgen.summary import Summarizer
+from servemon.loadgen.timing import Outcome, RequestTiming
 
 
 def late(lag_s: float, stage: int = 0) -> RequestTiming:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from loadgen.context import HISTORY_SERIES, history_samples
-from loadgen.sampler import parse_engine_samples
-from monitor import names
+from servemon.loadgen.context import HISTORY_SERIES, history_samples
+from servemon.loadgen.sampler import parse_engine_samples
+from servemon.monitor import names
 
 
 def family(kind: str, name: str, values: list[float]) -> str:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from loadgen.cpulatency import PM_QOS_PATH, check_cpu_latency, hold_cpu_latency
 from servemon.cli import cli
 from servemon.errors import ConfigError
+from servemon.loadgen.cpulatency import PM_QOS_PATH, check_cpu_latency, hold_cpu_latency
 
 
 def _current() -> int:

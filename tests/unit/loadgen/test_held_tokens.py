@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from loadgen.controllaw import HORIZON_LIFETIMES, TOLERANCE, ControlLaw
-from loadgen.heldtokens import MIN_FINISHED, Forecast, HeldTokens, tail_speed
-from loadgen.timing import Outcome, RequestTiming
+from servemon.loadgen.controllaw import HORIZON_LIFETIMES, TOLERANCE, ControlLaw
+from servemon.loadgen.heldtokens import MIN_FINISHED, Forecast, HeldTokens, tail_speed
+from servemon.loadgen.timing import Outcome, RequestTiming
 
 
 def _done(

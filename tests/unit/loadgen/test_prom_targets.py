@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from loadgen.promtargets import ScrapeInterval, find_scrape_interval
 from servemon.embedded import free_port
+from servemon.loadgen.promtargets import ScrapeInterval, find_scrape_interval
 
 
 def _target(job: str, instance: str, interval: str | None, **labels: str) -> Any:

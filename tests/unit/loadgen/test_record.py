@@ -6,8 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from loadgen.record import RunDirectory, read_jsonl, request_line, timing_from_line
-from loadgen.timing import Outcome, RequestTiming
+from servemon.loadgen.record import (
+    RunDirectory,
+    read_jsonl,
+    request_line,
+    timing_from_line,
+)
+from servemon.loadgen.timing import Outcome, RequestTiming
 
 
 def timing(**fields: object) -> RequestTiming:

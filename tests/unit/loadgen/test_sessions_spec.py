@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.client import _Probe, server_facts
-from loadgen.modelmix import parse_model
-from loadgen.promptfile import read_conversations
-from loadgen.record import request_line, timing_from_line
-from loadgen.runrecord import RunSummary, StageResult, Tally, _summary_input
-from loadgen.sessions import SessionWorkload, parse_sessions, parse_think
-from loadgen.timing import Outcome, RequestTiming
-from loadgen.workload import build_workload, check_workload
 from servemon.errors import ConfigError
+from servemon.loadgen.client import _Probe, server_facts
+from servemon.loadgen.modelmix import parse_model
+from servemon.loadgen.promptfile import read_conversations
+from servemon.loadgen.record import request_line, timing_from_line
+from servemon.loadgen.runrecord import RunSummary, StageResult, Tally, _summary_input
+from servemon.loadgen.sessions import SessionWorkload, parse_sessions, parse_think
+from servemon.loadgen.timing import Outcome, RequestTiming
+from servemon.loadgen.workload import build_workload, check_workload
 
 
 class WordCounter:
@@ -277,8 +277,8 @@ def test_a_model_that_does_not_reason_has_its_answer_at_its_first_token() -> Non
 
 
 def test_the_users_of_a_sweep_come_from_one_place() -> None:
-    from loadgen.config import LoadConfig
-    from loadgen.plan import check_load_config, plan_stages
+    from servemon.loadgen.config import LoadConfig
+    from servemon.loadgen.plan import check_load_config, plan_stages
 
     config = LoadConfig(workload="sessions:users=6")
     assert [s.label for s in plan_stages("sweep", config)] == ["6 users"]

@@ -11,22 +11,22 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.arrivals import Due
-from loadgen.config import (
+from servemon.errors import ConfigError
+from servemon.fields import Secret, merge
+from servemon.loadgen.arrivals import Due
+from servemon.loadgen.config import (
     LoadConfig,
     auth_headers,
     header_lines,
     parse_extra_body,
     secret_header_names,
 )
-from loadgen.dispatch import OpenLoop
-from loadgen.live import LiveMetrics
-from loadgen.runner import recorded_config, redact_argv
-from loadgen.sampler import parse_engine_samples
-from loadgen.slo import SloTerm, parse_slo, request_meets
-from loadgen.timing import Outcome, RequestTiming
-from servemon.errors import ConfigError
-from servemon.fields import Secret, merge
+from servemon.loadgen.dispatch import OpenLoop
+from servemon.loadgen.live import LiveMetrics
+from servemon.loadgen.runner import recorded_config, redact_argv
+from servemon.loadgen.sampler import parse_engine_samples
+from servemon.loadgen.slo import SloTerm, parse_slo, request_meets
+from servemon.loadgen.timing import Outcome, RequestTiming
 
 
 def test_slo_terms_parse() -> None:

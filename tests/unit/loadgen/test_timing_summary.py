@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 from typing import Any
 
 import pytest
+from rich.console import Console
 
-from loadgen.summary import Distribution, summarize
-from loadgen.timing import Outcome, RequestTiming, TokenSource
+from servemon.loadgen.controlsignal import ClientWindow
+from servemon.loadgen.plan import StageRecord
+from servemon.loadgen.progress import Progress
+from servemon.loadgen.summary import Distribution, flat_row, summarize
+from servemon.loadgen.timing import Outcome, RequestTiming, TokenSource
+from servemon.monitor.outcomes import count_failed, count_not_judged
 
 
 def timing(**fields: Any) -> RequestTiming:
@@ -218,7 +224,7 @@ def test_empty_input() -> None:
 
 
 def test_merged_summarizers_sum_up_as_one() -> None:
-    from loadgen.summary import Summarizer
+    from servemon.loadgen.summary import Summarizer
 
     timings = [
         timing(
@@ -234,3 +240,55 @@ def test_merged_summarizers_sum_up_as_one() -> None:
     left, right = Summarizer().extend(timings[:4]), Summarizer().extend(timings[4:])
     left.merge(right)
     assert left.summary() == summarize(timings)
+
+
+def test_cancelled_requests_are_neither_ok_nor_errors() -> None:
+    """One definition of "failed" (monitor.outcomes) behind the summary, the CSV
+    row, the tables and the progress line: a request the client cancelled (walked
+    away from, or cut short when a step ended) is counted apart, never an error."""
+    timings = [
+        timing(outcome=Outcome.OK),
+        timing(outcome=Outcome.HTTP_ERROR),
+        timing(outcome=Outcome.CANCELLED),
+        timing(outcome=Outcome.CANCELLED),
+    ]
+    s = summarize(timings)
+    assert (s.ok, s.failed, s.cancelled) == (1, 1, 2)
+    assert s.error_rate == pytest.approx(0.5)
+    row = flat_row(s)
+    assert (row["ok"], row["errors"], row["cancelled"]) == (1, 1, 2)
+
+    console = Console(file=io.StringIO(), width=200)
+    progress = Progress(console, live=False)
+    progress.start([StageRecord(0, "4 rps", 4.0, None, 1.0)])
+    progress.stage_started(0)
+    for t in timings:
+        progress.request_done(t)
+    progress.stage_started(1)
+    said = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "4 finished, 1 ok, 1 errors, 2 cancelled" in said, said
+
+
+def test_an_outcome_this_version_does_not_know_counts_as_failed() -> None:
+    by_outcome = {"ok": 3, "cancelled": 1, "quota_exceeded": 2}
+    assert count_failed(by_outcome) == 2
+    assert count_not_judged(by_outcome) == 1
+
+
+def test_the_p95_the_controller_holds_is_the_reports_p95() -> None:
+    """One percentile: ``--hold ttft_p95`` steers on, and the live display shows,
+    the p95 the summary reports for the same requests."""
+    ttfts = [0.05 + 0.013 * ((i * 37) % 41) for i in range(40)]
+    timings = [
+        timing(sent_s=100.0, content_s=(100.0 + v,), end_s=101.0 + v) for v in ttfts
+    ]
+    reported = summarize(timings).value("ttft_p95")
+    window = ClientWindow(window_s=60.0)
+    console = Console(file=io.StringIO(), width=200)
+    progress = Progress(console, live=False)
+    for t in timings:
+        window(t)
+        progress.request_done(t)
+    assert reported is not None
+    assert window.p95(now=110.0) == pytest.approx(reported, abs=1e-12)
+    assert progress._p95() == pytest.approx(reported, abs=1e-12)

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from loadgen.tokens import (
+from servemon.errors import ConfigError
+from servemon.loadgen.tokens import (
     WORDS,
     EstimateCounter,
     LocalTokenizer,
@@ -23,7 +24,7 @@ from loadgen.tokens import (
     count_each,
     estimate_tokens,
 )
-from loadgen.workload import (
+from servemon.loadgen.workload import (
     Prompt,
     Workload,
     build_workload,
@@ -31,7 +32,6 @@ from loadgen.workload import (
     random_prompt,
     request_body,
 )
-from servemon.errors import ConfigError
 
 
 class LongWordsCounter:

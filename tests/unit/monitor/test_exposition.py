@@ -18,8 +18,8 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.exposition import ExpositionParser
-from simulator.config import DIALECTS
+from servemon.monitor.exposition import ExpositionParser
+from servemon.simulator.config import DIALECTS
 from tests.support.traffic import prefix_traffic
 
 SampleRow = tuple[str, tuple[tuple[str, str], ...], Any, Any]

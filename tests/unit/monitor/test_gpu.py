@@ -23,8 +23,8 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor import names
-from monitor.gpu import (
+from servemon.monitor import names
+from servemon.monitor.gpu import (
     THROTTLE_REASONS,
     FakeGpuReader,
     GpuCollector,
@@ -33,7 +33,7 @@ from monitor.gpu import (
     GpuSnapshot,
     GpuUnavailable,
 )
-from monitor.nvml import NvmlReader
+from servemon.monitor.nvml import NvmlReader
 
 Poll = Callable[..., Awaitable[Any]]
 GiB = 2**30

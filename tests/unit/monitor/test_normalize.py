@@ -13,8 +13,8 @@ import pytest
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
-from monitor import names
-from monitor.normalize import Normalized, Normalizer, detect_engine, normalize
+from servemon.monitor import names
+from servemon.monitor.normalize import Normalized, Normalizer, detect_engine, normalize
 
 Key = tuple[str, frozenset[tuple[str, str]]]
 

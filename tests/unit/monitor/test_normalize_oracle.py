@@ -55,13 +55,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.samples import Exemplar
 
-from monitor.config import ExporterConfig, TargetConfig
-from monitor.engine import Scrape
-from monitor.exporter import Exporter
-from monitor.exposition import ExpositionParser
-from monitor.normalize import Normalized, Normalizer
-from monitor.render import Encoder, Renderer
-from simulator.config import DIALECTS
+from servemon.monitor.config import ExporterConfig, TargetConfig
+from servemon.monitor.engine import Scrape
+from servemon.monitor.exporter import Exporter
+from servemon.monitor.exposition import ExpositionParser
+from servemon.monitor.normalize import Normalized, Normalizer
+from servemon.monitor.render import Encoder, Renderer
+from servemon.simulator.config import DIALECTS
 from tests.support.oracle import Expected, family_rows, oracle, parsed
 from tests.support.traffic import prefix_traffic
 
@@ -773,8 +773,8 @@ def test_a_timestamped_exposition_is_read_whole_every_time() -> None:
 
 
 def test_caches_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("monitor.normalize._TEXTS_LIMIT", 30)
-    monkeypatch.setattr("monitor.render._CACHE_LIMIT", 50)
+    monkeypatch.setattr("servemon.monitor.normalize._TEXTS_LIMIT", 30)
+    monkeypatch.setattr("servemon.monitor.render._CACHE_LIMIT", 50)
     normalizer = Normalizer()
     parser = normalizer._parser = ExpositionParser(max_cached=50)
     for scale in range(1, 30):

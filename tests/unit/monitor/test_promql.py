@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from monitor import names
-from monitor import promql as q
+from servemon.monitor import names
+from servemon.monitor import promql as q
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import StreamReader
 from aiohttp.base_protocol import BaseProtocol
 
-from monitor.sse import iter_events
+from servemon.monitor.sse import iter_events
 
 LIMIT = 2**16
 

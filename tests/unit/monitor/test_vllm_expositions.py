@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor import names as N
-from monitor.normalize import Normalized, normalize
+from servemon.monitor import names as N
+from servemon.monitor.normalize import Normalized, normalize
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "vllm"
 GENERATED = ("0.25.1", "0.33.0", "0.34.0")

@@ -11,9 +11,9 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from monitor import webconfig
-from monitor.webconfig import BasicAuthenticator, load_web_config
 from servemon.errors import ConfigError
+from servemon.monitor import webconfig
+from servemon.monitor.webconfig import BasicAuthenticator, load_web_config
 from tests.support.certs import Pki, make_pki
 
 

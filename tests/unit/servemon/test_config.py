@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from loadgen.config import LoadConfig
-from monitor.config import ExporterConfig, TargetConfig
 from servemon.errors import ConfigError
 from servemon.fields import layer_config, load, read_yaml
-from simulator.config import DIALECTS, Faults, SimConfig, merge
-from simulator.profiles import BUILTIN_PROFILES, load_profile
+from servemon.loadgen.config import LoadConfig
+from servemon.monitor.config import ExporterConfig, TargetConfig
+from servemon.simulator.config import DIALECTS, Faults, SimConfig, merge
+from servemon.simulator.profiles import BUILTIN_PROFILES, load_profile
 
 
 def config_error(data: dict[str, Any], source: str = "sim.yaml") -> str:

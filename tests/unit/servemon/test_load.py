@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from loadgen.findings import CapacityResult, StepVerdict
 from servemon.load import capacity_lines
+from servemon.loadgen.findings import CapacityResult, StepVerdict
 
 
 def result(*steps: StepVerdict, capacity: float | None, ended: str) -> CapacityResult:

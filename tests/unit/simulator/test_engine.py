@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from simulator.engine import Engine, EngineArgs, Request
-from simulator.profiles import load_profile
+from servemon.simulator.engine import Engine, EngineArgs, Request
+from servemon.simulator.profiles import load_profile
 
 TINY = load_profile("tiny")
 QWEN = load_profile("qwen3-0.6b-eager")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.kvcache import BlockPool, prompt_block_hashes
+from servemon.simulator.kvcache import BlockPool, prompt_block_hashes
 
 BLOCK = 4
 

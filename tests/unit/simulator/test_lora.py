@@ -13,10 +13,10 @@ import time
 import pytest
 
 from servemon.errors import ConfigError
-from simulator.config import SimConfig, merge, parse_reasoning_tokens
-from simulator.engine import Engine, EngineArgs
-from simulator.lora import AdapterCache
-from simulator.profiles import load_profile
+from servemon.simulator.config import SimConfig, merge, parse_reasoning_tokens
+from servemon.simulator.engine import Engine, EngineArgs
+from servemon.simulator.lora import AdapterCache
+from servemon.simulator.profiles import load_profile
 
 TINY = load_profile("tiny")
 ARGS = EngineArgs(
