@@ -51,7 +51,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from servemon.monitor import names
+from servemon.core import names
 
 GOAL_P99_S = 0.050
 ACCEPT = {

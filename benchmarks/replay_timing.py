@@ -13,7 +13,7 @@ trace's offsets scaled (checked to the microsecond), and the dispatch lag (actua
 minus scheduled send, from ``requests.jsonl``) is printed as p50/p99/max.
 
 Each trace is replayed as a user gets it by default, then with
-``--cpu-dma-latency 0`` (idle CPUs kept polling, :mod:`loadgen.cpulatency`) where
+``--cpu-dma-latency 0`` (idle CPUs kept polling, :mod:`loadgen.send.cpulatency`) where
 this machine lets the device be written; ``--repeats`` runs each pair that many
 times, alternating, and prints the median of each figure. ``steal %`` is the share of
 the client CPU's time the hypervisor ran something else while the replay ran
@@ -51,10 +51,10 @@ from typing import Any
 import _vllm_peer
 from _common import SERVEMON, sim_process
 
-from servemon.loadgen.cpulatency import PM_QOS_PATH
-from servemon.loadgen.replayplan import replay_plan
-from servemon.loadgen.tracefile import prefix_hit_ratio, read_trace
-from servemon.loadgen.tracesynth import SynthSpec, synthesize
+from servemon.loadgen.send.cpulatency import PM_QOS_PATH
+from servemon.loadgen.workloads.replayplan import replay_plan
+from servemon.loadgen.workloads.tracefile import prefix_hit_ratio, read_trace
+from servemon.loadgen.workloads.tracesynth import SynthSpec, synthesize
 
 #: The long trace's longest prompt, and the simulator's context for it.
 LONG_MAX_TOKENS = 200_000

@@ -18,10 +18,10 @@ import random
 
 from _common import sim_process
 
-from servemon.loadgen.client import ClientSettings, make_session
-from servemon.loadgen.closedloop import run_closed_loop
-from servemon.loadgen.summary import summarize
-from servemon.loadgen.workload import chat_body, random_prompt
+from servemon.loadgen.record.summary import summarize
+from servemon.loadgen.send.client import ClientSettings, make_session
+from servemon.loadgen.send.closedloop import run_closed_loop
+from servemon.loadgen.workloads.workload import chat_body, random_prompt
 
 # EvalScope report in the course: concurrency -> (TTFT ms, TPOT ms, output tok/s)
 COURSE = {

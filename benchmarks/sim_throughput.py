@@ -19,10 +19,10 @@ import aiohttp
 from _common import pin_self, sim_process
 from prometheus_client.parser import text_string_to_metric_families
 
-from servemon.loadgen.client import ClientSettings, make_session
-from servemon.loadgen.closedloop import run_closed_loop
-from servemon.loadgen.summary import summarize
-from servemon.loadgen.workload import chat_body
+from servemon.loadgen.record.summary import summarize
+from servemon.loadgen.send.client import ClientSettings, make_session
+from servemon.loadgen.send.closedloop import run_closed_loop
+from servemon.loadgen.workloads.workload import chat_body
 
 
 async def cpu_seconds(session: aiohttp.ClientSession, url: str) -> float:

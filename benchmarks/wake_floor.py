@@ -22,8 +22,8 @@ import time
 import uvloop
 from _common import pin_self
 
-from servemon.loadgen.cpulatency import PM_QOS_PATH, hold_cpu_latency
-from servemon.loadgen.dispatch import KernelTimer
+from servemon.loadgen.send.cpulatency import PM_QOS_PATH, hold_cpu_latency
+from servemon.loadgen.send.dispatch import KernelTimer
 
 
 async def lateness(count: int, rate: float, seed: int) -> list[float]:

@@ -21,6 +21,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from servemon.core import names
+from servemon.core.promql import (
+    aggregate,
+    duration,
+    increase,
+    number,
+    on,
+    rate,
+    selector,
+)
 from servemon.dashboards.rule_names import (
     ALERT_CLIENT_STALLED,
     ALERT_ENGINE_ABSENT,
@@ -33,16 +43,6 @@ from servemon.dashboards.rule_names import (
     LEVEL_LABELS,
 )
 from servemon.dashboards.slos import Severity, SloConfig
-from servemon.monitor import names
-from servemon.monitor.promql import (
-    aggregate,
-    duration,
-    increase,
-    number,
-    on,
-    rate,
-    selector,
-)
 
 __all__ = [
     "VALUE_0F",

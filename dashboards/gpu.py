@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
+from servemon.core import names as n
 from servemon.dashboards.panels import Layout, dashboard, stat, timeseries
 from servemon.dashboards.queries import current, increase
-from servemon.monitor import names as n
 
 __all__ = ["gpu", "gpu_panels"]
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
+from servemon.core import names as n
+from servemon.core.promql import aggregate, braces, le_matcher
 from servemon.dashboards.gpu import gpu_panels
 from servemon.dashboards.panels import (
     DS,
@@ -36,8 +38,6 @@ from servemon.dashboards.queries import (
 )
 from servemon.dashboards.rule_names import burn_rate_regex
 from servemon.dashboards.sli import ERRORS
-from servemon.monitor import names as n
-from servemon.monitor.promql import aggregate, braces, le_matcher
 
 __all__ = ["GOODPUT_TTFT", "burn_rates", "overview"]
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from grafanalib import core as g
 
+from servemon.core import names as n
+from servemon.core.promql import aggregate, selector
 from servemon.dashboards.queries import TARGET, hist_quantile
-from servemon.monitor import names as n
-from servemon.monitor.promql import aggregate, selector
 
 __all__ = [
     "DS",

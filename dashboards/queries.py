@@ -1,16 +1,16 @@
-"""The dashboards' queries: :mod:`monitor.promql` with Grafana's variables bound.
+"""The dashboards' queries: :mod:`core.promql` with Grafana's variables bound.
 
 Every selector gets the template variables that apply to its series (``$target``,
 ``$model``, ``$gpu``, as label matchers, by the series' labels), and every
 ``rate()``/``increase()`` takes ``$__rate_interval`` as its range. The PromQL itself
-is spelled by :mod:`monitor.promql`.
+is spelled by :mod:`core.promql`.
 """
 
 from __future__ import annotations
 
-from servemon.monitor import names, promql
-from servemon.monitor.names import Series
-from servemon.monitor.promql import Part
+from servemon.core import names, promql
+from servemon.core.names import Series
+from servemon.core.promql import Part
 
 __all__ = [
     "GPU",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from grafanalib import core as g
 
+from servemon.core import names as n
 from servemon.dashboards.panels import (
     Layout,
     dashboard,
@@ -18,7 +19,6 @@ from servemon.dashboards.panels import (
     timeseries,
 )
 from servemon.dashboards.queries import count, current, rate, target_rate
-from servemon.monitor import names as n
 
 __all__ = ["ramp"]
 

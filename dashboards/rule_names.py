@@ -22,10 +22,10 @@ last:
 
 from __future__ import annotations
 
+from servemon.core.names import Series
+from servemon.core.promql import DURATION_REGEX, duration
 from servemon.dashboards.sli import REQUESTS, SourceName, slo_series
 from servemon.dashboards.slos import LatencySlo, Slo
-from servemon.monitor.names import Series
-from servemon.monitor.promql import DURATION_REGEX, duration
 
 __all__ = [
     "ALERT_BURN",

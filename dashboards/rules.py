@@ -10,8 +10,8 @@ from three modules, and this one puts them in one file:
 - :mod:`dashboards.rule_names`: what every rule is called (``level:metric:operations``
   for recording rules), which the dashboards read too.
 
-Every metric name comes from :mod:`monitor.names`, every query is spelled by
-:mod:`monitor.promql`.
+Every metric name comes from :mod:`core.names`, every query is spelled by
+:mod:`core.promql`.
 """
 
 from __future__ import annotations

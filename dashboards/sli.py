@@ -3,7 +3,7 @@
 Per source (the load generator's client series, or the engine's as the exporter
 publishes them): the latency histograms a latency SLO can read and the bucket edges
 they are published with, the finished-requests counter, and which finished requests
-count as errors. The client's errors are :mod:`monitor.outcomes`' failed outcomes
+count as errors. The client's errors are :mod:`core.outcomes`' failed outcomes
 over its judged ones (a cancelled request is the client's own doing, and every
 stopped load test cancels some); the engine's are the finish reasons ``abort`` and
 ``error`` (``abort`` also counts clients that hung up) and the requests it refused
@@ -17,15 +17,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from servemon.monitor import names
-from servemon.monitor.buckets import (
+from servemon.core import names
+from servemon.core.buckets import (
     E2E_BUCKETS,
     ITL_BUCKETS,
     LATENCY_BUCKETS,
     TTFT_BUCKETS,
 )
-from servemon.monitor.names import Series
-from servemon.monitor.outcomes import (
+from servemon.core.names import Series
+from servemon.core.outcomes import (
     FAILED_MATCHER,
     JUDGED_MATCHER,
     NOT_JUDGED,

@@ -29,6 +29,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from servemon.core import names
+from servemon.core.promql import (
+    aggregate,
+    braces,
+    duration,
+    le_matcher,
+    number,
+    on,
+    rate,
+    selector,
+)
 from servemon.dashboards.alerts import VALUE_1F, alert, label
 from servemon.dashboards.rule_names import (
     ALERT_BURN,
@@ -39,17 +50,6 @@ from servemon.dashboards.rule_names import (
 )
 from servemon.dashboards.sli import ERRORS, REQUESTS, SourceName
 from servemon.dashboards.slos import SEVERITIES, LatencySlo, Severity, Slo, SloConfig
-from servemon.monitor import names
-from servemon.monitor.promql import (
-    aggregate,
-    braces,
-    duration,
-    le_matcher,
-    number,
-    on,
-    rate,
-    selector,
-)
 
 __all__ = ["slo_groups"]
 

@@ -29,14 +29,14 @@ An SLO file is YAML (``deploy/slos.example.yaml`` documents every key)::
 A latency SLO counts the events of a classic histogram above ``threshold`` as bad,
 so the threshold must be one of the histogram's bucket edges
 (:data:`dashboards.sli.HISTOGRAMS` keeps every edge list in one place): the client's
-edges are :data:`monitor.buckets.LATENCY_BUCKETS` plus every threshold of
+edges are :data:`core.buckets.LATENCY_BUCKETS` plus every threshold of
 ``loadgen_slo`` (the load generator adds a bucket at each ``--slo`` threshold); the
-engine's are vLLM's (:mod:`monitor.buckets`; the simulator serves them as vLLM does).
+engine's are vLLM's (:mod:`core.buckets`; the simulator serves them as vLLM does).
 An availability SLO counts the errors :data:`dashboards.sli.ERRORS` defines per
-source: the client's failed outcomes (:mod:`monitor.outcomes`), or, with
+source: the client's failed outcomes (:mod:`core.outcomes`), or, with
 ``source: engine``, the engine's error finish reasons.
 
-Every problem is one :class:`~servemon.errors.ConfigError` line naming the file and
+Every problem is one :class:`~servemon.core.errors.ConfigError` line naming the file and
 the field.
 """
 
@@ -51,11 +51,11 @@ from typing import Annotated, Literal
 import pydantic
 from annotated_types import Ge, Gt, Lt
 
+from servemon.core.errors import ConfigError
+from servemon.core.fields import FORBID_EXTRA, load, read_yaml
+from servemon.core.promql import duration
+from servemon.core.slo import parse_slo
 from servemon.dashboards.sli import HISTOGRAMS, Figure, Histogram, SourceName
-from servemon.errors import ConfigError
-from servemon.fields import FORBID_EXTRA, load, read_yaml
-from servemon.monitor.promql import duration
-from servemon.monitor.slo import parse_slo
 
 __all__ = [
     "SEVERITIES",

@@ -1,12 +1,12 @@
 """A whole load run: plan, send, record, sample, publish, summarize.
 
-:func:`run_load` checks the settings (:mod:`loadgen.plan`), finds out about the
-target (:mod:`loadgen.target`), opens the run directory, the live client metrics
+:func:`run_load` checks the settings (:mod:`loadgen.run.plan`), finds out about the
+target (:mod:`loadgen.run.target`), opens the run directory, the live client metrics
 and the sampler of the target's ``/metrics``, builds the run's
-:class:`~loadgen.context.RunContext` and hands it to the driver of the run's kind
+:class:`~loadgen.run.context.RunContext` and hands it to the driver of the run's kind
 (:data:`DRIVERS`). However the driver ends — done, stopped by Ctrl-C or SIGTERM
-(:mod:`loadgen.stopping`), a guard rail, a crash — the record is finished through
-:func:`loadgen.runrecord.write_record` with a complete summary.
+(:mod:`loadgen.send.stopping`), a guard rail, a crash — the record is finished through
+:func:`loadgen.record.runrecord.write_record` with a complete summary.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import gc
 import platform
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,18 +24,27 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from servemon import __version__
-from servemon.errors import ConfigError, RecordError
-from servemon.loadgen.arrivals import Arrival
-from servemon.loadgen.capacity import drive_capacity
-from servemon.loadgen.client import ClientSettings, make_session
-from servemon.loadgen.config import LoadConfig, auth_headers
-from servemon.loadgen.context import Driven, RunContext
-from servemon.loadgen.control import drive_control
-from servemon.loadgen.cpulatency import hold_cpu_latency
-from servemon.loadgen.live import LiveMetrics
-from servemon.loadgen.modelmix import ModelMix, parse_model
-from servemon.loadgen.plan import (
+from servemon.core.errors import ConfigError, RecordError
+from servemon.core.signals import SignalQuery, parse_selector, queries
+from servemon.core.version import __version__
+from servemon.core.wire.webconfig import load_web_config
+from servemon.loadgen.drivers.capacity import drive_capacity
+from servemon.loadgen.drivers.control import drive_control
+from servemon.loadgen.drivers.ramp import drive_ramp
+from servemon.loadgen.drivers.replay import drive_replay
+from servemon.loadgen.drivers.sweep import drive_sweep
+from servemon.loadgen.record.record import RunDirectory
+from servemon.loadgen.record.runrecord import (
+    CapacityResult,
+    RunInfo,
+    RunResult,
+    RunSummary,
+    write_record,
+)
+from servemon.loadgen.run.config import LoadConfig, auth_headers
+from servemon.loadgen.run.context import Driven, RunContext
+from servemon.loadgen.run.live import LiveMetrics
+from servemon.loadgen.run.plan import (
     Kind,
     StageRecord,
     check_load_config,
@@ -44,40 +53,33 @@ from servemon.loadgen.plan import (
     recorded_config,
     redact_argv,
 )
-from servemon.loadgen.progress import Progress
-from servemon.loadgen.promsource import PrometheusSampler, auth_header
-from servemon.loadgen.promtargets import DEFAULT_S, ScrapeInterval, find_scrape_interval
-from servemon.loadgen.ramp import drive_ramp
-from servemon.loadgen.record import RunDirectory
-from servemon.loadgen.replay import drive_replay
-from servemon.loadgen.runrecord import (
-    CapacityResult,
-    RunInfo,
-    RunSummary,
-    StageResult,
-    write_record,
+from servemon.loadgen.run.progress import Progress
+from servemon.loadgen.run.promsource import PrometheusSampler, auth_header
+from servemon.loadgen.run.promtargets import (
+    DEFAULT_S,
+    ScrapeInterval,
+    find_scrape_interval,
 )
-from servemon.loadgen.sampler import ServerSampler
-from servemon.loadgen.stopping import Stopper
-from servemon.loadgen.summary import Summary
-from servemon.loadgen.sweep import drive_sweep
-from servemon.loadgen.target import (
+from servemon.loadgen.run.sampler import ServerSampler
+from servemon.loadgen.run.target import (
     check_served,
     context_of,
     discover_model,
     local_gpus,
     target_version,
 )
-from servemon.loadgen.tokens import pick_counter
-from servemon.loadgen.traceprompts import TraceWorkload
-from servemon.loadgen.workload import Workload, build_workload
+from servemon.loadgen.send.arrivals import Arrival
+from servemon.loadgen.send.client import ClientSettings, make_session
+from servemon.loadgen.send.cpulatency import hold_cpu_latency
+from servemon.loadgen.send.stopping import Stopper
+from servemon.loadgen.workloads.modelmix import ModelMix, parse_model
+from servemon.loadgen.workloads.tokens import pick_counter
+from servemon.loadgen.workloads.traceprompts import TraceWorkload
+from servemon.loadgen.workloads.workload import Workload, build_workload
 from servemon.monitor.config import load_auth
-from servemon.monitor.signals import SignalQuery, parse_selector, queries
-from servemon.monitor.webconfig import load_web_config
 
 __all__ = [
     "DRIVERS",
-    "RunResult",
     "Stopper",
     "check_load_config",
     "recorded_config",
@@ -94,45 +96,6 @@ DRIVERS: dict[Kind, Driver] = {
     "replay": drive_replay,
     "control": drive_control,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    """Where the run went and what it recorded."""
-
-    path: Path
-    info: RunInfo
-    record: RunSummary
-
-    @property
-    def status(self) -> str:
-        """``completed``, ``interrupted``, ``aborted`` or ``failed``."""
-        return self.record.status
-
-    @property
-    def stop_reason(self) -> str | None:
-        """Why a guard rail stopped the run, if one did."""
-        return self.record.stop_reason
-
-    @property
-    def capacity(self) -> CapacityResult | None:
-        """What a capacity search found."""
-        return self.record.capacity
-
-    @property
-    def stages(self) -> list[StageResult]:
-        """Every stage or level as it ran, with its summary."""
-        return self.record.stages
-
-    @property
-    def summaries(self) -> list[Summary]:
-        """Each stage's summary."""
-        return self.record.summaries
-
-    @property
-    def overall(self) -> Summary:
-        """The whole run's summary."""
-        return self.record.overall
 
 
 async def run_load(

@@ -1,2 +1,3 @@
-"""The exporter: engine ``/metrics`` normalized to servemon's schema, NVML GPU stats,
-and a canary probe. (Arrives with the exporter issue.)"""
+"""The exporter: engine ``/metrics`` fetched and normalized to servemon's schema,
+NVML GPU stats, the canary probe, and the exporter's own config and HTTP server. The
+vocabulary it publishes lives in :mod:`servemon.core`, shared with every part."""

@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 
 from annotated_types import Ge, Gt, Le
 
-from servemon.errors import ConfigError
-from servemon.fields import FORBID_EXTRA, Secret, read_yaml
+from servemon.core.errors import ConfigError
+from servemon.core.fields import FORBID_EXTRA, Secret, read_yaml
 
 __all__ = [
     "Auth",
@@ -67,7 +67,7 @@ class ExporterConfig:
     probe_timeout: Annotated[float, Gt(0)] = 30.0
     auth_file: str | None = None
     #: exporter-toolkit's web config file: TLS, basic auth users (bcrypt), response
-    #: headers (:mod:`monitor.webconfig`).
+    #: headers (:mod:`core.wire.webconfig`).
     web_config_file: str | None = None
 
 

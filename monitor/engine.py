@@ -27,8 +27,8 @@ import aiohttp
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from servemon.monitor import names
-from servemon.monitor.limits import ResponseTooLarge, read_body
+from servemon.core import names
+from servemon.core.wire.limits import ResponseTooLarge, read_body
 from servemon.monitor.normalize import Normalized, Normalizer
 from servemon.monitor.render import Encoder, Renderer
 

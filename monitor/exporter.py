@@ -7,7 +7,7 @@ in the text format or OpenMetrics, as the scraper's ``Accept`` asks. The target
 timeout is kept below the scraper's own (``X-Prometheus-Scrape-Timeout-Seconds``), so
 every scrape is answered in time. ``GET /healthz`` answers 200 while the exporter
 runs. With an auth file, ``/metrics`` wants the bearer token or basic credentials;
-with a web config file (:mod:`monitor.webconfig`) the exporter serves TLS, and
+with a web config file (:mod:`core.wire.webconfig`) the exporter serves TLS, and
 every path but ``/healthz`` wants one of the file's basic auth users.
 """
 
@@ -29,20 +29,20 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from servemon.errors import ConfigError
-from servemon.monitor.config import Auth, ExporterConfig, load_auth, parse_listen
-from servemon.monitor.engine import EngineCollector, Target
-from servemon.monitor.gpu import GpuCollector, GpuReader
-from servemon.monitor.http import PoolConnector
-from servemon.monitor.limits import session_options
-from servemon.monitor.nvml import NvmlReader
-from servemon.monitor.probe import Prober
-from servemon.monitor.webconfig import (
+from servemon.core.errors import ConfigError
+from servemon.core.wire.http import PoolConnector
+from servemon.core.wire.limits import session_options
+from servemon.core.wire.webconfig import (
     WebConfig,
     load_web_config,
     site_url,
     web_middleware,
 )
+from servemon.monitor.config import Auth, ExporterConfig, load_auth, parse_listen
+from servemon.monitor.engine import EngineCollector, Target
+from servemon.monitor.gpu import GpuCollector, GpuReader
+from servemon.monitor.nvml import NvmlReader
+from servemon.monitor.probe import Prober
 
 __all__ = ["Exporter"]
 

@@ -1,7 +1,7 @@
 """GPU statistics from NVML: the reader seam, its snapshots, and the collector.
 
 This module owns everything servemon publishes about GPUs (the ``servemon_gpu_*``
-series of :mod:`monitor.names`):
+series of :mod:`core.names`):
 
 - :class:`GpuReader`, the one seam to NVML. :class:`monitor.nvml.NvmlReader` is the
   real one (``pynvml`` from nvidia-ml-py, loaded lazily so importing it never
@@ -29,8 +29,8 @@ from typing import ParamSpec, Protocol, TypeVar
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from servemon.errors import ServemonError
-from servemon.monitor import names
+from servemon.core import names
+from servemon.core.errors import ServemonError
 
 __all__ = [
     "THROTTLE_REASONS",

@@ -9,7 +9,7 @@ the same shape (:mod:`monitor.normalize` keeps it while only values move).
 
 - The engine is the one configured, else the one whose prefix starts the most lines
   (:func:`detect_engine`); the dialect says which of vLLM's spellings it uses.
-- Every series of :data:`monitor.names.ENGINE_SERIES` takes the first of its sources
+- Every series of :data:`core.names.ENGINE_SERIES` takes the first of its sources
   for that engine that is present with samples and of a type it can read (gauges from
   gauges or untyped, counters from counters or untyped, histograms from histograms),
   so a version that exposes a deprecated name beside the new one is read once.
@@ -44,9 +44,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from servemon.monitor import names
+from servemon.core import names
+from servemon.core.names import Series, Source
 from servemon.monitor.exposition import Family, Lines, SampleKey, sample_name
-from servemon.monitor.names import Series, Source
 
 __all__ = [
     "ENGINE_PREFIXES",

@@ -5,7 +5,7 @@ It answers "how long would a user wait right now?" even when traffic is quiet:
 chunk), ``servemon_probe_e2e_seconds`` and ``servemon_probe_requests_total{outcome}``.
 An answer is complete by the same rule as the load generator's (a finish, with
 ``[DONE]`` optional), and a request that met a pooled connection the server had
-closed is resent on a new one (:mod:`monitor.http`). Probe requests carry
+closed is resent on a new one (:mod:`core.wire.http`). Probe requests carry
 ``X-Servemon-Probe: 1`` (and an ``X-Request-Id`` starting with
 ``servemon-probe-``) so that they can be told apart in the server's logs. Nothing
 from the network raises out of a probe.
@@ -22,14 +22,14 @@ from collections.abc import Callable, Mapping
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from servemon.monitor import names
-from servemon.monitor.buckets import PROBE_BUCKETS
+from servemon.core import names
+from servemon.core.buckets import PROBE_BUCKETS
+from servemon.core.outcomes import Outcome
+from servemon.core.wire.failures import ENDINGS, ending
+from servemon.core.wire.http import post
+from servemon.core.wire.limits import read_body
+from servemon.core.wire.sse import choice_text, ends_answer, is_done, iter_events
 from servemon.monitor.engine import Target
-from servemon.monitor.failures import ENDINGS, ending
-from servemon.monitor.http import post
-from servemon.monitor.limits import read_body
-from servemon.monitor.outcomes import Outcome
-from servemon.monitor.sse import choice_text, ends_answer, is_done, iter_events
 
 __all__ = ["PROBE_HEADER", "Prober"]
 
@@ -117,7 +117,7 @@ class Prober:
                             outcome = Outcome.STREAM_ERROR
         except ENDINGS as exc:
             # The probe's deadline is a read timeout; a connect's is connect_error,
-            # as the load generator labels it (one definition: monitor.failures).
+            # as the load generator labels it (one definition: core.wire.failures).
             outcome, _why = ending(exc)
         end = time.monotonic()
         labels = (target.name, model or "unknown")

@@ -1,11 +1,14 @@
 """servemon: watch LLM serving endpoints under load.
 
-This package holds the console script (``servemon.cli``, the group, and
-``servemon.commands``, one module per command) and the orchestration of the parts.
-Two leaf modules, :mod:`servemon.errors` and :mod:`servemon.fields`, import nothing
-of servemon's own and may be used by every package, as may ``__version__`` (the
-version's one home; the wheel's metadata reads it from here); nothing else here is
-imported by ``simulator``, ``monitor``, ``loadgen`` or ``dashboards``.
+One import root, five parts, four floors (docs/architecture.md): the foundation
+(:mod:`servemon.core`: errors, config fields, the vocabulary, the wire formats); the
+exporter (:mod:`servemon.monitor`), the simulated endpoint
+(:mod:`servemon.simulator`) and the dashboards and rules
+(:mod:`servemon.dashboards`); the load generator (:mod:`servemon.loadgen`); and on
+top, here, the console script (``servemon.cli``, the group, and
+``servemon.commands``, one module per command), which nothing else imports.
 """
 
-__version__ = "0.1.0"
+from servemon.core.version import __version__
+
+__all__ = ["__version__"]

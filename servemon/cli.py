@@ -1,7 +1,7 @@
 """The ``servemon`` console script: the group that holds every command.
 
 The commands themselves are in :mod:`servemon.commands`. What is the same for all of
-them lives here, once: a :class:`~servemon.errors.ServemonError` is one line on
+them lives here, once: a :class:`~servemon.core.errors.ServemonError` is one line on
 stderr and an exit status of :mod:`servemon.exits` (74 for a record that could not
 be written, 2 for anything else), an interrupt that reaches a command is exit
 status 130, and ``--parallel 1 2 4`` is accepted as EvalScope writes it.
@@ -16,7 +16,6 @@ from typing import Any
 
 import click
 
-from servemon import __version__
 from servemon.commands.demo import demo
 from servemon.commands.exporter import exporter
 from servemon.commands.generate import dashboards, rules
@@ -24,7 +23,8 @@ from servemon.commands.load import capacity, control, ramp, replay, sweep
 from servemon.commands.runs import compare, merge_command, report
 from servemon.commands.sim import sim
 from servemon.commands.trace import trace
-from servemon.errors import RecordError, ServemonError
+from servemon.core.errors import RecordError, ServemonError
+from servemon.core.version import __version__
 from servemon.exits import ExitStatus, epilog
 
 __all__ = ["ServemonGroup", "cli", "error_status", "join_multi_values", "main"]

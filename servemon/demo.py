@@ -26,9 +26,9 @@ from servemon.embedded import (
 )
 from servemon.lifecycle import stop_on_signals
 from servemon.load import console_for, run_command
-from servemon.loadgen.config import LoadConfig
-from servemon.loadgen.runner import RunResult
-from servemon.loadgen.slo import parse_slo
+from servemon.loadgen.record.runrecord import RunResult
+from servemon.loadgen.record.slo import parse_slo
+from servemon.loadgen.run.config import LoadConfig
 
 __all__ = ["DEMO_SLO", "run_demo"]
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-from servemon.errors import TargetError
+from servemon.core.errors import TargetError
 
 __all__ = [
     "child_process",

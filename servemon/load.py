@@ -13,9 +13,7 @@ from rich.table import Table
 
 from servemon.embedded import embedded_simulator
 from servemon.lifecycle import stop_on_signals
-from servemon.loadgen.clientcost import WorkerChoice, workers_for
-from servemon.loadgen.clientwatch import limit_lines
-from servemon.loadgen.columns import (
+from servemon.loadgen.record.columns import (
     GROUP_COLUMNS,
     STAGE_COLUMNS,
     Column,
@@ -24,13 +22,15 @@ from servemon.loadgen.columns import (
     group_rows,
     table_rows,
 )
-from servemon.loadgen.config import LoadConfig
-from servemon.loadgen.plan import Kind, plan_stages
-from servemon.loadgen.progress import Progress
-from servemon.loadgen.report import write_report
-from servemon.loadgen.runner import RunResult, Stopper, check_load_config, run_load
-from servemon.loadgen.runrecord import CapacityResult, ControlResult
-from servemon.loadgen.workload import output_ceiling
+from servemon.loadgen.record.runrecord import CapacityResult, ControlResult, RunResult
+from servemon.loadgen.reports.report import write_report
+from servemon.loadgen.run.clientwatch import limit_lines
+from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.plan import Kind, plan_stages
+from servemon.loadgen.run.progress import Progress
+from servemon.loadgen.runner import Stopper, check_load_config, run_load
+from servemon.loadgen.send.clientcost import WorkerChoice, workers_for
+from servemon.loadgen.workloads.workload import output_ceiling
 
 __all__ = ["capacity_lines", "console_for", "run_command", "summary_table"]
 
@@ -125,7 +125,7 @@ async def _target(
 
 def summary_table(kind: str, result: RunResult) -> Table:
     """The end-of-run table: one row per stage or level, then all (the columns of
-    :data:`loadgen.columns.STAGE_COLUMNS`, as the report shows them)."""
+    :data:`loadgen.record.columns.STAGE_COLUMNS`, as the report shows them)."""
     title = f"servemon {kind}: {result.status}"
     table = _table(title, STAGE_COLUMNS, table_rows(result.record))
     table.caption = "latencies in ms; goodput in requests/s meeting every --slo term"
@@ -186,7 +186,7 @@ def auto_workers(config: LoadConfig) -> WorkerChoice:
 
 
 async def _run_workers(config: LoadConfig, console: Console) -> RunResult:
-    from servemon.loadgen.merge import load_result
+    from servemon.loadgen.reports.merge import load_result
     from servemon.workers import run_workers
 
     async with _target(config, console) as (url, _embedded):

@@ -2,11 +2,11 @@
 
 When one process cannot keep its dispatch lag low at the rate asked for, the schedule
 is split the way shards split it (every N-th arrival of the same seeded schedule,
-:class:`loadgen.arrivals.Shard`): N child processes ``servemon ramp --shard i/N`` start
-together (``--start-at``), each with its own event loop and core, each serving its
+:class:`loadgen.send.arrivals.Shard`): N child processes ``servemon ramp --shard i/N``
+start together (``--start-at``), each with its own event loop and core, each serving its
 live metrics on ``--metrics-port + i`` (Prometheus sums them), and their run
-directories are merged into one (:mod:`loadgen.merge`), whose summary and report are
-those of the whole load. A terminal's Ctrl-C reaches the workers (they share the
+directories are merged into one (:mod:`loadgen.reports.merge`), whose summary and report
+are those of the whole load. A terminal's Ctrl-C reaches the workers (they share the
 process group) and a SIGTERM to this process is passed on to them; either way this
 process waits for them and merges their records however they ended.
 """
@@ -26,9 +26,9 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from servemon.errors import ServemonError
-from servemon.loadgen.config import LoadConfig, config_text, header_lines
-from servemon.loadgen.merge import merge_runs
+from servemon.core.errors import ServemonError
+from servemon.loadgen.reports.merge import merge_runs
+from servemon.loadgen.run.config import LoadConfig, config_text, header_lines
 
 __all__ = ["run_workers"]
 

@@ -3,7 +3,7 @@
 Every field can come from a YAML file (``servemon sim --config sim.yaml``) and from a
 flag; flags win. :class:`Faults` can also be changed while the simulator runs
 (``PUT /sim/config``). Both are laid over a config by :func:`merge`, the one
-function every servemon config uses (:func:`servemon.fields.merge`, exported here
+function every servemon config uses (:func:`servemon.core.fields.merge`, exported here
 for the server).
 """
 
@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from annotated_types import Ge, Gt, Le, Len
 from pydantic import BeforeValidator
 
-from servemon.fields import FORBID_EXTRA, merge
+from servemon.core.fields import FORBID_EXTRA, merge
 
 __all__ = [
     "DIALECTS",

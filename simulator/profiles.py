@@ -18,8 +18,8 @@ from typing import Annotated
 
 from annotated_types import Ge, Gt, Le
 
-from servemon.errors import ConfigError
-from servemon.fields import FORBID_EXTRA, load, read_yaml
+from servemon.core.errors import ConfigError
+from servemon.core.fields import FORBID_EXTRA, load, read_yaml
 
 __all__ = ["BUILTIN_PROFILES", "Profile", "load_profile"]
 

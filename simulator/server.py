@@ -28,7 +28,7 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from servemon.errors import ConfigError
+from servemon.core.errors import ConfigError
 from servemon.simulator.answer import (
     RoleChunk,
     stream_answer,

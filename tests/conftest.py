@@ -35,7 +35,7 @@ from servemon.simulator.server import SimServer
 #: The parts, imported through the one root only (docs/architecture.md). In a
 #: checkout their folders also sit on the path, where a bare ``import monitor`` would
 #: load a second copy of each module (a monkeypatch of the copy patches nothing).
-PARTS = ("monitor", "loadgen", "dashboards", "simulator")
+PARTS = ("core", "monitor", "loadgen", "dashboards", "simulator")
 
 
 class _OneRoot(importlib.abc.MetaPathFinder):

@@ -7,7 +7,7 @@
   :mod:`~servemon.commands.generate`: ``dashboards``, ``rules``;
   :mod:`~servemon.commands.demo`: ``demo``.
 
-A command raises :class:`servemon.errors.ServemonError` for anything a user can
+A command raises :class:`servemon.core.errors.ServemonError` for anything a user can
 fix; :class:`servemon.cli.ServemonGroup` turns it into one line and exit status 2.
 """
 

@@ -13,8 +13,8 @@ from typing import Any
 import click
 
 from servemon.commands import options
-from servemon.errors import ConfigError
-from servemon.fields import layer_config
+from servemon.core.errors import ConfigError
+from servemon.core.fields import layer_config
 from servemon.lifecycle import run_async, stop_on_signals, stop_when_orphaned
 from servemon.monitor.config import ExporterConfig, parse_target
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from servemon.errors import ConfigError
+from servemon.core.errors import ConfigError
 
 __all__ = ["dashboards", "rules"]
 

@@ -1,7 +1,7 @@
 """The load commands: ``ramp`` (open loop), ``sweep`` (closed loop), ``capacity``,
 ``replay`` (a trace at its own times).
 
-Each option is a field of :class:`loadgen.config.LoadConfig`; the options all three
+Each option is a field of :class:`loadgen.run.config.LoadConfig`; the options all three
 take are :func:`servemon.commands.options.load_options`. The run itself, its
 signals and its summary are :func:`servemon.load.run_command`'s.
 """
@@ -16,11 +16,11 @@ import click
 
 from servemon import exits
 from servemon.commands import options
-from servemon.errors import ConfigError
-from servemon.fields import layer_config
+from servemon.core.errors import ConfigError
+from servemon.core.fields import layer_config
 from servemon.lifecycle import run_async
-from servemon.loadgen.config import LoadConfig, secret_header_names
-from servemon.loadgen.plan import Kind
+from servemon.loadgen.run.config import LoadConfig, secret_header_names
+from servemon.loadgen.run.plan import Kind
 
 __all__ = [
     "capacity",

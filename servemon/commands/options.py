@@ -4,7 +4,7 @@ A command composes the ones it takes with :func:`compose`. Where commands differ
 only in the default, the option takes it: ``default=`` is a value click fills in
 and shows (``demo``, ``merge``); ``shown=`` names a default that the command's
 config supplies later (defaults, then ``--config``, then flags:
-:func:`servemon.fields.layer_config`), so that click leaves the flag ``None`` when
+:func:`servemon.core.fields.layer_config`), so that click leaves the flag ``None`` when
 it is not given. Options of one command only live in that command's module.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
-from servemon.loadgen.config import parse_extra_body
+from servemon.loadgen.run.config import parse_extra_body
 
 __all__ = [
     "arrival",

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from servemon.commands import options
-from servemon.errors import ConfigError
+from servemon.core.errors import ConfigError
 
 __all__ = ["compare", "merge_command", "report"]
 
@@ -16,7 +16,7 @@ __all__ = ["compare", "merge_command", "report"]
 @click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
 def report(run_dir: Path) -> None:
     """Write RUN_DIR/report.html from the run directory alone."""
-    from servemon.loadgen.report import write_report
+    from servemon.loadgen.reports.report import write_report
 
     click.echo(str(write_report(run_dir)))
 
@@ -35,7 +35,7 @@ def compare(run_dirs: tuple[Path, ...], out: Path) -> None:
     from rich.table import Table
 
     from servemon.load import console_for
-    from servemon.loadgen.compare import header, rows, write_compare
+    from servemon.loadgen.reports.compare import header, rows, write_compare
 
     if len(run_dirs) < 2:
         raise ConfigError("compare: give at least two run directories")
@@ -59,7 +59,7 @@ def compare(run_dirs: tuple[Path, ...], out: Path) -> None:
 @options.out(default="runs")
 def merge_command(run_dirs: tuple[Path, ...], out: str) -> None:
     """Merge shard run directories (servemon ramp --shard I/N) into one run."""
-    from servemon.loadgen.merge import merge_runs
+    from servemon.loadgen.reports.merge import merge_runs
 
     path = merge_runs(run_dirs, Path(out))
     click.echo(f"merged run directory: {path}")

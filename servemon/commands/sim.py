@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from servemon.commands import options
-from servemon.fields import layer_config
+from servemon.core.fields import layer_config
 from servemon.lifecycle import stop_on_signals, stop_when_orphaned
 from servemon.simulator.config import (
     DIALECTS,

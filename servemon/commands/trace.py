@@ -1,4 +1,5 @@
-"""``servemon trace synth``: write a synthetic trace (:mod:`loadgen.tracesynth`)."""
+"""``servemon trace synth``: write a synthetic trace
+(:mod:`loadgen.workloads.tracesynth`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from servemon.errors import ConfigError
-from servemon.loadgen.tracefile import parse_trace, prefix_hit_ratio
-from servemon.loadgen.tracesynth import SynthSpec, synthesize
+from servemon.core.errors import ConfigError
+from servemon.loadgen.workloads.tracefile import parse_trace, prefix_hit_ratio
+from servemon.loadgen.workloads.tracesynth import SynthSpec, synthesize
 
 __all__ = ["trace"]
 

@@ -1,8 +1,8 @@
 """Faults, end to end: the console script against targets, disks and a Prometheus
 that fail as real ones do (docs/reliability.md lists them).
 
-For each: every request gets the outcome it should (monitor/outcomes.py), the run
-goes on or stops by its guard rails (loadgen/guard.py), the terminal shows one
+For each: every request gets the outcome it should (core/outcomes.py), the run
+goes on or stops by its guard rails (loadgen/run/guard.py), the terminal shows one
 line and no traceback, and ``summary.json`` and ``report.html`` say what happened.
 The stand-ins are in :mod:`tests.support.faulty`.
 """

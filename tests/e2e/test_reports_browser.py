@@ -421,7 +421,7 @@ def test_report_renders_summary_table_and_plots(pages: dict[str, Page]) -> None:
 
 
 def test_compare_renders_table_and_plots(pages: dict[str, Page]) -> None:
-    from servemon.loadgen.columns import COMPARED
+    from servemon.loadgen.record.columns import COMPARED
 
     shape = PageShape.parse(pages["compare"].dom)
     assert shape.title == "servemon compare"

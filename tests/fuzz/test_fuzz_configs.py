@@ -9,7 +9,7 @@ conversations, ``trace:`` in JSONL and CSV). The bytes are drawn near each forma
 fields a workload reads, CSV rows) and then broken (cut at any byte, bytes that
 are not UTF-8 put in, nesting deep enough to exhaust a recursive parser), or are
 any bytes at all. Property: the loader returns, or raises
-:class:`servemon.errors.ConfigError` whose message is one line; nothing else
+:class:`servemon.core.errors.ConfigError` whose message is one line; nothing else
 escapes.
 """
 
@@ -27,11 +27,11 @@ import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from servemon.errors import ConfigError
-from servemon.fields import layer_config
-from servemon.loadgen.config import LoadConfig
-from servemon.loadgen.promptfile import read_conversations, read_entries
-from servemon.loadgen.tracefile import read_trace
+from servemon.core.errors import ConfigError
+from servemon.core.fields import layer_config
+from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.workloads.promptfile import read_conversations, read_entries
+from servemon.loadgen.workloads.tracefile import read_trace
 from servemon.monitor.config import ExporterConfig, load_auth
 from servemon.simulator.config import SimConfig
 

@@ -19,18 +19,18 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from servemon.errors import ConfigError
-from servemon.loadgen.record import RunDirectory, rebuild_summary
-from servemon.loadgen.report import load_run
-from servemon.loadgen.runrecord import (
+from servemon.core.errors import ConfigError
+from servemon.loadgen.record.record import RunDirectory, rebuild_summary
+from servemon.loadgen.record.runrecord import (
     RunInfo,
     RunSummary,
     StageResult,
     Tally,
     write_record,
 )
-from servemon.loadgen.slo import parse_slo
-from servemon.loadgen.timing import Outcome, RequestTiming
+from servemon.loadgen.record.slo import parse_slo
+from servemon.loadgen.reports.report import load_run
+from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 pytestmark = pytest.mark.fuzz
 

@@ -31,13 +31,13 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from servemon.cli import cli
-from servemon.errors import ConfigError
+from servemon.core.errors import ConfigError
 from servemon.load import run_command
-from servemon.loadgen.clientwatch import LAG_LIMIT_S
-from servemon.loadgen.config import LoadConfig
-from servemon.loadgen.runner import RunResult
-from servemon.loadgen.slo import parse_slo
-from servemon.loadgen.summary import summarize
+from servemon.loadgen.record.runrecord import RunResult
+from servemon.loadgen.record.slo import parse_slo
+from servemon.loadgen.record.summary import summarize
+from servemon.loadgen.run.clientwatch import LAG_LIMIT_S
+from servemon.loadgen.run.config import LoadConfig
 from servemon.simulator.profiles import load_profile
 from tests.support.runs import requests_of, run
 

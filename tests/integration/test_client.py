@@ -22,10 +22,10 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from servemon.loadgen.client import ClientSettings, make_session, send_request
-from servemon.loadgen.closedloop import run_closed_loop
-from servemon.loadgen.timing import Outcome, RequestTiming, TokenSource
-from servemon.loadgen.workload import chat_body
+from servemon.loadgen.send.client import ClientSettings, make_session, send_request
+from servemon.loadgen.send.closedloop import run_closed_loop
+from servemon.loadgen.send.timing import Outcome, RequestTiming, TokenSource
+from servemon.loadgen.workloads.workload import chat_body
 
 pytestmark = pytest.mark.integration
 

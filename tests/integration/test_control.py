@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from servemon.loadgen.runner import RunResult
+from servemon.loadgen.record.runrecord import RunResult
 from servemon.simulator.config import SimConfig
 from servemon.simulator.server import SimServer
 from tests.support.runs import config_for, run

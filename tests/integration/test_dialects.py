@@ -21,9 +21,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from servemon.loadgen.client import ClientSettings, make_session, send_request
-from servemon.loadgen.timing import Outcome, RequestTiming, TokenSource
-from servemon.loadgen.workload import chat_body
+from servemon.loadgen.send.client import ClientSettings, make_session, send_request
+from servemon.loadgen.send.timing import Outcome, RequestTiming, TokenSource
+from servemon.loadgen.workloads.workload import chat_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

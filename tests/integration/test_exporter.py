@@ -26,7 +26,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from servemon.loadgen.client import ClientSettings, make_session, send_request
+from servemon.loadgen.send.client import ClientSettings, make_session, send_request
 from servemon.monitor.config import ExporterConfig, TargetConfig
 from servemon.monitor.exporter import Exporter
 from servemon.monitor.gpu import FakeGpuReader

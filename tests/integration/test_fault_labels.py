@@ -1,4 +1,4 @@
-"""One definition of how a request failed (monitor.failures): the load generator and
+"""One definition of how a request failed (core.wire.failures): the load generator and
 the canary probe label every fault the same way, over real sockets on 127.0.0.1.
 
 Each fault is a small server of its own (or a port where none listens, or a listener
@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 import pytest
 
-from servemon.loadgen.client import ClientSettings, make_session, send_request
+from servemon.core.outcomes import Outcome
+from servemon.core.wire.http import PoolConnector
+from servemon.core.wire.limits import session_options
+from servemon.loadgen.send.client import ClientSettings, make_session, send_request
 from servemon.monitor.engine import Target
-from servemon.monitor.http import PoolConnector
-from servemon.monitor.limits import session_options
-from servemon.monitor.outcomes import Outcome
 from servemon.monitor.probe import Prober
 
 pytestmark = pytest.mark.integration

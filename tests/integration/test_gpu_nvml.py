@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from servemon.monitor import names
+from servemon.core import names
 from servemon.monitor.gpu import THROTTLE_REASONS, GpuCollector, GpuUnavailable
 from servemon.monitor.nvml import NvmlReader
 

@@ -22,9 +22,10 @@ import pytest
 from rich.console import Console
 from scipy import stats
 
-from servemon.loadgen.config import LoadConfig
-from servemon.loadgen.progress import Progress
-from servemon.loadgen.runner import RunResult, Stopper, run_load
+from servemon.loadgen.record.runrecord import RunResult
+from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.progress import Progress
+from servemon.loadgen.runner import Stopper, run_load
 
 pytestmark = pytest.mark.integration
 

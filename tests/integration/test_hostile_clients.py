@@ -1,7 +1,7 @@
 """Every HTTP client servemon has, against a hostile server
 (:mod:`tests.support.hostile`: gzip bombs of 2 GiB, header floods, an endless
 stream, a slow drip), over real sockets: each ends with an error that names the
-bound it hit (monitor/limits.py), or with its deadline, and nothing raises out of
+bound it hit (core/wire/limits.py), or with its deadline, and nothing raises out of
 it. The load generator's memory and schedule under the same answers are in
 ``e2e/test_hostile_server.py``."""
 
@@ -14,17 +14,21 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from servemon.errors import TargetError
-from servemon.loadgen.client import ClientSettings, make_session, send_request
-from servemon.loadgen.promsource import PrometheusSampler
-from servemon.loadgen.sampler import ServerSampler
-from servemon.loadgen.target import discover_model, target_version
-from servemon.loadgen.timing import Outcome
-from servemon.loadgen.tokens import EstimateCounter, ServerTokenizer, pick_counter
+from servemon.core.errors import TargetError
+from servemon.core.signals import queries
+from servemon.core.wire.limits import ResponseLimits, session_options
+from servemon.loadgen.run.promsource import PrometheusSampler
+from servemon.loadgen.run.sampler import ServerSampler
+from servemon.loadgen.run.target import discover_model, target_version
+from servemon.loadgen.send.client import ClientSettings, make_session, send_request
+from servemon.loadgen.send.timing import Outcome
+from servemon.loadgen.workloads.tokens import (
+    EstimateCounter,
+    ServerTokenizer,
+    pick_counter,
+)
 from servemon.monitor.engine import EngineCollector, Target
-from servemon.monitor.limits import ResponseLimits, session_options
 from servemon.monitor.probe import Prober
-from servemon.monitor.signals import queries
 from tests.support.hostile import MODEL, hostile_target
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]

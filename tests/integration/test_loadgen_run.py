@@ -24,9 +24,10 @@ import aiohttp
 import pytest
 from scipy import stats
 
-from servemon.loadgen.arrivals import Arrival, Due, parse_stages, schedule
-from servemon.loadgen.report import write_report
-from servemon.loadgen.runner import RunResult, Stopper
+from servemon.loadgen.record.runrecord import RunResult
+from servemon.loadgen.reports.report import write_report
+from servemon.loadgen.runner import Stopper
+from servemon.loadgen.send.arrivals import Arrival, Due, parse_stages, schedule
 from servemon.simulator.config import SimConfig
 from servemon.simulator.server import SimServer
 from tests.support.runs import config_for, run

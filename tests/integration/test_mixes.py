@@ -15,8 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from servemon.errors import TargetError
-from servemon.loadgen.runner import RunResult
+from servemon.core.errors import TargetError
+from servemon.loadgen.record.runrecord import RunResult
 from servemon.simulator.config import SimConfig
 from servemon.simulator.server import SimServer
 from tests.support.runs import config_for, run

@@ -18,9 +18,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from servemon.loadgen.config import LoadConfig
-from servemon.loadgen.progress import Progress
-from servemon.loadgen.runner import RunResult, Stopper, run_load
+from servemon.loadgen.record.runrecord import RunResult
+from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.progress import Progress
+from servemon.loadgen.runner import Stopper, run_load
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

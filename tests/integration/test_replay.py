@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from servemon.loadgen.replayplan import replay_plan
-from servemon.loadgen.tracefile import prefix_hit_ratio, read_trace
-from servemon.loadgen.tracesynth import SynthSpec, synthesize
+from servemon.loadgen.workloads.replayplan import replay_plan
+from servemon.loadgen.workloads.tracefile import prefix_hit_ratio, read_trace
+from servemon.loadgen.workloads.tracesynth import SynthSpec, synthesize
 from servemon.simulator.config import SimConfig
 from servemon.simulator.server import SimServer
 from tests.support.runs import config_for, run

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from servemon.loadgen.report import write_report
-from servemon.loadgen.runner import RunResult
+from servemon.loadgen.record.runrecord import RunResult
+from servemon.loadgen.reports.report import write_report
 from servemon.simulator.config import SimConfig
 from servemon.simulator.server import SimServer
 from tests.support.runs import config_for, run

@@ -1,4 +1,4 @@
-"""The signal queries of ``--prometheus`` runs (:mod:`monitor.signals`) under
+"""The signal queries of ``--prometheus`` runs (:mod:`core.signals`) under
 Prometheus' own evaluator (``promtool test rules``): a fleet's series summed over a
 selector, and the error rate of a run without failures 0, not missing."""
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from servemon.monitor import names
-from servemon.monitor.signals import parse_selector, queries
+from servemon.core import names
+from servemon.core.signals import parse_selector, queries
 
 PROMTOOL = shutil.which("promtool")
 

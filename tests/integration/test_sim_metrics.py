@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from servemon.monitor import buckets
+from servemon.core import buckets
 from servemon.simulator.config import DIALECTS
 from servemon.simulator.stats import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 

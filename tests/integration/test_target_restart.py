@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from servemon.monitor import names
+from servemon.core import names
 from servemon.simulator.config import SimConfig, merge
 from servemon.simulator.server import SimServer
 from tests.support.runs import config_for, run

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
+from servemon.core import names
 from servemon.dashboards.build import dashboard_json
 from servemon.dashboards.panels import PEAK_DEFAULTS
-from servemon.monitor import names
 
 PROMTOOL = shutil.which("promtool")
 

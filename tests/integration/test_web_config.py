@@ -20,12 +20,12 @@ import aiohttp
 import bcrypt
 import pytest
 
-from servemon.errors import ConfigError
-from servemon.loadgen.live import LiveMetrics
+from servemon.core.errors import ConfigError
+from servemon.core.wire.webconfig import load_web_config
+from servemon.loadgen.run.live import LiveMetrics
 from servemon.monitor.config import ExporterConfig, TargetConfig
 from servemon.monitor.exporter import Exporter
 from servemon.monitor.gpu import FakeGpuReader
-from servemon.monitor.webconfig import load_web_config
 from tests.support.certs import Pki, make_pki
 
 pytestmark = pytest.mark.integration

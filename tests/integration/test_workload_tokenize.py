@@ -12,14 +12,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from servemon.errors import ConfigError, TargetError
-from servemon.loadgen.tokens import (
+from servemon.core.errors import ConfigError, TargetError
+from servemon.loadgen.workloads.tokens import (
     EstimateCounter,
     LocalTokenizer,
     ServerTokenizer,
     pick_counter,
 )
-from servemon.loadgen.workload import build_workload, request_body
+from servemon.loadgen.workloads.workload import build_workload, request_body
 
 pytestmark = pytest.mark.integration
 

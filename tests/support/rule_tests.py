@@ -1,7 +1,7 @@
 """promtool unit tests for the generated rules: every alert firing and staying silent.
 
 :func:`promtool_tests` builds a ``promtool test rules`` file for one SLO config. Its
-input series are servemon's own series (names from :mod:`monitor.names`), labelled
+input series are servemon's own series (names from :mod:`core.names`), labelled
 as the exporter and the load generator label them. For every SLO:
 
 - a breach (every request bad) fires the page and the ticket alert;
@@ -12,7 +12,7 @@ as the exporter and the load generator label them. For every SLO:
 - a breach that stopped stops alerting once the short windows are clean, although
   the long windows still remember it;
 - for a client availability SLO, the bad requests are spread over every failed
-  outcome of :mod:`monitor.outcomes`, and requests that are not judged (cancelled)
+  outcome of :mod:`core.outcomes`, and requests that are not judged (cancelled)
   are not errors; for an engine one, over the finish reasons abort and error and
   the admission rejections, and a target that refuses every request (nothing ever
   finishes) breaches too.
@@ -32,12 +32,12 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from servemon.core import names
+from servemon.core.outcomes import FAILED, NOT_JUDGED
+from servemon.core.promql import duration, number
 from servemon.dashboards import rules as r
 from servemon.dashboards.sli import REQUESTS
 from servemon.dashboards.slos import SEVERITIES, LatencySlo, Severity, Slo, SloConfig
-from servemon.monitor import names
-from servemon.monitor.outcomes import FAILED, NOT_JUDGED
-from servemon.monitor.promql import duration, number
 
 __all__ = ["promtool_tests", "render_template"]
 

@@ -9,11 +9,12 @@ from typing import Any
 
 from rich.console import Console
 
-from servemon.loadgen.config import LoadConfig
-from servemon.loadgen.progress import Progress
-from servemon.loadgen.record import read_jsonl, timing_from_line
-from servemon.loadgen.runner import RunResult, Stopper, run_load
-from servemon.loadgen.timing import RequestTiming
+from servemon.loadgen.record.record import read_jsonl, timing_from_line
+from servemon.loadgen.record.runrecord import RunResult
+from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.progress import Progress
+from servemon.loadgen.runner import Stopper, run_load
+from servemon.loadgen.send.timing import RequestTiming
 
 __all__ = ["SMALL", "config_for", "requests_of", "run"]
 

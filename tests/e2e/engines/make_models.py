@@ -46,7 +46,7 @@ CHAT_TEMPLATE = (
 def vocabulary() -> list[str]:
     """Special tokens, then servemon's word list (the load generator's words)."""
     # Read by path: this interpreter has none of servemon's dependencies.
-    source = Path(__file__).resolve().parents[3] / "loadgen" / "tokens.py"
+    source = Path(__file__).resolve().parents[3] / "loadgen" / "workloads" / "tokens.py"
     text = source.read_text(encoding="utf-8")
     lists = [
         match.group(1).split()

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
+from servemon.core import names
+from servemon.core.outcomes import FAILED_MATCHER, JUDGED_MATCHER
 from servemon.dashboards.build import DASHBOARDS, dashboard_json
 from servemon.dashboards.overview import GOODPUT_TTFT
 from servemon.dashboards.panels import PEAK_DEFAULTS
 from servemon.dashboards.rule_names import burn_rate_name
 from servemon.dashboards.rules import generate_rules, load_slo_config
 from servemon.dashboards.sli import HISTOGRAMS
-from servemon.monitor import names
-from servemon.monitor.outcomes import FAILED_MATCHER, JUDGED_MATCHER
 
 JSON_DIR = Path(__file__).resolve().parents[3] / "dashboards" / "json"
 COUNTERS = [s.name for s in names.SCHEMA if s.kind == "counter"]

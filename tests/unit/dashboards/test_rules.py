@@ -9,6 +9,18 @@ from typing import Any
 
 import pytest
 
+from servemon.core import names
+from servemon.core.errors import ConfigError
+from servemon.core.outcomes import (
+    FAILED,
+    FAILED_MATCHER,
+    JUDGED_MATCHER,
+    NOT_JUDGED,
+    Outcome,
+    failed,
+    judged,
+)
+from servemon.core.promql import le_matcher
 from servemon.dashboards.rules import (
     ALERT_BURN,
     RULES_FILE,
@@ -20,18 +32,6 @@ from servemon.dashboards.rules import (
 )
 from servemon.dashboards.sli import ENGINE_ERROR_REASONS, HISTOGRAMS
 from servemon.dashboards.slos import SloConfig
-from servemon.errors import ConfigError
-from servemon.monitor import names
-from servemon.monitor.outcomes import (
-    FAILED,
-    FAILED_MATCHER,
-    JUDGED_MATCHER,
-    NOT_JUDGED,
-    Outcome,
-    failed,
-    judged,
-)
-from servemon.monitor.promql import le_matcher
 from tests.support.rule_tests import promtool_tests, render_template
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -378,7 +378,7 @@ def test_the_client_error_ratio_counts_exactly_the_failed_outcomes(
     tmp_path: Path,
 ) -> None:
     """Read back from the generated rule, so an outcome added to
-    :mod:`monitor.outcomes` (or a rule spelling its own) shows here."""
+    :mod:`core.outcomes` (or a rule spelling its own) shows here."""
     config = config_from(tmp_path, MINIMAL)
     expr = next(
         r["expr"]

@@ -11,8 +11,8 @@ import statistics
 import pytest
 from scipy import stats
 
-from servemon.errors import ConfigError
-from servemon.loadgen.arrivals import (
+from servemon.core.errors import ConfigError
+from servemon.loadgen.send.arrivals import (
     Arrival,
     Due,
     Stage,

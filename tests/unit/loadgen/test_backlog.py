@@ -10,8 +10,8 @@ import statistics
 
 import pytest
 
-from servemon.loadgen.backlog import PACE_MAX, PACE_MIN, PrefillBacklog
-from servemon.loadgen.timing import Outcome, RequestTiming
+from servemon.loadgen.drivers.backlog import PACE_MAX, PACE_MIN, PrefillBacklog
+from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 
 def _ended(request_id: str, end: float) -> RequestTiming:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from servemon.loadgen.capacity import blind
+from servemon.loadgen.drivers.capacity import blind
 
 FRESH = {"waiting": 0.0, "running": 3.0, "kv_cache_usage": 0.2, "preemptions": 0.0}
 STALE = {"waiting": None, "running": None, "kv_cache_usage": None, "preemptions": None}

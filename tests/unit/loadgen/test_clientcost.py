@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from servemon.errors import ConfigError
-from servemon.fields import load
+from servemon.core.errors import ConfigError
+from servemon.core.fields import load
 from servemon.load import auto_workers
-from servemon.loadgen.clientcost import CORE_BUDGET, request_cpu_s, workers_for
-from servemon.loadgen.config import LoadConfig
+from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.send.clientcost import CORE_BUDGET, request_cpu_s, workers_for
 
 
 def test_more_chunks_and_higher_rates_need_more_workers_up_to_the_cpus() -> None:

@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from servemon.loadgen import clientwatch
-from servemon.loadgen.clientwatch import ClientWatch, limit_lines
-from servemon.loadgen.runrecord import (
+from servemon.loadgen.record.runrecord import (
     ClientLimit,
     RunInfo,
     RunSummary,
@@ -19,8 +17,10 @@ from servemon.loadgen.runrecord import (
     read_record,
     write_record,
 )
-from servemon.loadgen.summary import Summarizer
-from servemon.loadgen.timing import Outcome, RequestTiming
+from servemon.loadgen.record.summary import Summarizer
+from servemon.loadgen.run import clientwatch
+from servemon.loadgen.run.clientwatch import ClientWatch, limit_lines
+from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 
 def late(lag_s: float, stage: int = 0) -> RequestTiming:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from servemon.loadgen.context import HISTORY_SERIES, history_samples
-from servemon.loadgen.sampler import parse_engine_samples
-from servemon.monitor import names
+from servemon.core import names
+from servemon.loadgen.run.context import HISTORY_SERIES, history_samples
+from servemon.loadgen.run.sampler import parse_engine_samples
 
 
 def family(kind: str, name: str, values: list[float]) -> str:

@@ -15,12 +15,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from servemon.errors import ConfigError
-from servemon.loadgen.config import LoadConfig
-from servemon.loadgen.controllaw import KP_MAX, ControlLaw, control_interval, parse_hold
-from servemon.loadgen.plan import check_load_config
-from servemon.loadgen.promsource import PrometheusSampler
-from servemon.monitor.signals import SIGNALS, parse_selector, queries
+from servemon.core.errors import ConfigError
+from servemon.core.signals import SIGNALS, parse_selector, queries
+from servemon.loadgen.drivers.controllaw import KP_MAX, ControlLaw, control_interval
+from servemon.loadgen.run.config import LoadConfig, parse_hold
+from servemon.loadgen.run.plan import check_load_config
+from servemon.loadgen.run.promsource import PrometheusSampler
 
 
 def test_the_queue_law_holds_a_queue_whatever_the_servers_speed() -> None:
@@ -355,9 +355,9 @@ def test_every_signal_query_carries_the_selector_and_a_freshness_query() -> None
 def test_the_burn_rate_signal_reads_the_generated_rules() -> None:
     import re
 
+    from servemon.core.signals import BURN_RATE_RECORDS
     from servemon.dashboards.rule_names import burn_rate_name
     from servemon.dashboards.slos import LatencySlo
-    from servemon.monitor.signals import BURN_RATE_RECORDS
 
     slo = LatencySlo(name="ttft", objective=0.99, figure="ttft", threshold=0.5)
     for window in (300, 3600, 5):  # whatever windows the rules were written with

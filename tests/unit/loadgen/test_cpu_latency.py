@@ -13,8 +13,12 @@ import pytest
 from click.testing import CliRunner
 
 from servemon.cli import cli
-from servemon.errors import ConfigError
-from servemon.loadgen.cpulatency import PM_QOS_PATH, check_cpu_latency, hold_cpu_latency
+from servemon.core.errors import ConfigError
+from servemon.loadgen.send.cpulatency import (
+    PM_QOS_PATH,
+    check_cpu_latency,
+    hold_cpu_latency,
+)
 
 
 def _current() -> int:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servemon.loadgen.figures import FOLD_EVERY, RELATIVE_ACCURACY, FigureStats
+from servemon.loadgen.record.figures import FOLD_EVERY, RELATIVE_ACCURACY, FigureStats
 
 latencies = st.lists(
     st.floats(min_value=1e-6, max_value=600.0, allow_nan=False), min_size=2
@@ -111,7 +111,7 @@ def test_folding_in_bulk_is_adding_one_by_one(values: list[float]) -> None:
     """The bulk fold gives the sketch the same buckets as its own add would."""
     from ddsketch import DDSketch
 
-    from servemon.loadgen.figures import _fold
+    from servemon.loadgen.record.figures import _fold
 
     one_by_one = DDSketch(relative_accuracy=RELATIVE_ACCURACY)
     for value in values:

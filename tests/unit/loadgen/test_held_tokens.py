@@ -8,9 +8,14 @@ import random
 
 import pytest
 
-from servemon.loadgen.controllaw import HORIZON_LIFETIMES, TOLERANCE, ControlLaw
-from servemon.loadgen.heldtokens import MIN_FINISHED, Forecast, HeldTokens, tail_speed
-from servemon.loadgen.timing import Outcome, RequestTiming
+from servemon.loadgen.drivers.controllaw import HORIZON_LIFETIMES, TOLERANCE, ControlLaw
+from servemon.loadgen.drivers.heldtokens import (
+    MIN_FINISHED,
+    Forecast,
+    HeldTokens,
+    tail_speed,
+)
+from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 
 def _done(

@@ -18,10 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from servemon.loadgen.arrivals import Due
-from servemon.loadgen.client import parse_event
-from servemon.loadgen.dispatch import KernelTimer, OpenLoop
-from servemon.loadgen.live import observe_many
+from servemon.loadgen.run.live import observe_many
+from servemon.loadgen.send.arrivals import Due
+from servemon.loadgen.send.client import parse_event
+from servemon.loadgen.send.dispatch import KernelTimer, OpenLoop
 
 EDGES = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0]
 gaps = st.lists(

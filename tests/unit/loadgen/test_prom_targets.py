@@ -1,4 +1,4 @@
-"""loadgen.promtargets: the scrape interval behind ``--select``, asked of a
+"""loadgen.run.promtargets: the scrape interval behind ``--select``, asked of a
 stand-in for Prometheus' HTTP API over a real socket (the answers shaped as
 Prometheus 2.42 gives them); whatever it cannot say falls back to 15 s with the
 reason, and no read is unbounded."""
@@ -13,7 +13,7 @@ import aiohttp
 from aiohttp import web
 
 from servemon.embedded import free_port
-from servemon.loadgen.promtargets import ScrapeInterval, find_scrape_interval
+from servemon.loadgen.run.promtargets import ScrapeInterval, find_scrape_interval
 
 
 def _target(job: str, instance: str, interval: str | None, **labels: str) -> Any:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from servemon.loadgen.record import (
+from servemon.loadgen.record.record import (
     RunDirectory,
     read_jsonl,
     request_line,
     timing_from_line,
 )
-from servemon.loadgen.timing import Outcome, RequestTiming
+from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 
 def timing(**fields: object) -> RequestTiming:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from servemon.errors import ConfigError
-from servemon.loadgen.runrecord import (
+from servemon.core.errors import ConfigError
+from servemon.loadgen.record.runrecord import (
     RunInfo,
     RunSummary,
     StageResult,
@@ -17,8 +17,8 @@ from servemon.loadgen.runrecord import (
     read_record,
     write_record,
 )
-from servemon.loadgen.slo import parse_slo
-from servemon.loadgen.timing import Outcome, RequestTiming
+from servemon.loadgen.record.slo import parse_slo
+from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 
 def timing(i: int, stage: int, outcome: Outcome = Outcome.OK) -> RequestTiming:
@@ -115,7 +115,7 @@ def test_a_damaged_record_is_one_line_naming_the_field(
 def test_every_figure_reaches_the_json_the_csv_and_back(tmp_path: Path) -> None:
     """A figure declared in FIGURES is summed, written and read back with nothing
     else to change: here every one of them, from requests that have them all."""
-    from servemon.loadgen.figures import FIGURE_NAMES
+    from servemon.loadgen.record.figures import FIGURE_NAMES
 
     tally = Tally()
     for i in range(5):

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from servemon.loadgen.client import server_facts
+from servemon.loadgen.send.client import server_facts
 
 
 def test_vllm_metrics_and_cached_tokens_in_seconds() -> None:

@@ -13,15 +13,24 @@ from pathlib import Path
 
 import pytest
 
-from servemon.errors import ConfigError
-from servemon.loadgen.client import _Probe, server_facts
-from servemon.loadgen.modelmix import parse_model
-from servemon.loadgen.promptfile import read_conversations
-from servemon.loadgen.record import request_line, timing_from_line
-from servemon.loadgen.runrecord import RunSummary, StageResult, Tally, _summary_input
-from servemon.loadgen.sessions import SessionWorkload, parse_sessions, parse_think
-from servemon.loadgen.timing import Outcome, RequestTiming
-from servemon.loadgen.workload import build_workload, check_workload
+from servemon.core.errors import ConfigError
+from servemon.loadgen.record.record import request_line, timing_from_line
+from servemon.loadgen.record.runrecord import (
+    RunSummary,
+    StageResult,
+    Tally,
+    _summary_input,
+)
+from servemon.loadgen.send.client import _Probe, server_facts
+from servemon.loadgen.send.timing import Outcome, RequestTiming
+from servemon.loadgen.workloads.modelmix import parse_model
+from servemon.loadgen.workloads.promptfile import read_conversations
+from servemon.loadgen.workloads.sessions import (
+    SessionWorkload,
+    parse_sessions,
+    parse_think,
+)
+from servemon.loadgen.workloads.workload import build_workload, check_workload
 
 
 class WordCounter:
@@ -277,8 +286,8 @@ def test_a_model_that_does_not_reason_has_its_answer_at_its_first_token() -> Non
 
 
 def test_the_users_of_a_sweep_come_from_one_place() -> None:
-    from servemon.loadgen.config import LoadConfig
-    from servemon.loadgen.plan import check_load_config, plan_stages
+    from servemon.loadgen.run.config import LoadConfig
+    from servemon.loadgen.run.plan import check_load_config, plan_stages
 
     config = LoadConfig(workload="sessions:users=6")
     assert [s.label for s in plan_stages("sweep", config)] == ["6 users"]

@@ -11,22 +11,22 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from servemon.errors import ConfigError
-from servemon.fields import Secret, merge
-from servemon.loadgen.arrivals import Due
-from servemon.loadgen.config import (
+from servemon.core.errors import ConfigError
+from servemon.core.fields import Secret, merge
+from servemon.loadgen.record.slo import SloTerm, parse_slo, request_meets
+from servemon.loadgen.run.config import (
     LoadConfig,
     auth_headers,
     header_lines,
     parse_extra_body,
     secret_header_names,
 )
-from servemon.loadgen.dispatch import OpenLoop
-from servemon.loadgen.live import LiveMetrics
+from servemon.loadgen.run.live import LiveMetrics
+from servemon.loadgen.run.sampler import parse_engine_samples
 from servemon.loadgen.runner import recorded_config, redact_argv
-from servemon.loadgen.sampler import parse_engine_samples
-from servemon.loadgen.slo import SloTerm, parse_slo, request_meets
-from servemon.loadgen.timing import Outcome, RequestTiming
+from servemon.loadgen.send.arrivals import Due
+from servemon.loadgen.send.dispatch import OpenLoop
+from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 
 def test_slo_terms_parse() -> None:

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from servemon.loadgen.controlsignal import ClientWindow
-from servemon.loadgen.plan import StageRecord
-from servemon.loadgen.progress import Progress
-from servemon.loadgen.summary import Distribution, flat_row, summarize
-from servemon.loadgen.timing import Outcome, RequestTiming, TokenSource
-from servemon.monitor.outcomes import count_failed, count_not_judged
+from servemon.core.outcomes import count_failed, count_not_judged
+from servemon.loadgen.drivers.controlsignal import ClientWindow
+from servemon.loadgen.record.summary import Distribution, flat_row, summarize
+from servemon.loadgen.run.plan import StageRecord
+from servemon.loadgen.run.progress import Progress
+from servemon.loadgen.send.timing import Outcome, RequestTiming, TokenSource
 
 
 def timing(**fields: Any) -> RequestTiming:
@@ -224,7 +224,7 @@ def test_empty_input() -> None:
 
 
 def test_merged_summarizers_sum_up_as_one() -> None:
-    from servemon.loadgen.summary import Summarizer
+    from servemon.loadgen.record.summary import Summarizer
 
     timings = [
         timing(
@@ -243,7 +243,7 @@ def test_merged_summarizers_sum_up_as_one() -> None:
 
 
 def test_cancelled_requests_are_neither_ok_nor_errors() -> None:
-    """One definition of "failed" (monitor.outcomes) behind the summary, the CSV
+    """One definition of "failed" (core.outcomes) behind the summary, the CSV
     row, the tables and the progress line: a request the client cancelled (walked
     away from, or cut short when a step ended) is counted apart, never an error."""
     timings = [

@@ -11,18 +11,18 @@ from typing import Any
 
 import pytest
 
-from servemon.errors import ConfigError
-from servemon.loadgen.replayplan import replay_plan
-from servemon.loadgen.tokens import EstimateCounter
-from servemon.loadgen.tracefile import (
+from servemon.core.errors import ConfigError
+from servemon.loadgen.workloads.replayplan import replay_plan
+from servemon.loadgen.workloads.tokens import EstimateCounter
+from servemon.loadgen.workloads.tracefile import (
     BLOCK_TOKENS,
     TraceEntry,
     parse_trace,
     prefix_hit_ratio,
     read_trace,
 )
-from servemon.loadgen.tracesynth import SynthSpec, synthesize
-from servemon.loadgen.workload import build_workload, trace_path
+from servemon.loadgen.workloads.tracesynth import SynthSpec, synthesize
+from servemon.loadgen.workloads.workload import build_workload, trace_path
 
 
 class WordCounter:
@@ -278,7 +278,7 @@ async def test_trace_prompts_keep_the_prefix_structure_token_for_token(
 def test_an_unchanged_trace_is_parsed_once_and_a_changed_one_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import servemon.loadgen.tracefile as tracefile
+    import servemon.loadgen.workloads.tracefile as tracefile
 
     parsed: list[str] = []
     real = tracefile.parse_trace

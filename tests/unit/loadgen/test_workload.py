@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from servemon.errors import ConfigError
-from servemon.loadgen.tokens import (
+from servemon.core.errors import ConfigError
+from servemon.loadgen.workloads.tokens import (
     WORDS,
     EstimateCounter,
     LocalTokenizer,
@@ -24,7 +24,7 @@ from servemon.loadgen.tokens import (
     count_each,
     estimate_tokens,
 )
-from servemon.loadgen.workload import (
+from servemon.loadgen.workloads.workload import (
     Prompt,
     Workload,
     build_workload,

@@ -23,7 +23,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from servemon.monitor import names
+from servemon.core import names
 from servemon.monitor.gpu import (
     THROTTLE_REASONS,
     FakeGpuReader,

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
-from servemon.monitor import names
+from servemon.core import names
 from servemon.monitor.normalize import Normalized, Normalizer, detect_engine, normalize
 
 Key = tuple[str, frozenset[tuple[str, str]]]

@@ -1,4 +1,4 @@
-"""monitor.promql: the one spelling of servemon's queries."""
+"""core.promql: the one spelling of servemon's queries."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from servemon.monitor import names
-from servemon.monitor import promql as q
+from servemon.core import names
+from servemon.core import promql as q
 
 
 @pytest.mark.parametrize(

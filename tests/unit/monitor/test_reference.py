@@ -1,4 +1,4 @@
-"""docs/metrics.md carries the series reference generated from monitor/names.py."""
+"""docs/metrics.md carries the series reference generated from core/names.py."""
 
 from __future__ import annotations
 
@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from servemon.monitor import names
-from servemon.monitor.reference import main, render, update
+from servemon.core import names
+from servemon.core.reference import main, render, update
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
 
 
 def test_the_committed_reference_is_current() -> None:
     assert main(["--check", str(DOC)]) == 0, (
-        "run: python -m servemon.monitor.reference docs/metrics.md"
+        "run: python -m servemon.core.reference docs/metrics.md"
     )
 
 

@@ -1,4 +1,4 @@
-"""SSE framing: :func:`monitor.sse.iter_events` over a real aiohttp ``StreamReader``.
+"""SSE framing: :func:`core.wire.sse.iter_events` over a real aiohttp ``StreamReader``.
 
 The reader is the class a client response's ``.content`` is, on a protocol that
 believes it is connected (a bare transport that is never written to), fed by hand as
@@ -14,7 +14,7 @@ import pytest
 from aiohttp import StreamReader
 from aiohttp.base_protocol import BaseProtocol
 
-from servemon.monitor.sse import iter_events
+from servemon.core.wire.sse import iter_events
 
 LIMIT = 2**16
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from servemon.monitor import names as N
+from servemon.core import names as N
 from servemon.monitor.normalize import Normalized, normalize
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "vllm"

@@ -11,9 +11,9 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from servemon.errors import ConfigError
-from servemon.monitor import webconfig
-from servemon.monitor.webconfig import BasicAuthenticator, load_web_config
+from servemon.core.errors import ConfigError
+from servemon.core.wire import webconfig
+from servemon.core.wire.webconfig import BasicAuthenticator, load_web_config
 from tests.support.certs import Pki, make_pki
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from servemon.errors import ConfigError
-from servemon.fields import layer_config, load, read_yaml
-from servemon.loadgen.config import LoadConfig
+from servemon.core.errors import ConfigError
+from servemon.core.fields import layer_config, load, read_yaml
+from servemon.loadgen.run.config import LoadConfig
 from servemon.monitor.config import ExporterConfig, TargetConfig
 from servemon.simulator.config import DIALECTS, Faults, SimConfig, merge
 from servemon.simulator.profiles import BUILTIN_PROFILES, load_profile

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from servemon.load import capacity_lines
-from servemon.loadgen.findings import CapacityResult, StepVerdict
+from servemon.loadgen.record.findings import CapacityResult, StepVerdict
 
 
 def result(*steps: StepVerdict, capacity: float | None, ended: str) -> CapacityResult:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from servemon.loadgen.config import LoadConfig
+from servemon.loadgen.run.config import LoadConfig
 from servemon.workers import _header_file, _worker_config
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from servemon.errors import ConfigError
+from servemon.core.errors import ConfigError
 from servemon.simulator.config import SimConfig, merge, parse_reasoning_tokens
 from servemon.simulator.engine import Engine, EngineArgs
 from servemon.simulator.lora import AdapterCache

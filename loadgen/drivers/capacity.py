@@ -1,0 +1,319 @@
+"""``servemon capacity``: the highest request rate that meets the SLO, and what gives.
+
+The search runs open-loop steps in one run directory (each a stage of its own):
+it doubles the rate from ``--rps-min`` until a step breaks the SLO, then bisects
+between the last good and the first bad rate until they are within ``--precision``
+of each other, or ``--max-duration`` runs out. A step is judged on the requests
+scheduled after its settle time: every ``--slo`` term must hold, and no saturation
+signal may have ended it early.
+
+Read from Prometheus (``--prometheus``), a step is judged on the server's signals
+only when it had them: if fewer than half of its Prometheus reads carried a fresh
+queue, KV-cache or preemption signal (Prometheus down, restarting or its series
+stale), the step is *blind*: never judged good (its client figures may still break
+the SLO), and the search stops there with the capacity found so far and the reason,
+rather than raise the rate on signals it never saw.
+
+While a step runs, the target's own metrics can cut it short: the waiting queue
+growing sample after sample, preemptions climbing, or the KV cache pinned at the top
+while the client's TTFT rises; and the client itself, if its dispatch lag grows (then
+it is the load generator, not the server, that gave out). Without the target's
+``/metrics`` (Transformers Serve, a gateway) the search judges on client figures
+alone.
+
+The result — ``capacity_rps`` (the highest good rate), the bracket it lies in, the
+SLO term that broke first and what saturated first (``queue``, ``kv_cache``,
+``client`` or ``none``) — goes into ``summary.json`` and is printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from servemon.core import names
+from servemon.loadgen.drivers.ramp import open_loop
+from servemon.loadgen.record.runrecord import CapacityResult, StepVerdict
+from servemon.loadgen.record.slo import SloTerm
+from servemon.loadgen.record.summary import Summarizer, Summary
+from servemon.loadgen.run.clientwatch import LAG_WINDOW, fell_behind, lag_median
+from servemon.loadgen.run.context import Driven, RunContext
+from servemon.loadgen.run.plan import StageRecord, step_seconds
+from servemon.loadgen.send.arrivals import Arrival, Stage
+from servemon.loadgen.send.stopping import Stopper
+from servemon.loadgen.send.timing import RequestTiming
+
+__all__ = ["CapacityResult", "StepVerdict", "drive_capacity"]
+
+WAITING = names.ENGINE_REQUESTS_WAITING.name
+RUNNING = names.ENGINE_REQUESTS_RUNNING.name
+KV = names.ENGINE_KV_CACHE_USAGE.name
+PREEMPTIONS = names.ENGINE_PREEMPTIONS.name
+#: A step lasts long enough for about this many judged requests.
+MIN_REQUESTS = 10
+History = Iterable[tuple[float, list[list[Any]]]]
+
+
+class _Step:
+    """A sink that sums up one step's own requests as they finish: those scheduled
+    after its settle time (what the step is judged on), all of them, and the
+    dispatch lag of the most recent ones."""
+
+    def __init__(self, record: StageRecord, slo: list[SloTerm], settle_s: float):
+        self.record, self.settle_s = record, settle_s
+        self.judged = Summarizer(slo)
+        self.every = Summarizer(slo)
+        self.lags: deque[float] = deque(maxlen=LAG_WINDOW)
+
+    def __call__(self, timing: RequestTiming) -> None:
+        if timing.stage != self.record.index:
+            return
+        self.lags.append(timing.dispatch_lag)
+        self.every.add(timing)
+        start = self.record.start_s
+        if start is not None and timing.scheduled_s >= start + self.settle_s:
+            self.judged.add(timing)
+
+    def summary(self) -> Summary:
+        """What the step is judged on (all its requests if none came after the
+        settle time)."""
+        own = self.judged if self.judged.requests else self.every
+        return own.summary()
+
+
+def _window(history: History, start: float, end: float) -> list[dict[str, float]]:
+    """The target's samples between ``start`` and ``end``, summed over ranks."""
+    out = []
+    for at, samples in history:
+        if start <= at <= end:
+            sums: dict[str, float] = {}
+            for name, _labels, value in samples:
+                if name in (WAITING, RUNNING, PREEMPTIONS):
+                    sums[name] = sums.get(name, 0.0) + value
+                elif name == KV:
+                    sums[name] = max(sums.get(name, 0.0), value)
+            out.append(sums)
+    return out
+
+
+def _server_signal(window: list[dict[str, float]]) -> tuple[str, str] | None:
+    """(what saturated, why) if the target plainly cannot sustain the step."""
+    if len(window) < 4:
+        return None
+    recent = window[-4:]
+    waiting = [s.get(WAITING, 0.0) for s in recent]
+    running = max(s.get(RUNNING, 0.0) for s in recent)
+    kv = [s.get(KV, 0.0) for s in recent]
+    pre = [s.get(PREEMPTIONS, 0.0) for s in recent]
+    if pre[-1] > pre[0] and all(b >= a for a, b in itertools.pairwise(pre)):
+        return "kv_cache", f"preemptions climbing ({pre[0]:.0f} -> {pre[-1]:.0f})"
+    if min(kv) >= 0.98 and waiting[-1] > 0:
+        return "kv_cache", "KV cache pinned at the top with requests waiting"
+    grows = all(b > a for a, b in itertools.pairwise(waiting))
+    if grows and waiting[-1] > max(4.0, running):
+        return "queue", f"waiting queue growing without bound ({waiting[-1]:.0f})"
+    return None
+
+
+def _attribute(history: History, record: StageRecord, summary: Summary) -> str:
+    """What gave out first during a bad step."""
+    window = _window(history, record.start_s or 0.0, record.end_s or time.monotonic())
+    if window:
+        kv = max(s.get(KV, 0.0) for s in window)
+        preempted = window[-1].get(PREEMPTIONS, 0.0) - window[0].get(PREEMPTIONS, 0.0)
+        if kv >= 0.95 or preempted > 0:
+            return "kv_cache"
+        queued = sum(1 for s in window if s.get(WAITING, 0.0) > 0)
+        if queued >= max(1, len(window) // 5):
+            return "queue"  # requests waited for a batch slot in a fifth of samples
+    lag = summary.figure("dispatch_lag")
+    if lag is not None and fell_behind(lag.p50):
+        return "client"
+    return "none"
+
+
+async def _watch(
+    history: History,
+    step: _Step,
+    halt: asyncio.Event,
+    verdict: dict[str, str],
+) -> None:
+    """Cut a step short on a saturation signal (after its settle time)."""
+    record = step.record
+    while True:
+        await asyncio.sleep(1.0)
+        if record.start_s is None or time.monotonic() < record.start_s + step.settle_s:
+            continue
+        signal = _server_signal(_window(history, record.start_s, time.monotonic()))
+        # The client is behind when its recent lag stays high (the median of the
+        # last requests), not when one stall of the process shows in a p99; by the
+        # client watch's one definition.
+        if signal is None and fell_behind(lag_median(step.lags)):
+            signal = ("client", "the client fell behind its schedule")
+        if signal is not None:
+            verdict["saturated"], verdict["reason"] = signal
+            halt.set()
+            return
+
+
+#: The signals a step is judged on, by their names in Prometheus lines.
+_JUDGED_SIGNALS = ("waiting", "kv_cache_usage", "preemptions")
+
+
+def blind(
+    signal_history: Iterable[tuple[float, dict[str, float | None]]],
+    start: float,
+    end: float,
+) -> str | None:
+    """Why a step between ``start`` and ``end`` had too few fresh server signals
+    from Prometheus to be judged on them (None: it had enough): fewer than half of
+    its reads carried any of the signals a step is judged on."""
+    reads = fresh = 0
+    for at, signals in signal_history:
+        if start <= at <= end:
+            reads += 1
+            fresh += any(signals.get(k) is not None for k in _JUDGED_SIGNALS)
+    if reads == 0:
+        return "blind: no answer from Prometheus during the step"
+    if fresh * 2 < reads:
+        return (
+            f"blind: {reads - fresh} of {reads} reads from Prometheus during the "
+            "step had no fresh queue, KV-cache or preemption signal"
+        )
+    return None
+
+
+def _judge(
+    history: History, step: _Step, slo: list[SloTerm], early: dict[str, str]
+) -> StepVerdict:
+    summary = step.summary()
+    breaches = []
+    for term in slo:
+        value = summary.value(term.key)
+        if value is None or value > term.threshold:
+            shown = "none" if value is None else f"{value:.4g}"
+            breaches.append(f"{term} (was {shown})")
+    good = not breaches and not early
+    saturated = (
+        None
+        if good
+        else (early.get("saturated") or _attribute(history, step.record, summary))
+    )
+    return StepVerdict(
+        step.record.index,
+        step.record.target_rate or 0.0,
+        good,
+        breaches,
+        saturated,
+        early.get("reason"),
+        summary.requests,
+    )
+
+
+async def drive_capacity(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
+    """Run the search (see the module docstring)."""
+    c = ctx.config
+    step_s = step_seconds(c)
+    cap = c.rps_max if c.rps_max is not None else 10_000.0
+    deadline = time.monotonic() + c.max_duration
+    rate = min(c.rps_min, cap)
+    good: float | None = None
+    bad: float | None = None
+    steps: list[StepVerdict] = []
+    first_index = 0
+    ended = "precision reached"
+    interrupted = False
+    while True:
+        if time.monotonic() + step_s > deadline:
+            ended = "--max-duration reached"
+            break
+        # Long enough for MIN_REQUESTS judged requests even at a low rate.
+        duration = max(step_s, c.settle + MIN_REQUESTS / rate)
+        if time.monotonic() + duration > deadline:
+            ended = "--max-duration reached"
+            break
+        record = StageRecord(len(ctx.stages), f"{rate:.4g} rps", rate, None, duration)
+        ctx.stages.append(record)
+        step = _Step(record, ctx.slo, c.settle)
+        ctx.sinks.append(step)
+        halt = asyncio.Event()
+        early: dict[str, str] = {}
+        watcher = asyncio.create_task(_watch(ctx.history, step, halt, early))
+        try:
+            interrupted = await open_loop(
+                ctx,
+                [Stage(record.index, rate, duration, 0.0)],
+                stop,
+                arrival,
+                seed=c.seed + record.index,
+                first_index=first_index,
+                halt=halt,
+            )
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+            ctx.sinks.remove(step)
+        first_index += record.sent + record.skipped
+        verdict = _judge(ctx.history, step, ctx.slo, early)
+        unseen = None
+        if c.prometheus is not None and verdict.good and record.start_s is not None:
+            unseen = blind(ctx.signal_history, record.start_s, time.monotonic())
+        if unseen is not None:
+            verdict.good, verdict.blind, verdict.early_stop = False, True, unseen
+        steps.append(verdict)
+        ctx.progress.console.print(
+            f"capacity: {rate:.4g} req/s "
+            + (
+                "meets the SLO"
+                if verdict.good
+                else f"cannot be judged: {unseen}"
+                if unseen is not None
+                else "breaks: "
+                + "; ".join(verdict.breaches or [verdict.early_stop or ""])
+            )
+        )
+        if interrupted:
+            ended = "stopped"
+            break
+        if unseen is not None:
+            ended = f"{unseen} at {rate:.4g} req/s"
+            ctx.abort(f"capacity search stopped: {ended}")
+            break
+        if verdict.good:
+            good = rate
+        else:
+            bad = rate
+        if bad is None:
+            if rate >= cap:
+                ended = "--rps-max reached with the SLO still met"
+                break
+            rate = min(rate * 2, cap)
+        elif good is None:
+            if rate <= c.rps_min:
+                ended = "the SLO breaks already at --rps-min"
+                break
+            rate = max(c.rps_min, rate / 2)
+        elif (bad - good) / good <= c.precision:
+            break
+        else:
+            rate = (good + bad) / 2
+    first_bad = next((s for s in steps if not s.good and not s.blind), None)
+    found = CapacityResult(
+        capacity_rps=good,
+        bracket=(good, bad),
+        first_breach=(
+            first_bad.breaches[0]
+            if first_bad and first_bad.breaches
+            else first_bad.early_stop
+            if first_bad
+            else None
+        ),
+        saturated_first=first_bad.saturated if first_bad else None,
+        ended_because=ended,
+        steps=steps,
+    )
+    return Driven(interrupted, found)

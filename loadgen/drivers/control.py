@@ -1,0 +1,326 @@
+"""``servemon control``: hold a server signal at a setpoint by steering the offered
+open-loop rate.
+
+The run is one stage of ``--duration`` seconds. Requests go out open loop (the
+seeded ``--arrival`` process) at a rate the controller sets every control interval
+from the measured signal (``--hold waiting=8``, ``kv_cache_usage=0.8``,
+``ttft_p95=0.4``, ``burn_rate=1``, ``gpu_utilization=0.9``).
+
+The control law (:class:`loadgen.drivers.controllaw.ControlLaw`) is a PI controller in
+velocity form on the logarithm of the rate::
+
+    e[k] = clamp(log(setpoint / measured[k]), -1, 1)
+    log r[k+1] = log r[k] + kp * (e[k] - e[k-1]) + ki * e[k]      (step-limited)
+    r[k+1] = clamp(r[k+1], rps_min, rps_max)
+
+except for ``waiting``, a queue, held by the queue law ``r[k+1] = served[k] +
+(setpoint - waiting[k]) / (2 T)``, and for a ratio at its ceiling (KV usage or GPU
+utilization at 0.95 or more), which drains the queue behind it: ``r[k+1] <=
+served[k] - waiting[k] / (2 T)`` (see :class:`~loadgen.drivers.controllaw.ControlLaw`).
+
+Why this shape:
+
+- **Logarithm of the rate.** A deployment's sensible rates span orders of
+  magnitude; a step of 10 % means the same at 1 and at 100 requests/s, so one
+  tuning fits every deployment, and the rate can never go negative.
+- **Logarithmic error, clamped.** Signals have different units (requests, a
+  ratio, seconds); the error as a log ratio to the setpoint makes the gains
+  unit-free.
+  Clamping to ±1 keeps a signal far off (a queue of 200 for a setpoint of 8) from
+  producing a huge step: the step limit (``max_up``, ``max_down`` per interval) then
+  bounds how fast the rate moves.
+- **Velocity form: no windup.** The controller's state is the rate itself, which
+  is clamped to its bounds; there is no separate integral to wind up while the rate
+  sits at ``--rps-max`` with the signal still below, so it leaves the bound at once
+  when the signal comes back.
+- **Aware of the signal's delay.** A change of the rate shows in the signal only
+  after the signal's delay: the sample interval (direct) or the scrape interval plus
+  half the rate window (Prometheus). The control interval is twice that delay (at
+  least 1 s), so each step is judged on a signal that saw the previous one. The
+  scrape interval is Prometheus' own, read from its targets API
+  (:mod:`loadgen.run.promtargets`): assumed at 15 s, a Prometheus scraping every
+  second got a change every 32 s.
+- **A cold start doubles (``waiting``, ``kv_cache_usage``).** From 1 req/s the
+  careful step (x1.25 an interval) needs 14 intervals to reach 16 req/s: a
+  minute at 4-s intervals, which is a user's whole first run. A queue and a cache
+  fill stay near 0 until the rate is near what the server takes, so while the
+  signal is under half the setpoint nothing is lost by doubling the rate each
+  interval (``phase: start`` in each tick); the first reading at half the setpoint
+  or more (a queue: the first of a mean of one, the server taking no more)
+  hands over to the careful law for good (``hold``), which may undo the last
+  doubling at once (down is safe), and ``--rps-max`` and the guard rails
+  bound both. Doubling was chosen over a start from Little's law (the rate that
+  would make the queue, from the measured service rate) because the service rate
+  is not measurable until the server is saturated, which is what the start is
+  looking for. Without the client's model of what its requests hold, KV usage
+  doubles only while its requests live less than an interval (the gauge would
+  show a doubling a lifetime late, after several more); with it, the model's step
+  is taken, within x2. A TTFT or a burn rate has a floor well above 0 and a knee
+  that doubling would jump past: no start phase.
+- **Saturation.** A full cache reads 1.0 whether the backlog behind it is one
+  request or a thousand: the integral step, at most ``0.15 x log(setpoint)`` a tick,
+  would take tens of intervals to drain it and then overshoot the other way once
+  the backlog is gone. While the ratio is at its ceiling the queue says how far over
+  the rate is, so the queue law (towards no queue) sets an upper bound, and the
+  integral step takes over from that rate when the ratio comes off its ceiling
+  (the state is the rate, so the hand-over has no bump).
+- **The lifetime's lag (KV usage): a model, not a gain.** KV usage is what the
+  running requests hold, so it answers a change of rate only as they are replaced,
+  over about their lifetime, and a new request holds little until it decodes: a
+  change of rate reaches the gauge as a ramp over a lifetime, with the noise of how
+  many requests happen to be in flight on top. No gain on the gauge alone cancels
+  that (a proportional gain for a single lag and a cascade on the count in flight
+  were both measured and fell short, ``benchmarks/RESULTS.md``). The client knows
+  the population without lag (:mod:`loadgen.drivers.heldtokens`): what each request in
+  flight holds now and will hold ``max(T, L / 2)`` ahead, at the decode speed of
+  the last seconds of recent streams. The law scales that model to the gauge (an
+  average of their ratio) and offers the rate whose forecast is the setpoint: a
+  receding-horizon predictor. Looking half a lifetime ahead is the measured middle
+  (one interval ahead over-reacts, since new requests keep growing after it; a whole
+  lifetime ahead sees none of the requests now in flight, which is a fixed rate).
+  Until a few requests have finished, the integral step with the proportional gain
+  ``kp = ki * a / (1 - a)``, ``a = exp(-T / L)``, stands in.
+- **TTFT far over: a backlog to drain.** Past twice the setpoint the p95 is a
+  backlog of prompts that grows faster than the clamped integral step cuts (a
+  server that got slower). The client knows that backlog without lag
+  (:mod:`loadgen.drivers.backlog`: the prompts it sent with no first token yet), and the
+  law drains it like a queue, at no less than half of what was served.
+- **TTFT's bursts: a pace on the sends (``--pace``, off by default).** Poisson
+  arrivals bunch, a bunch queues, and the window's p95 is the top few requests of
+  the bunches: a law on the p95 hears of a bunch a window later, when it is over,
+  and at a fixed rate the 30-s p95 is within ±15 % of its median only 67-80 % of
+  the time. With ``--pace`` each gap is drawn at the law's rate times
+  ``exp(-(b - b̄) / b̄)`` of the backlog ``b`` against its average over an
+  interval, times ``exp(d / 2 s of sends)`` of the sends ``d`` owed to the law's
+  rate (clamped to [0.25, 2]; not while draining): a bunch slows the sends behind
+  it, a lull speeds them, what goes out is the law's rate within seconds, and the
+  law on the p95 still sets the level. The sends stay open loop
+  (none waits for an answer) but are less bursty than the ``--arrival`` asked
+  for, which is why it is not the default. Every tick records ``pace`` (what went
+  out over what was drawn at) and ``backlog``.
+- **Unreachable.** When the rate has sat at a bound for three intervals with the
+  signal still off by more than the tolerance, the setpoint cannot be reached with
+  these bounds; the run says so (once, and in every tick's ``state``) and holds the
+  bound.
+- **Blind.** A missing signal (no data, stale, Prometheus down) is never read as
+  zero: the rate holds, the tick says ``blind``, and after ``--blind-timeout``
+  seconds the run stops.
+
+Every tick is a line of ``control.jsonl`` and the live ``servemon_client_control_*``
+gauges; the result (share of ticks within ±15 % after the settle time) is in
+``summary.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from servemon.loadgen.drivers.backlog import PrefillBacklog
+from servemon.loadgen.drivers.controllaw import SATURATING, ControlLaw, control_interval
+from servemon.loadgen.drivers.controlsignal import ClientWindow, held_model, measure
+from servemon.loadgen.drivers.heldtokens import HeldTokens
+from servemon.loadgen.drivers.ramp import open_loop, wait_for_start
+from servemon.loadgen.record.runrecord import ControlResult
+from servemon.loadgen.run.config import parse_hold
+from servemon.loadgen.run.context import Driven, RunContext
+from servemon.loadgen.run.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
+from servemon.loadgen.send.arrivals import Arrival, Due, Stage
+from servemon.loadgen.send.stopping import Stopper
+
+__all__ = ["drive_control"]
+
+
+def _arrivals(
+    law: ControlLaw,
+    arrival: Arrival,
+    seed: int,
+    duration_s: float,
+    backlog: PrefillBacklog | None = None,
+) -> Iterator[Due]:
+    """Open-loop sends at the law's current rate, for ``duration_s``: each gap is
+    drawn at the rate of the moment it is drawn (times the backlog's pace, where
+    there is one)."""
+    rng = random.Random(f"{seed}:control")
+    offset = 0.0
+    for index in itertools.count():
+        rate = law.rate
+        if backlog is not None:
+            if law.draining:  # a drain is not paced
+                backlog.unpaced(time.monotonic())
+            else:
+                rate *= backlog.pace(time.monotonic(), rate)
+        offset += arrival.gap(rng, rate)
+        if offset > duration_s:
+            return
+        yield Due(index, 0, offset)
+
+
+async def drive_control(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
+    """Hold the signal for ``--duration`` (see the module docstring)."""
+    c = ctx.config
+    assert c.hold is not None
+    signal, setpoint = parse_hold(c.hold)
+    rps_max = c.rps_max if c.rps_max is not None else 1000.0
+    start_rate = c.rps_start if c.rps_start is not None else max(c.rps_min, 1.0)
+    interval = control_interval(c, signal)
+    law = ControlLaw(
+        signal=signal,
+        setpoint=setpoint,
+        rps_min=c.rps_min,
+        rps_max=rps_max,
+        rate=min(rps_max, max(c.rps_min, start_rate)),
+        interval_s=interval,
+    )
+    window = ClientWindow(c.signal_window)
+    ctx.sinks.append(window)
+    held = None
+    if signal == "kv_cache_usage":
+        held = HeldTokens()
+        ctx.sinks.append(held)
+        ctx.starters.append(held.started)
+    backlog = None
+    if signal == "ttft_p95":
+        backlog = PrefillBacklog(tau_s=interval)
+        ctx.starters.append(backlog.started)
+        ctx.first_tokens.append(backlog.first_token)
+        ctx.sinks.append(backlog)
+    record = ctx.stages[0]
+    start = await wait_for_start(ctx, stop)
+    if start is None:
+        return Driven(interrupted=True)
+    gauges = ctx.live.control(signal)
+    gauges.setpoint.set(setpoint)
+    result = ControlResult(
+        signal=signal,
+        setpoint=setpoint,
+        interval_s=interval,
+        source="prometheus" if c.prometheus else "direct",
+        settle_s=min(c.duration / 3, max(30.0, 10 * interval)),
+    )
+    ctx.control = result
+    ticking = asyncio.create_task(
+        _ticks(ctx, law, signal, interval, start, window, held, backlog, result, gauges)
+    )
+    try:
+        interrupted = await open_loop(
+            ctx,
+            [Stage(0, law.rate, c.duration, 0.0)],
+            stop,
+            arrival,
+            seed=c.seed,
+            start_s=start,
+            sends=_arrivals(
+                law, arrival, c.seed, c.duration, backlog if c.pace else None
+            ),
+        )
+    finally:
+        ticking.cancel()
+        await asyncio.gather(ticking, return_exceptions=True)
+    mean = result.mean_offered_rps()
+    record.target_rate = None if mean is None else round(mean, 2)
+    return Driven(interrupted)
+
+
+async def _ticks(
+    ctx: RunContext,
+    law: ControlLaw,
+    signal: str,
+    interval: float,
+    start: float,
+    window: ClientWindow,
+    held: HeldTokens | None,
+    backlog: PrefillBacklog | None,
+    result: ControlResult,
+    gauges: Any,
+) -> None:
+    c = ctx.config
+    # The model of what the requests hold, sampled as often as the gauge, over the
+    # window the gauge's samples of an interval describe (Prometheus: a scrape ago).
+    modelled: deque[tuple[float, float]] = deque(maxlen=4096)
+    every = min(c.sample_interval, interval / 4)
+    # A value read from Prometheus was scraped half a scrape interval ago, on
+    # average (a whole one biased the model's scale high while the gauge rose).
+    scrape = c.scrape_interval or SCRAPE_DEFAULT_S
+    lag = 0.0 if c.prometheus is None else scrape / 2
+    blind_since: float | None = None
+    warned = False
+    tick_start = start
+    sent_before = served_before = 0
+    for tick in itertools.count(1):
+        due = start + tick * interval
+        if due > start + c.duration + 1e-6:
+            return  # the schedule is over: the requests in flight drain unsteered
+        while (now := time.monotonic()) < due:
+            if held is not None and (tokens := held.held(now)) is not None:
+                modelled.append((now, tokens))
+            await asyncio.sleep(min(every, due - now))
+        sent, served = ctx.sent, window.served
+        span = max(now - tick_start, 1e-9)
+        achieved = (sent - sent_before) / span
+        served_rps = (served - served_before) / span
+        sent_before, served_before, tick_start = sent, served, now
+        measured = measure(ctx, signal, now - interval, now, window)
+        lifetime = window.lifetime()
+        offered = law.rate
+        if measured is None:
+            blind_since = blind_since if blind_since is not None else now
+            state = "blind"
+            if now - blind_since >= c.blind_timeout:
+                ctx.abort(
+                    f"blind: no fresh {signal} for {now - blind_since:.0f} s "
+                    f"(--blind-timeout {c.blind_timeout:g})"
+                )
+        else:
+            blind_since = None
+            queue = None
+            if signal in SATURATING:
+                queue = measure(ctx, "waiting", now - interval, now, window)
+            elif backlog is not None:
+                queue = backlog.count()  # the client's prompts with no answer yet
+            model = None
+            if held is not None:
+                model = held_model(held, modelled, now, interval, lag)
+            offered = law.update(measured, served_rps, queue, lifetime, model)
+            state = "unreachable" if law.unreachable else "tracking"
+            state = "draining" if law.draining else state
+            if law.unreachable and not warned:
+                warned = True
+                bound = "--rps-max" if offered >= law.rps_max else "--rps-min"
+                ctx.progress.console.print(
+                    f"servemon: warning: --hold {signal}={law.setpoint:g} is "
+                    f"unreachable: at {bound} {offered:g} rps the {signal} is "
+                    f"{measured:.3g}",
+                    soft_wrap=True,
+                )
+                result.unreachable = (
+                    f"at {bound} {offered:g} rps the {signal} stayed at {measured:.3g}"
+                )
+        ctx.live.target_rate.set(offered)
+        gauges.measured.set(math.nan if measured is None else measured)
+        gauges.offered.set(offered)
+        gauges.achieved.set(achieved)
+        line = {
+            "t_s": round(now - ctx.rundir.origin_s, 3),
+            "signal": signal,
+            "setpoint": law.setpoint,
+            "measured": measured,
+            "offered_rps": offered,
+            "achieved_rps": achieved,
+            "served_rps": served_rps,
+            "lifetime_s": lifetime,
+            "gain": law.gain,
+            "scale": law.scale,
+            "pace": backlog.mean_pace() if backlog and c.pace else None,
+            "backlog": None if backlog is None else backlog.count(),
+            "state": state,
+            "phase": law.phase,
+        }
+        result.add(line, now - start)
+        ctx.rundir.append_control(line)

@@ -1,0 +1,286 @@
+"""The control law of ``servemon control`` (see :mod:`loadgen.drivers.control` for why
+it has this shape): the PI step from one control interval
+to the next."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from servemon.loadgen.drivers.heldtokens import Forecast
+from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
+
+__all__ = [
+    "FAST_START",
+    "HORIZON_LIFETIMES",
+    "KP_MAX",
+    "LAGGED_BY_LIFETIME",
+    "SATURATING",
+    "START_UNTIL",
+    "TOLERANCE",
+    "TTFT_DRAIN_OVER",
+    "ControlLaw",
+    "control_interval",
+]
+
+#: Ratios that stop at 1: at their ceiling they no longer say how far over the
+#: rate is (a full cache hides the backlog behind it).
+SATURATING = ("kv_cache_usage", "gpu_utilization")
+#: Ratios of what the running requests hold: they follow a change of rate over
+#: about a request's lifetime.
+LAGGED_BY_LIFETIME = ("kv_cache_usage",)
+TOLERANCE = 0.15
+#: The largest proportional gain the lag of a long lifetime gets (a lifetime of
+#: about 7 intervals).
+KP_MAX = 1.0
+#: How far ahead the KV forecast looks, in lifetimes (at least an interval).
+HORIZON_LIFETIMES = 0.5
+#: How fast the scale of the KV model follows the measured gauge (per interval).
+SCALE_ALPHA = 0.3
+#: How far over its setpoint a TTFT p95 is read as a queue to drain: past twice
+#: it, the clamped integral step (-14 % an interval) lets a server that got
+#: slower build a backlog faster than the step cuts.
+TTFT_DRAIN_OVER = 2.0
+#: Intervals at a bound, signal still off, before the setpoint is unreachable.
+UNREACHABLE_AFTER = 3
+#: Signals whose cold start doubles the rate while they are far below the
+#: setpoint: a queue and a cache fill, which stay near 0 until the rate is close
+#: to what the server can take (a TTFT or a burn rate has a floor well above 0 and
+#: a knee that doubling jumps past).
+FAST_START = ("waiting", "kv_cache_usage")
+#: The start ends at the first reading at or above this share of the setpoint.
+START_UNTIL = 0.5
+#: ... or, for ``waiting``, at the first queue of this mean: a queue forms only
+#: once the server takes no more, so the rate is at or past its capacity (a
+#: transient queue below it only hands over to the careful law early).
+START_QUEUE = 1.0
+#: How much the start may grow the rate an interval (x2).
+START_UP = 1.0
+
+
+@dataclass(slots=True)
+class ControlLaw:
+    """The law of :mod:`loadgen.drivers.control`; ``update`` gives the next rate.
+
+    ``waiting`` is a queue, an integrator of (offered - served): the queue law
+    offers what the server served plus the queue error spread over ``drain``
+    intervals, which closes the error geometrically (half of it an interval) however
+    fast the server is (with no queue, from the rate sent where that is higher than
+    what was served). Every other signal is a monotone function of the rate: an
+    integral step on the logarithm of the rate, ``ki`` times the logarithmic error
+    ``log(setpoint / measured)`` clamped to ±1 (a PI law in velocity form whose
+    proportional gain ``kp`` is 0 by default: on a static map it only adds the
+    noise of each reading to the rate).
+
+    A saturating signal (:data:`SATURATING`) at its ceiling (0.95, or halfway from
+    the setpoint to 1) is read with the queue behind it: the law offers what the
+    server served less the queue spread over ``drain`` intervals (the queue law with
+    a setpoint of no queue), but not below ``setpoint`` times what it served (where
+    the ratio would sit, by Little's law) and never more than the last rate, until
+    the signal leaves the ceiling; then the integral step goes on from that rate.
+    Without the queue (no series) it offers no more than was served, and the
+    integral step's cut where that is deeper. A TTFT p95 past
+    :data:`TTFT_DRAIN_OVER` times its setpoint, given the client's backlog of
+    prompts not yet answered (``waiting``), drains it the same way, at no less than
+    half of what was served.
+
+    KV usage is not a static map when requests live longer than an interval: it is
+    what the requests running hold, so it follows a change of rate with a lag of
+    about their lifetime ``L``, and carries the noise of how many happen to be in
+    flight. Given the client's model of what its requests in flight hold
+    (``held``: the model's mean over the interval and its forecast, see
+    :mod:`loadgen.drivers.heldtokens`), the law is predictive: ``scale``, the measured
+    usage per modelled token, follows the gauge (an average, :data:`SCALE_ALPHA`
+    of the way each interval), and the rate is the one whose forecast
+    :data:`HORIZON_LIFETIMES` of a lifetime ahead is ``setpoint / scale``
+    (step-limited like the rest). Until the model has a shape (a few requests
+    finished), the integral step with the proportional gain that cancels the lag,
+    ``ki * a / (1 - a)`` with ``a = exp(-T / L)`` (at most :data:`KP_MAX`), given
+    ``lifetime_s``.
+    """
+
+    signal: str
+    setpoint: float
+    rps_min: float
+    rps_max: float
+    rate: float
+    interval_s: float
+    kp: float = 0.0
+    ki: float = 0.15
+    max_up: float = 0.25  # at most x1.25 an interval
+    max_down: float = 0.5  # at most x0.5 an interval
+    drain: float = 2.0
+    last_error: float = 0.0
+    at_bound: int = 0
+    #: The last step drained a backlog behind a saturated signal.
+    draining: bool = False
+    #: The proportional gain of the last step (``kp``, or the lag's, see above).
+    gain: float = 0.0
+    #: Measured KV usage per token of the client's model (None: not used yet).
+    scale: float | None = None
+    #: In the start phase (:data:`FAST_START` signals, until the signal first
+    #: reaches :data:`START_UNTIL` of the setpoint).
+    starting: bool = True
+    #: The start grew the rate faster than the careful law would have.
+    doubled: bool = False
+
+    @property
+    def phase(self) -> str:
+        """``start`` or ``hold``: the phase the last step was taken in."""
+        return "start" if self.starting else "hold"
+
+    @property
+    def ceiling(self) -> float:
+        """Where a saturating signal stops telling the rate apart."""
+        return max(0.95, (1.0 + self.setpoint) / 2)
+
+    def error(self, measured: float) -> float:
+        """The logarithmic error, clamped (1 when the signal is at 0)."""
+        if measured <= 0:
+            return 1.0
+        return max(-1.0, min(1.0, math.log(self.setpoint / measured)))
+
+    def proportional_gain(self, lifetime_s: float | None) -> float:
+        """``kp``, or for a signal :data:`LAGGED_BY_LIFETIME` the gain that cancels
+        a lag of ``lifetime_s``."""
+        if self.signal not in LAGGED_BY_LIFETIME or not lifetime_s or lifetime_s < 0:
+            return self.kp
+        a = math.exp(-self.interval_s / lifetime_s)
+        return max(self.kp, min(KP_MAX, self.ki * a / (1 - a)))
+
+    def update(
+        self,
+        measured: float,
+        served_rps: float,
+        waiting: float | None = None,
+        lifetime_s: float | None = None,
+        held: tuple[float, Forecast] | None = None,
+    ) -> float:
+        """The rate for the next interval, given the signal over the last one, the
+        requests the server completed per second meanwhile, for a saturating
+        signal the queue over the last interval (None: not known, read as none),
+        the requests' mean lifetime (end-to-end latency; None: not known), and for
+        KV usage the client's model of what its requests hold (its mean over the
+        interval and its forecast; None: no model yet)."""
+        low = math.log(1 - self.max_down)
+        high = math.log(1 + self.max_up)
+        started = self.starting
+        self.starting = (
+            self.starting
+            and self.signal in FAST_START
+            and measured < START_UNTIL * self.setpoint
+            and not (self.signal == "waiting" and measured >= START_QUEUE)
+            and self.rate < self.rps_max
+        )
+        if started and not self.starting and self.doubled:
+            # The hand-over: the last doubling may have gone far past what the
+            # server takes; the careful law may undo it at once (down is safe).
+            low = math.log(1e-6)
+        predicted = False
+        if self.signal == "waiting":
+            if measured < self.setpoint / 2 and served_rps >= 0.9 * self.rate:
+                # Far below, and the server serves all it is offered: it has room.
+                wanted = self.rate * (1 + self.max_up)
+            else:
+                # Without a queue the server took all it was sent: the rate sent,
+                # not one interval's noisy count of completions, is where to
+                # grow from (from the count, vLLM's queue of 4 at 2-s intervals
+                # sank to a mean of 0.14 while the server had room).
+                spread = self.drain * self.interval_s
+                base = (
+                    served_rps
+                    if measured >= START_QUEUE
+                    else max(served_rps, self.rate)
+                )
+                wanted = base + (self.setpoint - measured) / spread
+            # Steps up are limited against what the server served, not only the
+            # last rate: after a drain the rate may go straight back to it.
+            high = math.log(max(1.0, served_rps / self.rate) * (1 + self.max_up))
+            step = math.log(max(wanted, 1e-9) / self.rate)
+        elif self.signal == "kv_cache_usage" and held and held[0] > 0 < measured:
+            modelled, forecast = held
+            seen = measured / modelled
+            scale = self.scale
+            self.scale = seen if scale is None else scale + SCALE_ALPHA * (seen - scale)
+            wanted = forecast.rate_for(self.setpoint / self.scale)
+            step = math.log(max(wanted, 1e-9) / self.rate)
+            self.gain = 0.0
+            predicted = True
+        else:
+            e = self.error(measured)
+            self.gain = self.proportional_gain(lifetime_s)
+            step = self.gain * (e - self.last_error) + self.ki * e
+            self.last_error = e
+        if self.starting:
+            step, high = self._start(step, lifetime_s, predicted)
+            self.doubled = self.doubled or step > math.log(1 + self.max_up)
+        saturated = self.signal in SATURATING and measured >= self.ceiling
+        queued = (
+            self.signal == "ttft_p95"
+            and waiting is not None
+            and measured >= TTFT_DRAIN_OVER * self.setpoint
+        )
+        self.draining = saturated or queued
+        if self.draining:
+            # What a full cache serves is what the server can do; the ratio grows
+            # with the requests held, the rate times their latency (Little), so
+            # ``setpoint x served`` is about where it would sit: drain no lower.
+            # A TTFT far over is a backlog of prompts: drain it at no less than
+            # half of what was served. Without the queue, no more than served,
+            # and the integral step.
+            wanted = served_rps
+            if waiting is not None:
+                spread = self.drain * self.interval_s
+                floor = self.setpoint if saturated else 1 - self.max_down
+                wanted = max(floor * wanted, wanted - waiting / spread)
+            drain = math.log(max(wanted, 1e-9) / self.rate)
+            step = drain if waiting is not None else min(step, drain)
+            high = 0.0
+        step = max(low, min(high, step))
+        rate = min(self.rps_max, max(self.rps_min, self.rate * math.exp(step)))
+        off = abs(self.setpoint - measured) > TOLERANCE * self.setpoint
+        pushing_up = rate >= self.rps_max and measured < self.setpoint
+        pushing_down = rate <= self.rps_min and measured > self.setpoint
+        self.at_bound = self.at_bound + 1 if off and (pushing_up or pushing_down) else 0
+        self.rate = rate
+        return rate
+
+    def _start(
+        self, step: float, lifetime_s: float | None, predicted: bool
+    ) -> tuple[float, float]:
+        """The step of the start phase and its limit: double the rate an interval;
+        KV usage on the client's model takes the model's step within that limit,
+        and without a model only doubles when its requests live less than an
+        interval (else the gauge would show a doubling a lifetime late, after
+        several more)."""
+        up = math.log(1 + START_UP)
+        if self.signal == "kv_cache_usage":
+            if predicted:
+                return step, up
+            if lifetime_s is None or lifetime_s > self.interval_s:
+                return step, math.log(1 + self.max_up)
+        return up, up
+
+    @property
+    def unreachable(self) -> bool:
+        """At a bound for a while with the signal still off."""
+        return self.at_bound >= UNREACHABLE_AFTER
+
+
+def control_interval(config: LoadConfig, signal: str) -> float:
+    """Seconds between rate changes: ``--control-interval``, else twice the
+    signal's delay, and at least 1 s."""
+    if config.control_interval is not None:
+        return config.control_interval
+    if config.prometheus is None:
+        delay = config.sample_interval
+        if signal == "ttft_p95":
+            delay = max(delay, config.signal_window / 2)
+    else:
+        # A scrape, then servemon's own poll of Prometheus.
+        scrape = config.scrape_interval or SCRAPE_DEFAULT_S
+        delay = scrape + config.sample_interval
+        if signal in ("ttft_p95", "burn_rate"):
+            delay += config.signal_window / 2
+    return max(1.0, 2.0 * delay)

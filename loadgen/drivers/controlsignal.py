@@ -1,0 +1,116 @@
+"""What ``servemon control`` measures each tick (:mod:`loadgen.drivers.control`): the
+signal over the last interval, and what the client knows of it without lag.
+
+- :func:`measure`: the mean of the signal's fresh readings over an interval
+  (Prometheus' or the target's ``/metrics``), or the client's own TTFT p95;
+- :class:`ClientWindow`: the requests finished (served, lifetimes, TTFTs);
+- :func:`held_model`: the KV model's mean over what the gauge saw, and its
+  forecast (:mod:`loadgen.drivers.heldtokens`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from servemon.core import names
+from servemon.loadgen.drivers.controllaw import HORIZON_LIFETIMES
+from servemon.loadgen.drivers.heldtokens import Forecast, HeldTokens
+from servemon.loadgen.record.figures import exact_quantile
+from servemon.loadgen.run.context import RunContext
+from servemon.loadgen.send.timing import Outcome, RequestTiming
+
+__all__ = ["ClientWindow", "held_model", "measure"]
+
+
+@dataclass(slots=True)
+class ClientWindow:
+    """The client's own TTFTs of the last ``window_s`` (``ttft_p95`` without
+    Prometheus) and the requests' lifetimes: a sink of finished requests."""
+
+    window_s: float
+    ttfts: deque[tuple[float, float]] = field(default_factory=deque)
+    #: Requests completed (ok) so far.
+    served: int = 0
+    #: Requests finished, whatever their outcome.
+    finished: int = 0
+    #: End-to-end seconds of the requests completed since :meth:`lifetime`.
+    e2e_sum: float = 0.0
+    e2e_count: int = 0
+    #: The last interval's mean lifetime (kept through an interval with none).
+    mean_lifetime: float | None = None
+
+    def __call__(self, timing: RequestTiming) -> None:
+        self.finished += 1
+        if timing.outcome is Outcome.OK:
+            self.served += 1
+            self.e2e_sum += timing.e2e
+            self.e2e_count += 1
+            if timing.ttft is not None:
+                self.ttfts.append((timing.end_s, timing.ttft))
+
+    def lifetime(self) -> float | None:
+        """The mean end-to-end latency of the requests completed since the last
+        call (the last known one if none completed)."""
+        if self.e2e_count:
+            self.mean_lifetime = self.e2e_sum / self.e2e_count
+        self.e2e_sum, self.e2e_count = 0.0, 0
+        return self.mean_lifetime
+
+    def p95(self, now: float) -> float | None:
+        while self.ttfts and self.ttfts[0][0] < now - self.window_s:
+            self.ttfts.popleft()
+        if len(self.ttfts) < 5:
+            return None
+        return exact_quantile(sorted(v for _, v in self.ttfts), 0.95)
+
+
+def measure(
+    ctx: RunContext, signal: str, since: float, now: float, window: ClientWindow
+) -> float | None:
+    """The signal over the last interval: the mean of its fresh samples (direct or
+    Prometheus), or the client's TTFT p95 without Prometheus; None when missing."""
+    if signal == "ttft_p95" and ctx.config.prometheus is None:
+        return window.p95(now)
+    values = []
+    if ctx.config.prometheus is not None:
+        for at, signals in reversed(ctx.signal_history):
+            if at < since:
+                break
+            value = signals.get(signal)
+            if value is not None:
+                values.append(value)
+        return sum(values) / len(values) if values else None
+    key = {
+        "waiting": names.ENGINE_REQUESTS_WAITING.name,
+        "kv_cache_usage": names.ENGINE_KV_CACHE_USAGE.name,
+    }[signal]
+    for at, samples in reversed(ctx.history):
+        if at < since:
+            break
+        found = [value for name, _labels, value in samples if name == key]
+        if found:
+            kv = signal == "kv_cache_usage"
+            values.append(max(found) if kv else sum(found))
+    return sum(values) / len(values) if values else None
+
+
+def held_model(
+    held: HeldTokens,
+    modelled: deque[tuple[float, float]],
+    now: float,
+    interval: float,
+    lag: float,
+) -> tuple[float, Forecast] | None:
+    """The model's mean over the interval the gauge saw, and its forecast
+    :data:`~loadgen.drivers.controllaw.HORIZON_LIFETIMES` of a lifetime (at least an
+    interval) ahead; None until the model has a shape and samples."""
+    shape = held.shape()
+    if shape is None:
+        return None
+    seen = [v for at, v in modelled if now - interval - lag <= at <= now - lag]
+    horizon = max(interval, HORIZON_LIFETIMES * shape.lifetime_s)
+    forecast = held.forecast(now, horizon)
+    if not seen or forecast is None:
+        return None
+    return sum(seen) / len(seen), forecast

@@ -1,0 +1,192 @@
+"""What the requests in flight hold in the server's KV cache, as the client sees
+them: the model behind ``servemon control --hold kv_cache_usage``.
+
+KV usage is what the running requests hold, so the server's gauge answers a change
+of rate only as requests are replaced, over about a lifetime, and it carries the
+noise of how many happen to be in flight. The client knows that population without
+lag: every request it has in flight, when it went out and its prompt. From the
+requests it saw finish it learns their shape (time to first token, output length)
+and the server's decode speed now (tokens a second over the last seconds of each
+stream, so a slower server shows within seconds, not a lifetime later), and
+models what each request holds::
+
+    held = prompt + tokens made      (made: decode speed x time since the first token,
+                                      up to the output length; then it finishes)
+
+:class:`HeldTokens` sums that over the requests in flight (``held``) and forecasts
+the sum ``horizon`` seconds ahead (``forecast``): what the requests now in flight
+will still hold then, and what each request/s sent meanwhile will add. The law
+(:class:`loadgen.drivers.controllaw.ControlLaw`) scales the model to the measured gauge
+(block rounding, other traffic) and picks the rate that lands the forecast on the
+setpoint.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+from servemon.loadgen.send.timing import Outcome, RequestTiming
+
+__all__ = ["MIN_FINISHED", "Forecast", "HeldTokens", "Shape", "tail_speed"]
+
+#: Finished requests the shape needs before the model is used.
+MIN_FINISHED = 5
+#: Points of the integral over the horizon of what new requests hold.
+_STEPS = 32
+
+
+def tail_speed(timing: RequestTiming, tail_s: float) -> float | None:
+    """Output tokens a second over the last ``tail_s`` seconds of a stream (all of
+    it if shorter); None without two content chunks."""
+    chunks = timing.content_s
+    if len(chunks) < 2 or timing.output_tokens < 1:
+        return None
+    per_chunk = timing.output_tokens / len(chunks)
+    last = chunks[-1]
+    i = bisect.bisect_right(chunks, last - tail_s)
+    if i == 0:
+        span, count = last - chunks[0], len(chunks) - 1
+    else:
+        span, count = tail_s, len(chunks) - i
+    return count * per_chunk / span if span > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """The recent requests' shape: means over the last finished ones, and the
+    decode speed over the last seconds of the last few."""
+
+    ttft_s: float
+    decode_tps: float  # output tokens a second, per request, after the first
+    output_tokens: float
+    prompt_tokens: float
+
+    @property
+    def lifetime_s(self) -> float:
+        """A request's lifetime at this speed."""
+        return self.ttft_s + self.output_tokens / self.decode_tps
+
+    def held(self, age_s: float, prompt_tokens: float) -> float:
+        """Tokens a request sent ``age_s`` seconds ago holds (0 once finished)."""
+        made = max(0.0, age_s - self.ttft_s) * self.decode_tps
+        if age_s < 0 or made >= self.output_tokens:
+            return 0.0
+        return prompt_tokens + made
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """Tokens held ``horizon_s`` ahead: ``at_horizon`` by the requests now in
+    flight, plus ``per_rps`` for each request a second sent until then."""
+
+    horizon_s: float
+    at_horizon: float
+    per_rps: float
+
+    def rate_for(self, tokens: float) -> float:
+        """The rate that makes the forecast ``tokens`` (may be below 0)."""
+        return (tokens - self.at_horizon) / self.per_rps
+
+
+@dataclass(slots=True)
+class _Flight:
+    sent_s: float
+    prompt_tokens: int | None
+    #: Output tokens the model says it has made.
+    made: float = 0.0
+
+
+@dataclass(slots=True)
+class HeldTokens:
+    """The requests in flight (``started``) and the shape of the last ``recent``
+    that finished, their decode speed over the last ``tail_s`` seconds of the last
+    ``speed_recent`` (a sink of :class:`~loadgen.run.context.RunContext`)."""
+
+    recent: int = 50
+    speed_recent: int = 20
+    tail_s: float = 4.0
+    inflight: dict[str, _Flight] = field(default_factory=dict)
+    #: (ttft, output tokens, prompt tokens) of the last finished, ok ones.
+    done: deque[tuple[float, int, int | None]] = field(default_factory=deque)
+    speeds: deque[float] = field(default_factory=deque)
+    #: When the requests' tokens were last brought up to date (None: not yet).
+    advanced_s: float | None = None
+
+    def started(
+        self, request_id: str, sent_s: float, prompt_tokens: int | None
+    ) -> None:
+        """A request went out at monotonic ``sent_s``."""
+        self.inflight[request_id] = _Flight(sent_s, prompt_tokens)
+
+    def __call__(self, timing: RequestTiming) -> None:
+        self.inflight.pop(timing.request_id, None)
+        out = timing.output_tokens
+        if timing.outcome is not Outcome.OK or timing.ttft is None or out < 1:
+            return
+        self.done.append((timing.ttft, out, timing.prompt_tokens))
+        while len(self.done) > self.recent:
+            self.done.popleft()
+        speed = tail_speed(timing, self.tail_s)
+        if speed is not None:
+            self.speeds.append(speed)
+            while len(self.speeds) > self.speed_recent:
+                self.speeds.popleft()
+
+    def shape(self) -> Shape | None:
+        """The recent requests' shape; None until :data:`MIN_FINISHED` finished."""
+        n = len(self.done)
+        if n < MIN_FINISHED or not self.speeds:
+            return None
+        ttft = sum(d[0] for d in self.done) / n
+        output = sum(d[1] for d in self.done) / n
+        prompts = [d[2] for d in self.done if d[2] is not None]
+        prompt = sum(prompts) / len(prompts) if prompts else 0.0
+        return Shape(ttft, sum(self.speeds) / len(self.speeds), output, prompt)
+
+    def _advance(self, now: float, shape: Shape) -> None:
+        """Bring every request's tokens made up to ``now`` at today's speed (from
+        its age, the first time)."""
+        since = self.advanced_s
+        for f in self.inflight.values():
+            first = f.sent_s + shape.ttft_s
+            begin = first if since is None else max(since, first)
+            if now > begin:
+                f.made += (now - begin) * shape.decode_tps
+        self.advanced_s = now
+
+    def _prompt(self, shape: Shape, f: _Flight) -> float:
+        return (
+            shape.prompt_tokens if f.prompt_tokens is None else float(f.prompt_tokens)
+        )
+
+    def held(self, now: float) -> float | None:
+        """What the requests in flight hold now (None: no shape yet)."""
+        shape = self.shape()
+        if shape is None:
+            return None
+        self._advance(now, shape)
+        out = shape.output_tokens
+        return sum(
+            self._prompt(shape, f) + min(out, f.made) for f in self.inflight.values()
+        )
+
+    def forecast(self, now: float, horizon_s: float) -> Forecast | None:
+        """What will be held ``horizon_s`` from ``now`` (None: no shape yet)."""
+        shape = self.shape()
+        if shape is None:
+            return None
+        self._advance(now, shape)
+        ahead = 0.0
+        for f in self.inflight.values():
+            start = max(now, f.sent_s + shape.ttft_s)
+            made = f.made + max(0.0, now + horizon_s - start) * shape.decode_tps
+            if made < shape.output_tokens:  # else it will have finished
+                ahead += self._prompt(shape, f) + made
+        # Requests sent at 1/s over the horizon: one of age a for each a in it.
+        width = horizon_s / _STEPS
+        per_rps = width * sum(
+            shape.held((i + 0.5) * width, shape.prompt_tokens) for i in range(_STEPS)
+        )
+        return Forecast(horizon_s, ahead, max(per_rps, 1e-9))

@@ -1,0 +1,233 @@
+"""``servemon ramp``: the open-loop driver — a schedule of stages sent at the times
+the seeded arrival process gives, whatever the target does.
+
+:func:`open_loop` sends one plan and keeps each stage's bookkeeping (start, end,
+sent, held back, skipped); the capacity search sends its steps through it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import gc
+import time
+from collections import Counter
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from servemon.loadgen.drivers.conversation import run_session
+from servemon.loadgen.run.context import Driven, RunContext
+from servemon.loadgen.send.arrivals import Arrival, Due, Shard, Stage
+from servemon.loadgen.send.arrivals import schedule as make_schedule
+from servemon.loadgen.send.client import send_request
+from servemon.loadgen.send.dispatch import OpenLoop
+from servemon.loadgen.send.stopping import Stopper, grace, until_stopped
+from servemon.loadgen.workloads.sessions import SessionWorkload
+
+__all__ = ["drive_ramp", "open_loop", "wait_for_start"]
+
+#: A request made ready ahead of its time: its body, its options of
+#: :func:`~loadgen.send.client.send_request` and its prompt tokens (where known).
+Ready = tuple[dict[str, Any], dict[str, Any], int | None]
+
+
+async def drive_ramp(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
+    """Send the planned stages open loop, from ``--start-at`` or now."""
+    plan: list[Stage] = []
+    offset = 0.0
+    for s in ctx.stages:
+        duration = s.planned_s or 0.0
+        plan.append(Stage(s.index, s.target_rate or 0.0, duration, offset))
+        offset += duration
+    c = ctx.config
+    shard = c.shard
+    start = await wait_for_start(ctx, stop)
+    if start is None:
+        return Driven(interrupted=True)
+    interrupted = await open_loop(
+        ctx,
+        plan,
+        stop,
+        arrival,
+        seed=c.seed,
+        limit=c.max_requests,
+        shard=shard,
+        start_s=start,
+    )
+    return Driven(interrupted)
+
+
+async def wait_for_start(ctx: RunContext, stop: Stopper) -> float | None:
+    """The monotonic start of the schedule: ``--start-at`` (shared by shards) or
+    now; None if the run was stopped while waiting."""
+    c = ctx.config
+    if c.start_at is None:
+        return time.monotonic() + 0.05
+    delay = (c.start_at - datetime.now(UTC)).total_seconds()
+    ctx.start_late_s = max(0.0, -delay)
+    if delay > 0:
+        ctx.progress.console.print(
+            f"servemon: waiting {delay:.1f} s for --start-at {c.start_at.isoformat()}"
+        )
+        if await until_stopped(asyncio.sleep(delay), stop.requested):
+            return None
+    return time.monotonic()
+
+
+async def open_loop(
+    ctx: RunContext,
+    plan: list[Stage],
+    stop: Stopper,
+    arrival: Arrival,
+    *,
+    seed: int,
+    limit: int | None = None,
+    first_index: int = 0,
+    halt: asyncio.Event | None = None,
+    shard: Shard | None = None,
+    start_s: float | None = None,
+    sends: Iterable[Due] | None = None,
+) -> bool:
+    """Send ``plan`` open loop; True if the run was stopped meanwhile.
+
+    ``sends`` is the schedule when it is given (a replay's, from its trace);
+    otherwise the seeded arrival process draws it for ``plan``.
+
+    Setting ``halt`` ends this dispatch early (a capacity step judged already):
+    sending stops and the requests in flight get the grace period.
+    """
+    c = ctx.config
+    start = time.monotonic() + 0.05 if start_s is None else start_s
+
+    def on_stage(index: int) -> None:
+        gc.freeze()  # what exists when a stage begins is there to stay
+        stage = next(p for p in plan if p.index == index)
+        ctx.stages[index].start_s = start + stage.start_s
+        ctx.live.stage(index, stage.rate)
+        ctx.progress.stage_started(index)
+
+    def on_skip(due: Due) -> None:
+        ctx.live.skipped.labels(ctx.label, ctx.model, str(due.stage), "late").inc()
+
+    def on_hold(due: Due) -> None:
+        ctx.live.held_back.labels(ctx.label, ctx.model, str(due.stage)).inc()
+
+    sessions = isinstance(ctx.workload, SessionWorkload)
+    ends = [start + p.end_s for p in plan]
+    until = max(ends, default=start)
+
+    def stage_at(t: float) -> int:
+        return plan[min(bisect.bisect_left(ends, t), len(plan) - 1)].index
+
+    #: Requests of each stage the workload said not to send (counted as sent by the
+    #: dispatcher, which only knows they went to ``send``).
+    unsent: Counter[int] = Counter()
+
+    def prepare(due: Due) -> Ready | str | None:
+        """The body, options and prompt tokens of request ``due``, built before its
+        time."""
+        if sessions:
+            return None
+        index = first_index + due.index
+        model = ctx.model_of(index)
+        prompt = ctx.workload.prompt(index)
+        if prompt.skip is not None:
+            return prompt.skip
+        return (
+            ctx.body_of(prompt, model),
+            ctx.request_options(index, model),
+            prompt.prompt_tokens,
+        )
+
+    async def send(due: Due, at: float, ready: Ready | str | None) -> None:
+        index = first_index + due.index
+        if ready is None:
+            ended = await run_session(ctx, index, at, stage_at=stage_at, until_s=until)
+            if ended.cut:
+                ctx.sessions_cut[due.stage] += 1
+            return
+        if isinstance(ready, str):  # not to be sent: why (over_context)
+            unsent[due.stage] += 1
+            ctx.live.skipped.labels(ctx.label, ctx.model, str(due.stage), ready).inc()
+            return
+        body, options, prompt_tokens = ready
+        request_id = f"{ctx.tag}-{index}"
+        ctx.started(request_id, prompt_tokens)
+        timing = await send_request(
+            ctx.session,
+            ctx.url,
+            body,
+            request_id=request_id,
+            stage=due.stage,
+            scheduled_s=at,
+            headers=ctx.headers,
+            timeout_s=c.timeout,
+            record_interruption=True,
+            on_first_token=ctx.first_token_hook(request_id),
+            **options,
+        )
+        ctx.finished(timing)
+
+    loop = OpenLoop(
+        send,
+        max_inflight=c.max_inflight,
+        prepare=prepare,
+        late=c.late,
+        late_tolerance_s=c.late_tolerance,
+        on_stage=on_stage,
+        on_skip=on_skip,
+        on_hold=on_hold,
+    )
+    ctx.progress.open_loop = loop
+    due = (
+        make_schedule(plan, arrival, seed, limit=limit, shard=shard)
+        if sends is None
+        else sends
+    )
+    dispatching = asyncio.create_task(loop.run(due, start))
+    ending = (stop.requested,) if halt is None else (stop.requested, halt)
+    try:
+        interrupted = await until_stopped(dispatching, *ending)
+    except BaseException:
+        # This task itself was cancelled (or broke): stop sending, and cancel the
+        # requests in flight, which record themselves, rather than leave them
+        # running against a session about to close.
+        dispatching.cancel()
+        await asyncio.gather(dispatching, return_exceptions=True)
+        await grace(set(loop.tasks), 0.0, stop.hurry)
+        raise
+    if interrupted:
+        dispatching.cancel()
+        await asyncio.gather(dispatching, return_exceptions=True)
+    end_of_schedule = time.monotonic()
+    for stage in plan:
+        record = ctx.stages[stage.index]
+        record.sent = loop.counts.sent[stage.index]
+        record.held_back = loop.counts.held_back[stage.index]
+        record.skipped = loop.counts.skipped[stage.index] + unsent[stage.index]
+        record.sent -= unsent[stage.index]
+        if sessions:
+            record.sessions = record.sent
+            record.sent = ctx.turns_sent[stage.index]
+        if record.start_s is not None:
+            planned_end = start + stage.end_s
+            if interrupted:
+                planned_end = min(end_of_schedule, planned_end)
+            record.end_s = planned_end
+    # Requests in flight: let them finish (bounded by the request timeout), or give
+    # them the grace period once a stop is asked for.
+    waited = await until_stopped(_all_done(loop), *ending)
+    if waited or interrupted:
+        await grace(set(loop.tasks), c.grace, stop.hurry)
+    if sessions:  # the turns sent after the schedule's end, by sessions still going
+        for stage in plan:
+            record = ctx.stages[stage.index]
+            record.sent = ctx.turns_sent[stage.index]
+            record.sessions_cut = ctx.sessions_cut[stage.index]
+    return stop.requested.is_set()
+
+
+async def _all_done(loop: OpenLoop) -> None:
+    while loop.tasks:
+        await asyncio.wait(set(loop.tasks))

@@ -1,0 +1,50 @@
+"""``servemon replay``: a trace sent open loop at its own times.
+
+The schedule is the trace's (:mod:`loadgen.workloads.replayplan`: scaled, windowed,
+looped), one stage long; the prompts are the trace's
+(:mod:`loadgen.workloads.traceprompts`). Each request goes out at its time whatever is
+in flight, through the ramp's dispatcher, so dispatch lag, ``held_back`` and the
+from-scheduled figures mean what they mean for a ramp. ``--shard I/N`` sends every N-th
+entry (by index), so N processes given the same ``--start-at`` send the whole trace
+between them.
+"""
+
+from __future__ import annotations
+
+from servemon.loadgen.drivers.ramp import open_loop, wait_for_start
+from servemon.loadgen.run.context import Driven, RunContext
+from servemon.loadgen.run.plan import replay_of, replay_plan_of
+from servemon.loadgen.send.arrivals import Arrival, Due, Stage
+from servemon.loadgen.send.stopping import Stopper
+from servemon.loadgen.workloads.traceprompts import TraceWorkload
+
+__all__ = ["drive_replay"]
+
+
+async def drive_replay(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
+    """Send the trace's requests at their (scaled) times."""
+    c = ctx.config
+    # The workload read the trace already (off the loop): plan from its entries.
+    workload = ctx.workload
+    if isinstance(workload, TraceWorkload):
+        plan = replay_plan_of(c, workload.entries)
+    else:
+        plan = replay_of(c)
+    sends = plan.sends[: c.max_requests] if c.max_requests else plan.sends
+    shard = c.shard
+    if shard is not None:  # every N-th entry, as a ramp's shards split arrivals
+        sends = tuple(s for s in sends if s[0] % shard.count == shard.index)
+    start = await wait_for_start(ctx, stop)
+    if start is None:
+        return Driven(interrupted=True)
+    stage = Stage(0, plan.rate, plan.duration_s, 0.0)
+    interrupted = await open_loop(
+        ctx,
+        [stage],
+        stop,
+        arrival,
+        seed=c.seed,
+        start_s=start,
+        sends=(Due(index, 0, offset) for index, offset in sends),
+    )
+    return Driven(interrupted)

@@ -1,0 +1,209 @@
+"""What the tables of a run show, declared once: the terminal table at the end of a
+run, the report's HTML tables and ``servemon compare`` render these specs.
+
+A figure is defined in :data:`loadgen.record.figures.FIGURES` (which also puts it in
+``summary.json`` and every statistic of it in ``summary.csv``); to show it in a
+table, add a column here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from servemon.loadgen.record.runrecord import RunSummary
+from servemon.loadgen.record.summary import Summary
+
+__all__ = [
+    "COMPARED",
+    "GROUP_COLUMNS",
+    "REASONING_COLUMNS",
+    "SERVER_COLUMNS",
+    "STAGE_COLUMNS",
+    "Column",
+    "Compared",
+    "Row",
+    "cells",
+    "group_rows",
+    "reasons",
+    "table_rows",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One row of a stage table: a stage, or ``all``."""
+
+    name: str
+    load: str
+    sent: int
+    achieved_rate: float
+    summary: Summary
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A table column: its header and how a row gives its cell."""
+
+    header: str
+    cell: Callable[[Row], str]
+
+
+def _ms(key: str) -> Callable[[Row], str]:
+    def cell(row: Row) -> str:
+        value = row.summary.value(key)
+        return "-" if value is None else f"{value * 1000:.1f}"
+
+    return cell
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+STAGE_COLUMNS: tuple[Column, ...] = (
+    Column("stage", lambda r: r.name),
+    Column("load", lambda r: r.load),
+    Column("sent", lambda r: str(r.sent)),
+    Column("ok", lambda r: str(r.summary.ok)),
+    Column("errors", lambda r: str(r.summary.failed)),
+    Column("cancelled", lambda r: str(r.summary.cancelled)),
+    Column("achieved rps", lambda r: f"{r.achieved_rate:.2f}"),
+    Column("out tok/s", lambda r: f"{r.summary.output_throughput:.1f}"),
+    Column("TTFT p50", _ms("ttft_p50")),
+    Column("TTFT p95", _ms("ttft_p95")),
+    Column("TTFT p99", _ms("ttft_p99")),
+    Column("ITL p95", _ms("itl_p95")),
+    Column("TPOT mean", _ms("tpot_mean")),
+    Column("E2E p95", _ms("e2e_p95")),
+    Column("lag p99", _ms("dispatch_lag_p99")),
+    Column(
+        "goodput",
+        lambda r: "-" if r.summary.goodput is None else f"{r.summary.goodput:.2f}",
+    ),
+)
+
+#: What the server said about each request, and connection churn.
+SERVER_COLUMNS: tuple[Column, ...] = (
+    Column("stage", lambda r: r.name),
+    Column("load", lambda r: r.load),
+    Column("cached prompt", lambda r: _share(r.summary.cached_fraction)),
+    Column("queue p50", _ms("server_queue_p50")),
+    Column("queue p95", _ms("server_queue_p95")),
+    Column("prefill p50", _ms("server_prefill_p50")),
+    Column("prefill p95", _ms("server_prefill_p95")),
+    Column("decode p50", _ms("server_decode_p50")),
+    Column("TTFT gap p50", _ms("ttft_gap_p50")),
+    Column("TTFT gap p95", _ms("ttft_gap_p95")),
+    Column("reconnects", lambda r: str(r.summary.reconnects)),
+    Column("no [DONE]", lambda r: str(r.summary.without_done)),
+)
+
+
+def _tokens(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+#: A group of a run's requests: a conversation's turn index, or a model of a mix.
+GROUP_COLUMNS: tuple[Column, ...] = (
+    Column("group", lambda r: r.name),
+    Column("requests", lambda r: str(r.summary.requests)),
+    Column("ok", lambda r: str(r.summary.ok)),
+    Column("TTFT p50", _ms("ttft_p50")),
+    Column("TTFT p95", _ms("ttft_p95")),
+    Column("TTFA p50", _ms("ttfa_p50")),
+    Column("ITL p95", _ms("itl_p95")),
+    Column("E2E p95", _ms("e2e_p95")),
+    Column("cached prompt", lambda r: _share(r.summary.cached_fraction)),
+    Column("history tok", lambda r: _tokens(r.summary.mean_history_tokens)),
+    Column("prompt tok", lambda r: _tokens(r.summary.mean_prompt_tokens)),
+    Column("reasoning tok", lambda r: _tokens(r.summary.mean_reasoning_tokens)),
+)
+
+#: Reasoning: the first token of any kind against the first token of the answer.
+REASONING_COLUMNS: tuple[Column, ...] = (
+    Column("stage", lambda r: r.name),
+    Column("load", lambda r: r.load),
+    Column("TTFT p50", _ms("ttft_p50")),
+    Column("TTFT p95", _ms("ttft_p95")),
+    Column("TTFA p50", _ms("ttfa_p50")),
+    Column("TTFA p95", _ms("ttfa_p95")),
+    Column("reasoning tok", lambda r: _tokens(r.summary.mean_reasoning_tokens)),
+    Column("output tok", lambda r: _tokens(r.summary.mean_output_tokens)),
+)
+
+
+def group_rows(record: RunSummary, key: str) -> list[Row]:
+    """A row per group of ``record.by_turn`` (``key="turn"``) or ``by_model``."""
+    groups = (record.by_turn if key == "turn" else record.by_model) or {}
+    return [
+        Row(f"{key} {name}", "", summary.requests, summary.request_throughput, summary)
+        for name, summary in groups.items()
+    ]
+
+
+def reasons(record: RunSummary) -> bool:
+    """Whether any request of the run reported reasoning tokens, or had its answer
+    start after its first token."""
+    for summary in (*record.summaries, record.overall):
+        if summary.mean_reasoning_tokens:
+            return True
+        ttft, ttfa = summary.figure("ttft"), summary.figure("ttfa")
+        if ttft and ttfa and ttfa.mean - ttft.mean > 1e-4:
+            return True
+    return False
+
+
+def table_rows(record: RunSummary, *, overall: bool = True) -> list[Row]:
+    """A row per stage, then (``overall``) one for the whole run."""
+    rows = [
+        Row(
+            str(stage.stage + 1),
+            stage.load_label,
+            stage.sent,
+            stage.achieved_rate or 0.0,
+            summary,
+        )
+        for stage, summary in zip(record.stages, record.summaries, strict=True)
+    ]
+    if overall:
+        sent = sum(stage.sent for stage in record.stages)
+        span = record.overall.duration_s
+        rows.append(Row("all", "", sent, sent / span if span else 0.0, record.overall))
+    return rows
+
+
+def cells(columns: Sequence[Column], rows: Sequence[Row]) -> list[list[str]]:
+    """The table's text, row by row."""
+    return [[column.cell(row) for column in columns] for row in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class Compared:
+    """A figure ``servemon compare`` lines up across runs."""
+
+    label: str
+    value: Callable[[Summary], float | None]
+    higher_is_better: bool = False
+
+
+def _scaled(key: str, scale: float) -> Callable[[Summary], float | None]:
+    def value(summary: Summary) -> float | None:
+        v = summary.value(key)
+        return None if v is None else v * scale
+
+    return value
+
+
+COMPARED: tuple[Compared, ...] = (
+    Compared("output tok/s", lambda s: s.output_throughput, True),
+    Compared("requests/s", lambda s: s.request_throughput, True),
+    Compared("TTFT mean ms", _scaled("ttft_mean", 1000.0)),
+    Compared("TTFT p95 ms", _scaled("ttft_p95", 1000.0)),
+    Compared("TTFA p95 ms", _scaled("ttfa_p95", 1000.0)),
+    Compared("TPOT mean ms", _scaled("tpot_mean", 1000.0)),
+    Compared("ITL p95 ms", _scaled("itl_p95", 1000.0)),
+    Compared("E2E mean s", _scaled("e2e_mean", 1.0)),
+    Compared("E2E p95 s", _scaled("e2e_p95", 1.0)),
+    Compared("error rate", lambda s: s.error_rate),
+)

@@ -1,0 +1,117 @@
+"""What a run found beside its figures: a capacity search's steps and answer, what
+``servemon control`` held, and when the client itself was the limit (parts of
+``run.json`` and ``summary.json``, :mod:`loadgen.record.runrecord`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pydantic
+
+__all__ = ["CapacityResult", "ClientLimit", "ControlResult", "StepVerdict"]
+
+_LENIENT = pydantic.ConfigDict(extra="ignore")
+
+
+@dataclass(slots=True)
+class StepVerdict:
+    """One step of a capacity search, judged."""
+
+    __pydantic_config__ = _LENIENT
+
+    stage: int
+    rate: float
+    good: bool
+    breaches: list[str] = field(default_factory=list)
+    saturated: str | None = None
+    early_stop: str | None = None
+    judged_requests: int = 0
+    #: Read from Prometheus, the step had too few fresh server signals to be judged
+    #: (Prometheus down or its series stale): not good, not a breach either.
+    blind: bool = False
+
+
+@dataclass(slots=True)
+class ClientLimit:
+    """A stretch of a stage in which the load generator itself was the limit
+    (:mod:`loadgen.run.clientwatch`): ``reason`` is ``lag``, ``loop`` or ``cpu``."""
+
+    __pydantic_config__ = _LENIENT
+
+    reason: str
+    message: str
+    #: When it first tripped, seconds since the run's clock origin.
+    first_s: float
+    #: Seconds of checks during which it stayed tripped.
+    seconds: float
+    #: The worst value seen: seconds of lag or of loop delay, or a share of a core.
+    worst: float
+
+
+@dataclass(slots=True)
+class CapacityResult:
+    """What a capacity search found."""
+
+    __pydantic_config__ = _LENIENT
+
+    capacity_rps: float | None
+    bracket: tuple[float | None, float | None]
+    first_breach: str | None
+    saturated_first: str | None
+    ended_because: str
+    steps: list[StepVerdict]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class ControlResult:
+    """What ``servemon control`` held: its ticks summed up (every tick is in
+    ``control.jsonl``). ``within`` is the share of the ticks after ``settle_s``
+    whose signal was within ±15 % of the setpoint (blind ticks count as out)."""
+
+    __pydantic_config__ = _LENIENT
+
+    signal: str
+    setpoint: float
+    interval_s: float
+    source: str
+    settle_s: float
+    ticks: int = 0
+    judged: int = 0
+    inside: int = 0
+    blind: int = 0
+    offered_sum: float = 0.0
+    unreachable: str | None = None
+
+    @property
+    def within(self) -> float | None:
+        """The share of judged ticks within the tolerance."""
+        return self.inside / self.judged if self.judged else None
+
+    def add(self, tick: Mapping[str, Any], since_start_s: float) -> None:
+        """Count one tick (``control.jsonl``'s line)."""
+        self.ticks += 1
+        self.offered_sum += float(tick["offered_rps"])
+        measured = tick.get("measured")
+        if measured is None:
+            self.blind += 1
+        if since_start_s < self.settle_s:
+            return
+        self.judged += 1
+        if measured is not None and abs(measured - self.setpoint) <= (
+            0.15 * self.setpoint
+        ):
+            self.inside += 1
+
+    def mean_offered_rps(self) -> float | None:
+        """The mean rate offered over the ticks."""
+        return self.offered_sum / self.ticks if self.ticks else None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict, with ``within``."""
+        return {**asdict(self), "within": self.within}

@@ -1,0 +1,341 @@
+"""The run directory: what a load run leaves behind, readable however it ended.
+
+::
+
+    RUN_DIR/
+      run.json             config (secrets redacted), command line, versions, target,
+                           client limits, clock origin, stage timeline, status
+      requests.jsonl       one line per finished request, appended and flushed as it
+                           finishes (a kill -9 leaves it valid up to the last line)
+      server_metrics.jsonl the target's /metrics, sampled (see loadgen.run.sampler), or
+                           the signals read from Prometheus (loadgen.run.promsource)
+      control.jsonl        servemon control: one line per control tick
+      summary.json         per stage or level, and overall
+      summary.csv          the same, one row per stage, flat
+
+A full disk (or any failed write) never cuts a line: a line is written whole or
+not at all (a partial write is truncated away), the first failure is kept as
+:attr:`RunDirectory.failure` and nothing more is appended, so that the run can stop
+with that reason and every line already written stays readable.
+
+``run.json`` is written at the start (``status: running``) and rewritten at the end,
+``run.json`` and the summaries through :func:`loadgen.record.runrecord.write_record`.
+The format of a ``requests.jsonl`` line is documented in ``docs/metrics.md`` and is
+stable: fields are only ever added. Readers go through it in one pass
+(:func:`read_jsonl`), never holding it whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from servemon.core.errors import RecordError
+from servemon.loadgen.record.runrecord import RunInfo, RunSummary, StageResult, Tally
+from servemon.loadgen.record.slo import parse_slo
+from servemon.loadgen.send.timing import Outcome, RequestTiming, TokenSource
+
+__all__ = [
+    "UNFINISHED",
+    "RunDirectory",
+    "encode_line",
+    "read_jsonl",
+    "rebuild_summary",
+    "request_line",
+    "timing_from_line",
+]
+
+
+def request_line(t: RequestTiming) -> dict[str, Any]:
+    """The ``requests.jsonl`` form of one request (monotonic seconds)."""
+    return {
+        "id": t.request_id,
+        "stage": t.stage,
+        "outcome": str(t.outcome),
+        "status": t.status,
+        "scheduled_s": t.scheduled_s,
+        "sent_s": t.sent_s,
+        "headers_s": t.headers_s,
+        "first_chunk_s": t.first_chunk_s,
+        "first_content_s": t.first_content_s,
+        "end_s": t.end_s,
+        "ttft_s": t.ttft,
+        "ttfc_s": t.time_to_first_chunk,
+        "e2e_s": t.e2e,
+        "tpot_s": t.tpot,
+        "itl_s": t.itl,
+        "dispatch_lag_s": t.dispatch_lag,
+        "ttft_from_scheduled_s": t.ttft_from_scheduled,
+        "e2e_from_scheduled_s": t.e2e_from_scheduled,
+        "prompt_tokens": t.prompt_tokens,
+        "output_tokens": t.output_tokens,
+        "token_source": str(t.token_source),
+        "finish_reason": t.finish_reason,
+        "error": t.error,
+        "done_sentinel": t.done_sentinel,
+        "reconnects": t.reconnects,
+        "cached_tokens": t.cached_tokens,
+        "cached_fraction": t.cached_fraction,
+        "server_source": t.server_source,
+        "server_queue_s": t.server_queue_s,
+        "server_prefill_s": t.server_prefill_s,
+        "server_decode_s": t.server_decode_s,
+        "server_ttft_s": t.server_ttft,
+        "ttft_gap_s": t.ttft_gap,
+        "first_answer_s": t.first_answer_s,
+        "ttfa_s": t.ttfa,
+        "reasoning_tokens": t.reasoning_tokens,
+        "model": t.model,
+        "session": t.session,
+        "turn": t.turn,
+        "history_tokens": t.history_tokens,
+    }
+
+
+def timing_from_line(line: dict[str, Any], shift_s: float = 0.0) -> RequestTiming:
+    """A ``requests.jsonl`` line back as a timing (times moved by ``shift_s``).
+
+    Content chunk times are rebuilt from ``first_content_s`` and the ITL gaps.
+    """
+
+    def at(key: str) -> float | None:
+        value = line.get(key)
+        return None if value is None else float(value) + shift_s
+
+    content: list[float] = []
+    first = at("first_content_s")
+    if first is not None:
+        content.append(first)
+        for gap in line.get("itl_s") or []:
+            content.append(content[-1] + float(gap))
+    return RequestTiming(
+        request_id=str(line["id"]),
+        stage=int(line.get("stage", 0)),
+        scheduled_s=float(line["scheduled_s"]) + shift_s,
+        sent_s=float(line["sent_s"]) + shift_s,
+        end_s=float(line["end_s"]) + shift_s,
+        outcome=Outcome(line["outcome"]),
+        headers_s=at("headers_s"),
+        first_chunk_s=at("first_chunk_s"),
+        content_s=tuple(content),
+        status=line.get("status"),
+        prompt_tokens=line.get("prompt_tokens"),
+        output_tokens=int(line.get("output_tokens") or 0),
+        token_source=TokenSource(line.get("token_source", "chunks")),
+        finish_reason=line.get("finish_reason"),
+        error=line.get("error"),
+        done_sentinel=bool(line.get("done_sentinel", False)),
+        reconnects=int(line.get("reconnects") or 0),
+        cached_tokens=line.get("cached_tokens"),
+        server_source=line.get("server_source"),
+        server_queue_s=line.get("server_queue_s"),
+        server_prefill_s=line.get("server_prefill_s"),
+        server_decode_s=line.get("server_decode_s"),
+        first_answer_s=at("first_answer_s"),
+        reasoning_tokens=line.get("reasoning_tokens"),
+        model=line.get("model"),
+        session=line.get("session"),
+        turn=line.get("turn"),
+        history_tokens=line.get("history_tokens"),
+    )
+
+
+def write_failed(path: Path, exc: OSError) -> str:
+    """One line saying which file could not be written and why."""
+    return f"cannot write {path}: {exc.strerror or exc}"
+
+
+class _Lines:
+    """An append-only file of lines, each written whole or not at all."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._end = 0  # where the last whole line ends (this is the one writer)
+
+    def open(self) -> int:
+        if self._fd is None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+            self._fd = os.open(self.path, flags, 0o644)
+            self._end = os.fstat(self._fd).st_size
+        return self._fd
+
+    def append(self, line: bytes) -> None:
+        """Write ``line`` unbuffered (in the OS when this returns); on an OSError,
+        truncate what part of it got written, then raise."""
+        fd = self.open()
+        view = memoryview(line)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            with contextlib.suppress(OSError):  # else a reader skips the cut line
+                os.ftruncate(fd, self._end)
+            raise
+        self._end += len(line)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class RunDirectory:
+    """Creates and fills one run directory."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise RecordError(write_failed(path, exc)) from None
+        self.path = path
+        #: The monotonic time of the run's start; stage times in run.json are
+        #: offsets from it, request times in requests.jsonl are absolute.
+        self.origin_s = time.monotonic()
+        self.clock_origin: dict[str, Any] = {
+            "monotonic_s": self.origin_s,
+            "utc": datetime.now(UTC).isoformat(timespec="milliseconds"),
+            "clock": "CLOCK_MONOTONIC (time.monotonic)",
+        }
+        self._requests = _Lines(path / "requests.jsonl")
+        self._server = _Lines(path / "server_metrics.jsonl")
+        self._control = _Lines(path / "control.jsonl")
+        #: The first failed write, in one line (then nothing more is appended).
+        self.failure: str | None = None
+        try:
+            self._requests.open()  # created now: a run has one from its start
+        except OSError as exc:
+            raise RecordError(write_failed(self._requests.path, exc)) from None
+
+    @classmethod
+    def create(cls, parent: Path, kind: str) -> RunDirectory:
+        """A new directory ``parent/YYYYmmdd-HHMMSS-KIND[-n]``."""
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        for n in range(1000):
+            name = f"{stamp}-{kind}" + (f"-{n}" if n else "")
+            try:
+                return cls(parent / name)
+            except FileExistsError:
+                continue  # another run (a shard) took it a moment ago
+        raise FileExistsError(f"{parent}: too many runs named {stamp}-{kind}")
+
+    def _append(self, lines: _Lines, line: bytes) -> None:
+        if self.failure is not None:
+            return
+        try:
+            lines.append(line)
+        except OSError as exc:
+            self.failure = write_failed(lines.path, exc)
+
+    def append_request(self, timing: RequestTiming) -> None:
+        """Append one finished request, handed to the OS before this returns."""
+        self._append(self._requests, encode_line(request_line(timing)))
+
+    def append_server_sample(self, sample: Mapping[str, Any]) -> None:
+        """Append one sample of the target's metrics."""
+        line = json.dumps(sample, separators=(",", ":")) + "\n"
+        self._append(self._server, line.encode())
+
+    def append_control(self, tick: Mapping[str, Any]) -> None:
+        """Append one tick of ``servemon control`` to ``control.jsonl``."""
+        line = json.dumps(tick, separators=(",", ":")) + "\n"
+        self._append(self._control, line.encode())
+
+    def check(self) -> None:
+        """Raise :class:`RecordError` if a write has failed."""
+        if self.failure is not None:
+            raise RecordError(self.failure)
+
+    def close(self) -> None:
+        """Close the open files."""
+        for lines in (self._requests, self._server, self._control):
+            lines.close()
+
+
+def encode_line(data: Mapping[str, Any]) -> bytes:
+    """One JSON line, compact, with its newline: orjson, measured at 3.2 µs for a
+    64-chunk request's line against 68 µs for the standard library (which it
+    matches character for character on these lines). A string orjson refuses (a
+    lone surrogate, as a server's JSON escapes can produce) falls back to the
+    standard library, which escapes it: nothing from the network stops a record."""
+    try:
+        return orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:
+        return (json.dumps(data, separators=(",", ":")) + "\n").encode("ascii")
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """The objects of a JSON-lines file, one at a time; a line cut by a kill (or
+    anything not an object) is skipped, everything before it kept."""
+    if not path.exists():
+        return
+    with path.open("rb") as handle:  # decoded per line: a cut may split a character
+        for line in handle:
+            try:
+                item = json.loads(line)
+            except (ValueError, RecursionError):  # UnicodeDecodeError too
+                continue
+            if isinstance(item, dict):
+                yield item
+
+
+#: What a rebuilt summary says of the run.
+UNFINISHED = (
+    "the run did not finish (killed or crashed): its summary was rebuilt from "
+    "requests.jsonl"
+)
+
+
+def rebuild_summary(run_dir: Path, info: RunInfo) -> RunSummary:
+    """``summary.json`` for a run that never wrote it, from one pass over its
+    ``requests.jsonl``.
+
+    Stages are the ones ``run.json`` planned plus any a request names; throughput
+    divides by the span of each stage's requests, since how far a stage got is
+    not known. The status is ``unfinished``.
+    """
+    slo = parse_slo(",".join(info.slo)) if info.slo else []
+    tally = Tally(slo)
+    sent: dict[int, int] = {}
+    for line in read_jsonl(run_dir / "requests.jsonl"):
+        try:
+            timing = timing_from_line(line)
+        except (KeyError, TypeError, ValueError):
+            continue  # not a request line servemon wrote: skipped, not fatal
+        tally.add(timing)
+        sent[timing.stage] = sent.get(timing.stage, 0) + 1
+    planned = {s.stage: s for s in info.stages}
+    indices = sorted(set(planned) | set(sent))
+    stages = [
+        StageResult(
+            stage=i,
+            label=planned[i].label if i in planned else f"stage {i + 1}",
+            target_rate=planned[i].target_rate if i in planned else None,
+            parallel=planned[i].parallel if i in planned else None,
+            planned_s=planned[i].planned_s if i in planned else None,
+            start_s=planned[i].start_s if i in planned else None,
+            sent=sent.get(i, 0),
+        )
+        for i in indices
+    ]
+    results, overall = tally.results(stages, [None] * len(stages))
+    return RunSummary(
+        kind=info.kind,
+        status="unfinished",
+        stages=results,
+        overall=overall,
+        slo=[str(t) for t in slo],
+        stop_reason=UNFINISHED,
+        rebuilt_from="requests.jsonl",
+        **tally.groups(),
+    )

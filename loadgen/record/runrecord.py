@@ -1,0 +1,434 @@
+"""The run record, typed: what ``run.json`` and ``summary.json`` hold.
+
+One module defines it and every reader uses it: the runner, ``merge`` and a run
+rebuilt from ``requests.jsonl`` write through :func:`write_record`; ``report``,
+``compare``, ``merge`` and the terminal read through :func:`read_record`, which
+validates both files at the edge (one line naming the file and the field) into
+these types. Fields are only ever added (``RECORD_VERSION`` counts breaking
+changes); unknown fields of a newer record are ignored when read.
+
+- :class:`RunInfo` — ``run.json``: conditions (config with secrets redacted,
+  command, versions, target, client limits, clock origin, environment) and the
+  stage timeline; written at the start (``status: running``) and at the end.
+- :class:`RunSummary` — ``summary.json``: per stage a :class:`StageResult` with its
+  :class:`~loadgen.record.summary.Summary`, the overall summary, the SLO and, for a
+  capacity search, its :class:`CapacityResult`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, TypedDict
+
+import pydantic
+
+from servemon.core.errors import ConfigError, RecordError
+from servemon.loadgen.record.findings import (
+    CapacityResult,
+    ClientLimit,
+    ControlResult,
+    StepVerdict,
+)
+from servemon.loadgen.record.slo import SloTerm
+from servemon.loadgen.record.summary import Summarizer, Summary, flat_row
+from servemon.loadgen.send.timing import RequestTiming
+
+__all__ = [
+    "RECORD_VERSION",
+    "CapacityResult",
+    "ClientLimit",
+    "ControlResult",
+    "RunInfo",
+    "RunResult",
+    "RunSummary",
+    "StageResult",
+    "StepVerdict",
+    "Tally",
+    "read_record",
+    "write_json",
+    "write_record",
+]
+
+RECORD_VERSION = 1
+_LENIENT = pydantic.ConfigDict(extra="ignore")
+
+
+@dataclass(slots=True)
+class StageResult:
+    """One stage (ramp, capacity step) or level (sweep): its plan, what happened,
+    and (in ``summary.json``) its summary. Times are seconds since the run's
+    clock origin."""
+
+    __pydantic_config__ = _LENIENT
+
+    stage: int
+    label: str
+    target_rate: float | None = None
+    parallel: int | None = None
+    planned_s: float | None = None
+    start_s: float | None = None
+    end_s: float | None = None
+    sent: int = 0
+    held_back: int = 0
+    skipped: int = 0
+    achieved_rate: float | None = None
+    summary: Summary | None = None
+    client_limits: list[ClientLimit] = field(default_factory=list)
+    #: Sessions started (sessions workloads; ``sent`` counts their turns) and
+    #: those cut short.
+    sessions: int | None = None
+    sessions_cut: int | None = None
+
+    @property
+    def load_label(self) -> str:
+        """The offered load: ``4 rps``, ``parallel 8``, ``4 sessions/s`` or
+        ``8 users``."""
+        if self.target_rate:
+            unit = "sessions/s" if self.sessions is not None else "rps"
+            return f"{self.target_rate:g} {unit}"
+        if self.sessions is not None:
+            return f"{self.parallel} users"
+        return f"parallel {self.parallel}"
+
+    def to_json(self, *, with_summary: bool = True) -> dict[str, Any]:
+        """The JSON form (``run.json`` keeps stages without their summaries)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["client_limits"] = [asdict(x) for x in self.client_limits]
+        summary = data.pop("summary")
+        if with_summary:
+            data["summary"] = None if summary is None else summary.to_json()
+        return data
+
+
+@dataclass(slots=True)
+class RunSummary:
+    """``summary.json``."""
+
+    __pydantic_config__ = _LENIENT
+
+    kind: str
+    status: str
+    stages: list[StageResult]
+    overall: Summary
+    slo: list[str] = field(default_factory=list)
+    stop_reason: str | None = None
+    capacity: CapacityResult | None = None
+    control: ControlResult | None = None
+    merged_from: list[str] | None = None
+    rebuilt_from: str | None = None
+    #: The run's requests by a conversation's turn index (sessions workloads)
+    #: and by the model of a ``--model`` mix: keys are the turn (``"1"``...) or
+    #: the model's name.
+    by_turn: dict[str, Summary] | None = None
+    by_model: dict[str, Summary] | None = None
+
+    @property
+    def summaries(self) -> list[Summary]:
+        """Each stage's summary (an empty one where a stage has none)."""
+        return [s.summary or _EMPTY for s in self.stages]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form."""
+        data: dict[str, Any] = {
+            "kind": self.kind,
+            "status": self.status,
+            "stages": [s.to_json() for s in self.stages],
+            "overall": self.overall.to_json(),
+            "slo": self.slo,
+            "stop_reason": self.stop_reason,
+            "capacity": None if self.capacity is None else self.capacity.to_json(),
+        }
+        if self.control is not None:
+            data["control"] = self.control.to_json()
+        for key in ("merged_from", "rebuilt_from"):
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        for key in ("by_turn", "by_model"):
+            groups = getattr(self, key)
+            if groups is not None:
+                data[key] = {k: v.to_json() for k, v in groups.items()}
+        return data
+
+    def csv_rows(self) -> list[dict[str, Any]]:
+        """``summary.csv``: one flat row per stage, then ``all``."""
+        rows = []
+        for stage in self.stages:
+            meta = stage.to_json(with_summary=False)
+            meta.pop("label")
+            meta["client_limits"] = " ".join(x["reason"] for x in meta["client_limits"])
+            rows.append({**meta, **flat_row(stage.summary or _EMPTY)})
+        rows.append({"stage": "all", **flat_row(self.overall)})
+        for key, name in (("by_turn", "turn"), ("by_model", "model")):
+            for value, summary in (getattr(self, key) or {}).items():
+                rows.append({"stage": f"{name} {value}", **flat_row(summary)})
+        return rows
+
+
+_EMPTY = Summarizer().summary()
+
+
+@dataclass(slots=True)
+class RunInfo:
+    """``run.json``. The free-form parts (config, the target's model listing, the
+    environment) stay mappings: they record what was, not what servemon reads."""
+
+    __pydantic_config__ = _LENIENT
+
+    kind: str
+    status: str
+    clock_origin: dict[str, Any]
+    record_version: int = RECORD_VERSION
+    servemon_version: str = "unknown"
+    command: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    target: dict[str, Any] = field(default_factory=dict)
+    workload: dict[str, Any] = field(default_factory=dict)
+    client: dict[str, Any] = field(default_factory=dict)
+    arrival: str | None = None
+    slo: list[str] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    engine_version: str = "none"
+    stages: list[StageResult] = field(default_factory=list)
+    stop_reason: str | None = None
+    shard: str | None = None
+    start_at: str | None = None
+    start_late_s: float | None = None
+    ended_utc: str | None = None
+    server_metrics: dict[str, Any] | None = None
+    merged_from: list[dict[str, Any]] | None = None
+
+    @property
+    def origin_s(self) -> float:
+        """The monotonic time of the run's start (request times are absolute)."""
+        return float(self.clock_origin.get("monotonic_s", 0.0))
+
+    @property
+    def engine_info(self) -> dict[str, Any]:
+        """The target's ``servemon_engine_info`` labels, if it had a ``/metrics``."""
+        return dict((self.server_metrics or {}).get("engine_info") or {})
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form (stages without summaries)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["stages"] = [s.to_json(with_summary=False) for s in self.stages]
+        return data
+
+
+class Groups(TypedDict):
+    """The grouped summaries of a run (fields of :class:`RunSummary`)."""
+
+    by_turn: dict[str, Summary] | None
+    by_model: dict[str, Summary] | None
+
+
+class Tally:
+    """A run's summaries as its requests finish: one :class:`Summarizer` per
+    stage, merged into the whole run's at the end. The runner, ``merge`` and a
+    rebuild all count through it, so a figure is summed the same way wherever it
+    is summed."""
+
+    def __init__(self, slo: Sequence[SloTerm] = ()) -> None:
+        self.slo = list(slo)
+        self.stages: dict[int, Summarizer] = {}
+        #: The whole run's requests by a conversation's turn index and by the
+        #: model of a mix they asked for (only requests that say so).
+        self.turns: dict[int, Summarizer] = {}
+        self.models: dict[str, Summarizer] = {}
+
+    def add(self, timing: RequestTiming) -> None:
+        """One finished request (summed once, into its stage: the overall summary
+        is the stages' merged at the end; and into its turn and its model)."""
+        stage = self.stages.get(timing.stage)
+        if stage is None:
+            stage = self.stages[timing.stage] = Summarizer(self.slo)
+        stage.add(timing)
+        if timing.turn is not None:
+            self._group(self.turns, timing.turn).add(timing)
+        if timing.model is not None:
+            self._group(self.models, timing.model).add(timing)
+
+    def _group(self, groups: dict[Any, Summarizer], key: Any) -> Summarizer:
+        found = groups.get(key)
+        if found is None:
+            found = groups[key] = Summarizer(self.slo)
+        return found
+
+    def groups(self) -> Groups:
+        """``by_turn`` and ``by_model`` of a :class:`RunSummary` (None: no request
+        said; throughput over each group's own span)."""
+        return {
+            "by_turn": {str(k): self.turns[k].summary() for k in sorted(self.turns)}
+            or None,
+            "by_model": {k: self.models[k].summary() for k in sorted(self.models)}
+            or None,
+        }
+
+    def overall(self) -> Summary:
+        """The whole run's summary (the span of all its requests)."""
+        every = Summarizer(self.slo)
+        for index in sorted(self.stages):
+            every.merge(self.stages[index])
+        return every.summary()
+
+    def finished(self, stage: int) -> int:
+        """Requests of ``stage`` finished so far."""
+        own = self.stages.get(stage)
+        return 0 if own is None else own.requests
+
+    def results(
+        self, stages: Sequence[StageResult], durations: Sequence[float | None]
+    ) -> tuple[list[StageResult], Summary]:
+        """``stages`` with their summaries and achieved rates (throughput over
+        ``durations[i]``; None: the span of the stage's requests), and the overall
+        summary."""
+        out = []
+        for stage, duration in zip(stages, durations, strict=True):
+            own = self.stages.get(stage.stage) or Summarizer(self.slo)
+            summary = own.summary(duration)
+            achieved = stage.sent / summary.duration_s if summary.duration_s else 0.0
+            out.append(replace(stage, summary=summary, achieved_rate=achieved))
+        return out, self.overall()
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Write ``data`` as JSON atomically (a reader never sees half a file); a
+    failed write is a one-line :class:`RecordError` and leaves no ``.tmp``."""
+    tmp = path.with_name(path.name + ".tmp")
+    text = json.dumps(data, indent=2, default=str) + "\n"
+    with _writing(path, tmp):
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _writing(path: Path, tmp: Path) -> Iterator[None]:
+    """An OSError inside becomes a RecordError naming ``path``; ``tmp`` goes."""
+    try:
+        yield
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def write_record(
+    run_dir: Path, info: RunInfo, summary: RunSummary | None = None
+) -> None:
+    """Write ``run.json`` and, when given, ``summary.json`` and ``summary.csv``:
+    the one writer of a run's record."""
+    if summary is not None:
+        write_json(run_dir / "summary.json", summary.to_json())
+        rows = summary.csv_rows()
+        columns: list[str] = []
+        for row in rows:
+            columns += [key for key in row if key not in columns]
+        tmp = run_dir / "summary.csv.tmp"
+        with _writing(run_dir / "summary.csv", tmp):
+            with tmp.open("w", encoding="utf-8", newline="") as handle:
+                writer = csv.DictWriter(handle, fieldnames=columns)
+                writer.writeheader()
+                writer.writerows(rows)
+            os.replace(tmp, run_dir / "summary.csv")
+    write_json(run_dir / "run.json", info.to_json())
+
+
+def _read(path: Path, cls: type[Any]) -> Any:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{path}: missing: is this a servemon run directory?"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: line {exc.lineno}: not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    if cls is RunSummary:
+        data = _summary_input(data)
+    try:
+        return pydantic.TypeAdapter(cls).validate_python(data)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise ConfigError(f"{path}: {where}: {first['msg']}") from None
+
+
+def _summary_input(data: dict[str, Any]) -> dict[str, Any]:
+    """Figures sit at the top level of a summary in JSON; the type keeps them in
+    ``figures``."""
+
+    def one(item: Any) -> Any:
+        return Summary.from_json(item) if isinstance(item, dict) else item
+
+    stages = data.get("stages")
+    if isinstance(stages, list):
+        stages = [
+            {**s, "summary": one(s.get("summary"))} if isinstance(s, dict) else s
+            for s in stages
+        ]
+    out = {**data, "stages": stages, "overall": one(data.get("overall"))}
+    for key in ("by_turn", "by_model"):
+        groups = data.get(key)
+        if isinstance(groups, dict):
+            out[key] = {k: one(v) for k, v in groups.items()}
+    return out
+
+
+def read_info(run_dir: Path) -> RunInfo:
+    """``run.json`` of ``run_dir``, validated."""
+    info: RunInfo = _read(run_dir / "run.json", RunInfo)
+    return info
+
+
+def read_record(run_dir: Path) -> tuple[RunInfo, RunSummary | None]:
+    """``run.json`` and ``summary.json`` (None if the run never wrote it)."""
+    info = read_info(run_dir)
+    if not (run_dir / "summary.json").exists():
+        return info, None
+    summary: RunSummary = _read(run_dir / "summary.json", RunSummary)
+    return info, summary
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """Where the run went and what it recorded."""
+
+    path: Path
+    info: RunInfo
+    record: RunSummary
+
+    @property
+    def status(self) -> str:
+        """``completed``, ``interrupted``, ``aborted`` or ``failed``."""
+        return self.record.status
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why a guard rail stopped the run, if one did."""
+        return self.record.stop_reason
+
+    @property
+    def capacity(self) -> CapacityResult | None:
+        """What a capacity search found."""
+        return self.record.capacity
+
+    @property
+    def stages(self) -> list[StageResult]:
+        """Every stage or level as it ran, with its summary."""
+        return self.record.stages
+
+    @property
+    def summaries(self) -> list[Summary]:
+        """Each stage's summary."""
+        return self.record.summaries
+
+    @property
+    def overall(self) -> Summary:
+        """The whole run's summary."""
+        return self.record.overall

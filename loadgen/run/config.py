@@ -1,0 +1,292 @@
+"""Configuration of a load run: every flag of ``servemon ramp``/``sweep`` as a field.
+
+YAML (``--config servemon.yaml``) uses the flag names with underscores; flags win.
+Secrets never live here: the API key comes from ``SERVEMON_API_KEY``, a header file
+(``--header-file``) is named here but read only when the request headers are built
+(:func:`auth_headers`), and header values are wrapped in
+:class:`servemon.core.fields.Secret` there, so the config can be recorded with its
+header values redacted (:func:`loadgen.run.plan.recorded_config`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import field
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge, Gt, Le
+from pydantic import BeforeValidator
+from pydantic.dataclasses import dataclass
+
+from servemon.core.errors import ConfigError
+from servemon.core.fields import FORBID_EXTRA, Secret
+from servemon.loadgen.record.slo import SloTerm, parse_slo
+from servemon.loadgen.send.arrivals import (
+    Arrival,
+    Shard,
+    Stage,
+    parse_arrival,
+    parse_stages,
+    parse_start_at,
+    stages_text,
+)
+
+#: Words that mark a header name as a credential's (``Authorization``,
+#: ``X-Api-Key``, ``X-Auth-Token``, ``Cookie``).
+SECRET_WORDS = ("auth", "key", "token", "secret", "password", "cookie")
+
+__all__ = [
+    "HOLDABLE",
+    "PROMETHEUS_ONLY",
+    "LoadConfig",
+    "auth_headers",
+    "config_text",
+    "header_lines",
+    "parse_extra_body",
+    "parse_hold",
+    "secret_header_names",
+]
+
+Positive = Annotated[float, Gt(0)]
+
+
+def _from_text(parse: Callable[[str], Any]) -> BeforeValidator:
+    """Parse a flag's text into its type once, where the config is built; a value
+    of the type already (a config laid over another) passes through."""
+    return BeforeValidator(
+        lambda value: parse(value) if isinstance(value, str) else value
+    )
+
+
+Stages = Annotated[tuple[Stage, ...], _from_text(lambda t: tuple(parse_stages(t)))]
+#: No SLO may be written as none at all (``slo: null`` in YAML).
+Slo = Annotated[
+    tuple[SloTerm, ...],
+    BeforeValidator(lambda v: () if v is None else v),
+    _from_text(lambda t: tuple(parse_slo(t))),
+]
+ArrivalSpec = Annotated[Arrival, _from_text(parse_arrival)]
+ShardSpec = Annotated[Shard, _from_text(Shard.parse)]
+StartAt = Annotated[datetime, _from_text(parse_start_at)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, config=FORBID_EXTRA)
+class LoadConfig:
+    """Everything a load run takes (see ``docs/loadgen.md``). Validated however it
+    is built: the string flags ``stages``, ``slo``, ``arrival``, ``shard`` and
+    ``start_at`` become their types here, once, and a bad one is a one-line
+    :class:`ConfigError` naming the flag before anything starts."""
+
+    target: str | None = None
+    #: The ``target`` label of the live client series; by default host:port, as the
+    #: exporter names the same target, so dashboards join the two.
+    target_name: str | None = None
+    model: str | None = None
+    api: Literal["chat", "completions"] = "chat"
+    stream: bool = True
+    workload: str = "random:prompt=128,output=128"
+    tokenizer: str | None = None
+    ignore_eos: bool = False
+    extra_body: dict[str, Any] | None = None
+    header: tuple[str, ...] = ()
+    #: A file of ``Name: value`` lines, for headers that carry secrets.
+    header_file: str | None = None
+    timeout: Positive = 600.0
+    out: str = "runs"
+    metrics_port: Annotated[int, Ge(0), Le(65535)] = 9401
+    metrics_host: str = "127.0.0.1"
+    #: exporter-toolkit's web config for the live client /metrics
+    #: (:mod:`core.wire.webconfig`).
+    web_config_file: str | None = None
+    seed: int = 0
+    slo: Slo = ()
+    cancel_fraction: Annotated[float, Ge(0), Le(1)] = 0.0
+    cancel_after: Positive | None = None
+    cancel_after_tokens: Annotated[int, Ge(1)] | None = None
+    grace: Annotated[float, Ge(0)] = 5.0
+    max_connections: Annotated[int, Ge(1)] = 10_000
+    sample_interval: Positive = 1.0
+    #: A PM QoS bound on CPU wake-up latency held while the run sends, in
+    #: microseconds (:mod:`loadgen.send.cpulatency`); None asks for nothing.
+    cpu_dma_latency: Annotated[int, Ge(0)] | None = None
+    # open loop (ramp)
+    stages: Stages | None = None
+    rps_start: Positive | None = None
+    rps_end: Positive | None = None
+    rps_step: Positive | None = None
+    step_seconds: Positive | None = None
+    arrival: ArrivalSpec = field(default_factory=Arrival)
+    max_inflight: Annotated[int, Ge(1)] = 1000
+    late: Literal["send", "skip"] = "send"
+    late_tolerance: Annotated[float, Ge(0)] = 1.0
+    #: A trace's requests longer than the target's context (prompt plus output):
+    #: refuse the run, leave them out, cut their prompts, or send them anyway.
+    over_context: Literal["error", "skip", "truncate", "send"] = "error"
+    max_requests: Annotated[int, Ge(1)] | None = None
+    shard: ShardSpec | None = None
+    #: Processes sending the ramp; ``auto``: from the peak rate and the cost of a
+    #: request (:mod:`loadgen.send.clientcost`).
+    workers: Annotated[int, Ge(1), Le(64)] | Literal["auto"] = 1
+    start_at: StartAt | None = None
+    # replay of a trace (servemon replay; the trace is the workload's trace:PATH)
+    time_scale: Positive = 1.0
+    rate_scale: Positive = 1.0
+    trace_from: Annotated[float, Ge(0)] | None = None
+    trace_to: Positive | None = None
+    loops: Annotated[int, Ge(1), Le(1000)] = 1
+    # server signals from Prometheus instead of the target's /metrics
+    prometheus: str | None = None
+    #: YAML with bearer_token or basic_auth for Prometheus (never logged).
+    prometheus_auth_file: str | None = None
+    #: Label matchers every signal query gets (``model="q",target=~"pool-a.*"``).
+    select: str | None = None
+    #: Prometheus' scrape interval: a signal older than two of them is stale.
+    #: None: asked of Prometheus (loadgen.run.promtargets), else 15 s.
+    scrape_interval: Positive | None = None
+    #: The range of rate() and histogram_quantile() in the signal queries.
+    signal_window: Annotated[float, Ge(1)] = 30.0
+    # servemon control
+    #: ``SIGNAL=SETPOINT``: waiting, kv_cache_usage, ttft_p95, burn_rate,
+    #: gpu_utilization.
+    hold: str | None = None
+    duration: Positive = 600.0
+    #: Seconds between rate changes; None: from the signal's delay.
+    control_interval: Positive | None = None
+    #: Stop when the signal has been missing this long (the controller is blind).
+    blind_timeout: Positive = 60.0
+    #: ttft_p95: pace each gap by the client's prefill backlog
+    #: (loadgen.drivers.backlog).
+    pace: bool = False
+    # guard rails (every load command)
+    abort_error_rate: Annotated[float, Ge(0), Le(1)] = 0.2
+    abort_waiting: Annotated[float, Gt(0)] = 5000.0
+    rps_max: Positive | None = None
+    # capacity search
+    rps_min: Positive = 0.5
+    max_duration: Positive = 600.0
+    settle: Annotated[float, Ge(0)] = 5.0
+    precision: Annotated[float, Gt(0), Le(1)] = 0.05
+    # closed loop (sweep)
+    #: None: ``users=N`` of a sessions workload, else 1 2 4 8.
+    parallel: tuple[Annotated[int, Ge(1)], ...] | None = None
+    number: tuple[Annotated[int, Ge(1)], ...] = (16,)
+    warmup: Annotated[int, Ge(0)] = 0
+    # the built-in simulator, when there is no target
+    sim_profile: str = "qwen3-0.6b-eager"
+    sim_args: tuple[str, ...] = field(default=())
+
+
+def config_text(config: LoadConfig) -> dict[str, Any]:
+    """The config as plain data, each parsed flag in its own text again (what a
+    run record keeps and a worker's config file holds)."""
+    data = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    data["stages"] = None if config.stages is None else stages_text(config.stages)
+    data["slo"] = ",".join(str(t) for t in config.slo) or None
+    data["arrival"] = str(config.arrival)
+    data["shard"] = None if config.shard is None else str(config.shard)
+    data["start_at"] = None if config.start_at is None else config.start_at.isoformat()
+    for key in ("header", "parallel", "number", "sim_args"):
+        data[key] = None if data[key] is None else list(data[key])
+    return data
+
+
+def parse_extra_body(text: str) -> dict[str, Any]:
+    """``--extra-body`` JSON: an object merged into every request body."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        msg = f"--extra-body: not JSON: {exc.msg} at column {exc.colno}"
+        raise ConfigError(msg) from None
+    if not isinstance(value, dict):
+        raise ConfigError("--extra-body: expected a JSON object")
+    return value
+
+
+def header_lines(path: Path) -> tuple[str, ...]:
+    """A header file's ``Name: value`` lines (blank lines and ``#`` comments
+    skipped); a bad line is a one-line error that never shows a value."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            f"--header-file {path}: cannot read: {exc.strerror or exc}"
+        ) from None
+    lines = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, _ = line.partition(":")
+        if not sep or not name.strip():
+            raise ConfigError(
+                f"--header-file {path}: line {number}: expected 'Name: value' "
+                "(the line is not shown)"
+            )
+        lines.append(line)
+    return tuple(lines)
+
+
+def secret_header_names(headers: Sequence[str]) -> list[str]:
+    """The names of ``Name: value`` headers that look like credentials."""
+    names = []
+    for raw in headers:
+        name = raw.partition(":")[0].strip()
+        if any(word in name.lower() for word in SECRET_WORDS):
+            names.append(name)
+    return names
+
+
+def auth_headers(config: LoadConfig, env: Mapping[str, str]) -> dict[str, Secret]:
+    """Request headers from ``SERVEMON_API_KEY``, ``--header-file`` and
+    ``--header NAME: VALUE``, later ones winning.
+
+    Values are :class:`Secret`: they print as ``<redacted>`` anywhere but the request.
+    """
+    headers: dict[str, Secret] = {}
+    key = env.get("SERVEMON_API_KEY")
+    if key:
+        headers["Authorization"] = Secret(f"Bearer {key}")
+    if config.header_file is not None:
+        for line in header_lines(Path(config.header_file)):
+            name, _, value = line.partition(":")
+            headers[name.strip()] = Secret(value.strip())
+    for i, raw in enumerate(config.header):
+        name, sep, value = raw.partition(":")
+        if not sep or not name.strip():
+            raise ConfigError(
+                f"--header {i + 1}: expected 'Name: value' (the value is not shown)"
+            )
+        headers[name.strip()] = Secret(value.strip())
+    return headers
+
+
+#: What ``--hold`` can hold.
+HOLDABLE = ("waiting", "kv_cache_usage", "ttft_p95", "burn_rate", "gpu_utilization")
+#: Signals only Prometheus has (the generated rules, the GPU exporter).
+PROMETHEUS_ONLY = ("burn_rate", "gpu_utilization")
+
+
+def parse_hold(text: str) -> tuple[str, float]:
+    """``SIGNAL=SETPOINT`` as (signal, setpoint); a one-line error naming the part
+    at fault."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or name not in HOLDABLE:
+        raise ConfigError(
+            f"--hold {text!r}: expected SIGNAL=SETPOINT with SIGNAL one of "
+            f"{', '.join(HOLDABLE)}"
+        )
+    try:
+        setpoint = float(value)
+    except ValueError:
+        setpoint = math.nan
+    if not (setpoint > 0 and math.isfinite(setpoint)):
+        raise ConfigError(f"--hold {name}: the setpoint must be a number > 0")
+    if name in ("kv_cache_usage", "gpu_utilization") and setpoint >= 1:
+        raise ConfigError(f"--hold {name}: a ratio below 1, got {setpoint:g}")
+    return name, setpoint

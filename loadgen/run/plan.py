@@ -1,0 +1,329 @@
+"""A load command's settings turned into a plan, checked before anything starts:
+the stages of a ramp or the levels of a sweep, the start time, the rate bound, and
+the config as the run record keeps it (secrets redacted)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from servemon.core.errors import ConfigError
+from servemon.core.signals import parse_selector
+from servemon.core.wire.webconfig import load_web_config
+from servemon.loadgen.record.runrecord import ClientLimit, StageResult
+from servemon.loadgen.run.config import (
+    PROMETHEUS_ONLY,
+    LoadConfig,
+    auth_headers,
+    config_text,
+    parse_hold,
+)
+from servemon.loadgen.run.target import is_loopback
+from servemon.loadgen.send.arrivals import linear_stages, parse_stages
+from servemon.loadgen.send.cpulatency import check_cpu_latency
+from servemon.loadgen.workloads.modelmix import parse_model
+from servemon.loadgen.workloads.replayplan import ReplayPlan, replay_plan
+from servemon.loadgen.workloads.sessions import sessions_options
+from servemon.loadgen.workloads.tracefile import TraceEntry, read_trace
+from servemon.loadgen.workloads.workload import check_workload, trace_path
+
+__all__ = [
+    "DEFAULT_STAGES",
+    "Kind",
+    "StageRecord",
+    "check_load_config",
+    "check_rate_bound",
+    "plan_stages",
+    "recorded_config",
+    "redact_argv",
+    "replay_of",
+    "replay_plan_of",
+    "step_seconds",
+]
+
+DEFAULT_STAGES = "1:10,2:10,4:10"
+DEFAULT_PARALLEL = (1, 2, 4, 8)
+Kind = Literal["ramp", "sweep", "capacity", "replay", "control"]
+#: A capacity search's step length when ``--step-seconds`` is not given.
+DEFAULT_STEP_S = 20.0
+
+
+@dataclass(slots=True)
+class StageRecord:
+    """One stage (ramp, capacity step) or level (sweep) while it runs: monotonic
+    times, and the dispatcher's counts."""
+
+    index: int
+    label: str
+    target_rate: float | None
+    parallel: int | None
+    planned_s: float | None
+    start_s: float | None = None
+    end_s: float | None = None
+    sent: int = 0
+    held_back: int = 0
+    skipped: int = 0
+    client_limits: list[ClientLimit] = field(default_factory=list)
+    #: A sessions workload's sessions started in the stage, and those of them
+    #: cut short (a turn due past the schedule's end, or a failed turn); ``sent``
+    #: then counts turns.
+    sessions: int | None = None
+    sessions_cut: int | None = None
+
+    def duration_s(self) -> float | None:
+        """What its throughput divides by: the planned length, cut short where the
+        stage ended early; None (the span of its requests) if it never started."""
+        if self.planned_s is None or self.start_s is None:
+            return None
+        if self.end_s is None:
+            return self.planned_s
+        return min(self.planned_s, self.end_s - self.start_s)
+
+    def result(self, origin_s: float) -> StageResult:
+        """The record's form, times relative to ``origin_s``."""
+        return StageResult(
+            stage=self.index,
+            label=self.label,
+            target_rate=self.target_rate,
+            parallel=self.parallel,
+            planned_s=self.planned_s,
+            start_s=None if self.start_s is None else self.start_s - origin_s,
+            end_s=None if self.end_s is None else self.end_s - origin_s,
+            sent=self.sent,
+            held_back=self.held_back,
+            skipped=self.skipped,
+            client_limits=list(self.client_limits),
+            sessions=self.sessions,
+            sessions_cut=self.sessions_cut,
+        )
+
+
+def check_load_config(kind: Kind, config: LoadConfig) -> None:
+    """Every check of a load command's settings that needs no target and that the
+    config's types do not already make (stages, SLO, arrival, shard and start time
+    are parsed when the config is built): how the settings fit together, and the
+    workload spec (and file). Run before anything is started, so a bad flag costs
+    nothing."""
+    plan_stages(kind, config)
+    if kind == "capacity":
+        if not config.slo:
+            raise ConfigError(
+                "--slo: capacity needs an SLO, e.g. --slo 'ttft_p95<=0.5'"
+            )
+        if config.settle >= step_seconds(config):
+            raise ConfigError(
+                f"--settle {config.settle:g}: must be shorter than the step"
+            )
+    if config.cancel_fraction > 0 and (
+        config.cancel_after is None and config.cancel_after_tokens is None
+    ):
+        raise ConfigError(
+            "--cancel-fraction: give --cancel-after or --cancel-after-tokens"
+        )
+    check_workload(config.workload)
+    if kind == "sweep" and config.over_context == "skip":
+        raise ConfigError(
+            "--over-context skip: a closed loop has no schedule to leave a request "
+            "out of; use truncate or send"
+        )
+    _check_sessions(kind, config)
+    _check_signals(kind, config)
+    auth_headers(config, {})  # a header file's lines
+    if config.web_config_file is not None:
+        load_web_config(Path(config.web_config_file))
+    if config.model:
+        parse_model(config.model)
+    if config.cpu_dma_latency is not None:
+        check_cpu_latency(config.cpu_dma_latency)
+
+
+def step_seconds(config: LoadConfig) -> float:
+    """A capacity step's length."""
+    return config.step_seconds if config.step_seconds is not None else DEFAULT_STEP_S
+
+
+def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
+    """The stages of a ramp or the levels of a sweep (a capacity search makes its
+    steps as it goes)."""
+    if kind == "capacity":
+        return []
+    if kind == "control":
+        label = f"hold {config.hold}"
+        return [StageRecord(0, label, None, None, config.duration)]
+    if kind == "replay":
+        plan = replay_of(config)
+        return [StageRecord(0, "trace", plan.rate, None, plan.duration_s)]
+    if kind == "ramp":
+        if config.stages is not None:
+            stages = list(config.stages)
+        elif config.rps_start is not None:
+            stages = linear_stages(
+                config.rps_start,
+                config.rps_end if config.rps_end is not None else config.rps_start,
+                config.rps_step if config.rps_step is not None else 1.0,
+                config.step_seconds if config.step_seconds is not None else 30.0,
+            )
+        else:
+            stages = parse_stages(DEFAULT_STAGES)
+        unit = "rps" if sessions_options(config.workload, 1) is None else "sessions/s"
+        return [
+            StageRecord(s.index, f"{s.rate:g} {unit}", s.rate, None, s.duration_s)
+            for s in stages
+        ]
+    levels = sweep_levels(config)
+    numbers = list(config.number)
+    if len(numbers) == 1:
+        numbers *= len(levels)
+    if len(numbers) != len(levels):
+        raise ConfigError(
+            f"--number: {len(numbers)} values for {len(levels)} --parallel "
+            "levels (give one, or one per level)"
+        )
+    users = sessions_options(config.workload, 1) is not None
+    return [
+        StageRecord(i, f"{p} users" if users else f"parallel {p}", None, p, None)
+        for i, p in enumerate(levels)
+    ]
+
+
+def sweep_levels(config: LoadConfig) -> tuple[int, ...]:
+    """A sweep's levels: ``--parallel``, else a sessions workload's ``users=N``,
+    else 1 2 4 8."""
+    spec = sessions_options(config.workload, 1)
+    users = None if spec is None else spec.users
+    if config.parallel is not None:
+        if users is not None and config.parallel != (users,):
+            raise ConfigError(
+                f"--parallel and the workload's users={users} both set the users: "
+                "give one"
+            )
+        return config.parallel
+    return DEFAULT_PARALLEL if users is None else (users,)
+
+
+def _check_signals(kind: Kind, config: LoadConfig) -> None:
+    """``--prometheus``, ``--select`` and ``--hold`` fit together."""
+    parse_selector(config.select)
+    if config.select and config.prometheus is None:
+        raise ConfigError("--select: picks series in Prometheus: give --prometheus")
+    if config.prometheus_auth_file and config.prometheus is None:
+        raise ConfigError("--prometheus-auth-file: give --prometheus too")
+    if config.prometheus is not None:
+        scheme = urlsplit(config.prometheus).scheme
+        if scheme not in ("http", "https"):
+            raise ConfigError(
+                f"--prometheus {config.prometheus!r}: expected an http(s) URL"
+            )
+    if kind != "control":
+        if config.hold is not None:
+            raise ConfigError("--hold: only servemon control holds a signal")
+        if config.pace:
+            raise ConfigError("--pace: only servemon control paces its sends")
+        return
+    if config.hold is None:
+        raise ConfigError("--hold: control needs SIGNAL=SETPOINT, e.g. waiting=8")
+    signal, _ = parse_hold(config.hold)
+    if config.pace and signal != "ttft_p95":
+        raise ConfigError(
+            f"--pace: paces the sends of --hold ttft_p95 by the prefill backlog, "
+            f"not of --hold {signal}"
+        )
+    if signal in PROMETHEUS_ONLY and config.prometheus is None:
+        raise ConfigError(
+            f"--hold {signal}: read from Prometheus (the generated rules, the GPU "
+            "exporter): give --prometheus"
+        )
+    if config.rps_max is not None and config.rps_max < config.rps_min:
+        raise ConfigError(f"--rps-max {config.rps_max:g}: below --rps-min")
+
+
+def _check_sessions(kind: Kind, config: LoadConfig) -> None:
+    spec = sessions_options(config.workload, 1)
+    if spec is None:
+        return
+    if spec.users is not None and kind != "sweep":
+        raise ConfigError(
+            f"--workload: sessions: users={spec.users} is N users in a closed loop: "
+            "run it with servemon sweep (or drop users= to start sessions at the "
+            f"{kind}'s rates)"
+        )
+    if kind == "sweep" and config.warmup:
+        raise ConfigError("--warmup: not with a sessions workload (turns are whole)")
+
+
+def replay_of(config: LoadConfig) -> ReplayPlan:
+    """The sends of ``servemon replay``: the workload's trace, scaled and windowed."""
+    path = trace_path(config.workload)
+    if path is None:
+        raise ConfigError(
+            f"--workload {config.workload}: replay sends a trace (trace:PATH)"
+        )
+    return replay_plan_of(config, read_trace(path))
+
+
+def replay_plan_of(config: LoadConfig, entries: Sequence[TraceEntry]) -> ReplayPlan:
+    """The sends of a replay of ``entries`` with ``config``'s scaling and window."""
+    if config.trace_to is not None and config.trace_to <= (config.trace_from or 0):
+        raise ConfigError(f"--to {config.trace_to:g}: must be after --from")
+    return replay_plan(
+        entries,
+        time_scale=config.time_scale,
+        rate_scale=config.rate_scale,
+        start_s=config.trace_from,
+        end_s=config.trace_to,
+        loops=config.loops,
+    )
+
+
+def check_rate_bound(
+    kind: str, config: LoadConfig, target: str, stages: Sequence[StageRecord]
+) -> None:
+    """A guard rail: open-loop load on another machine needs ``--rps-max``."""
+    if kind == "sweep":
+        return
+    if config.rps_max is None:
+        if not is_loopback(target):
+            raise ConfigError(
+                f"--rps-max: required when the target is not on this machine "
+                f"({urlsplit(target).hostname}): it bounds the load servemon may send"
+            )
+        return
+    over = [r for s in stages if (r := s.target_rate or 0.0) > config.rps_max]
+    if over:
+        raise ConfigError(
+            f"--stages: {max(over):g} req/s is over --rps-max {config.rps_max:g}"
+        )
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """The command line with every ``--header`` value replaced by ``<redacted>``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            name = arg.partition(":")[0]
+            out.append(f"{name}: <redacted>")
+            hide_next = False
+        elif arg == "--header":
+            out.append(arg)
+            hide_next = True
+        elif arg.startswith("--header="):
+            out.append(
+                f"--header={arg.removeprefix('--header=').partition(':')[0]}: "
+                "<redacted>"
+            )
+        else:
+            out.append(arg)
+    return out
+
+
+def recorded_config(config: LoadConfig) -> dict[str, Any]:
+    """The config as run.json keeps it: flags' own text, header values redacted."""
+    data = config_text(config)
+    data["header"] = [
+        f"{h.partition(':')[0].strip()}: <redacted>" for h in config.header
+    ]
+    return data

@@ -1,0 +1,226 @@
+"""Workloads: the prompts a run sends, their token lengths and output budgets.
+
+This module owns the ``--workload`` spec language, the :class:`Prompt` values built
+from it (:func:`build_workload`), and the request body built from a prompt
+(:func:`request_body`). A workload is deterministic: ``prompt(index)`` is the same for
+the same spec, seed, counter and index, in every run.
+
+Specs (every key optional; defaults as shown, output defaults to ``default_output``):
+
+``random:prompt=128,output=128``
+    Every prompt distinct from every other from its first tokens on, so that a
+    prefix cache serves none of it (as ``vllm bench serve`` and GuideLLM make
+    theirs): request ``i`` sends a head of a few words that encodes ``i`` (distinct
+    for the first 10^9 requests), then body ``i % pool_size`` of a pool of random
+    texts built up front; head and body together are exactly ``prompt`` tokens
+    under the run's token counter (see below).
+``shared-prefix:prefix=1024,prompts=8,suffix=64,output=128``
+    ``prompts`` distinct prefixes (groups) of ``prefix`` tokens each. Request ``i``
+    sends prefix ``i % prompts`` followed by a random suffix of ``suffix`` tokens
+    drawn for ``i`` alone, so the prefix cache sees ``prompts`` hot prefixes while no
+    two requests are the same (suffixes repeat only by chance, which is negligible
+    unless ``suffix`` is a few tokens).
+``file:PATH[,output=O]``
+    JSONL, one object a line: ``{"prompt": str}``, ``{"messages": [{"role",
+    "content"}, ...]}`` or ShareGPT's ``{"conversations": [{"from", "value"}, ...]}``
+    (the first human turn, after a system turn if there is one, becomes the messages;
+    the first reply after it sets the output budget). A whole-file JSON array of such
+    objects is accepted too (ShareGPT dumps are arrays). ``max_tokens`` (or
+    ``output_tokens``) in an object sets its output budget. Request ``i`` sends entry
+    ``i % entries`` in file order. ShareGPT conversations without a human turn are
+    skipped; anything else malformed is an error naming the line (in an array, the
+    item). Every entry is counted when the workload is built, one count a message
+    (and reply); ``prompt_tokens`` of messages is the sum of their contents.
+``sessions:turns=2:6,think=exp:2,system=0,user=64,output=O,answer=own[,users=N][,file=PATH]``
+    Multi-turn conversations, each turn sent with the whole history after a think
+    time (:mod:`loadgen.workloads.sessions`); ``prompt(i)`` is session ``i``'s first
+    turn.
+``trace:PATH[,output=O]``
+    A trace (:mod:`loadgen.workloads.tracefile`: Mooncake JSONL with ``hash_ids``, plain
+    JSONL/CSV of lengths, or timed real prompts): request ``i`` sends entry
+    ``i % entries``, built with the trace's lengths and prefix structure
+    (:mod:`loadgen.workloads.traceprompts`). A ramp sends them at its own rates;
+    ``servemon replay`` at the trace's times.
+
+Output ``O`` is ``N`` (fixed) or ``A:B``: a uniform integer in ``[A, B]`` drawn per
+request index from the seed. Given on ``file:``, it overrides the file's budgets.
+
+Exact lengths. Random texts are fitted to a token count by
+:class:`~loadgen.workloads.tokens.TextFitter` (draw words, count, adjust; at most 8
+counts a text, the closest kept). ``Prompt.prompt_tokens`` is always the counted length
+of the content (no chat template), so a miss is visible, never hidden. Under the
+estimate counter a length is only as close as the estimate allows, and the run record
+says so through ``token_source``. Shared-prefix suffixes are made of words that count
+one token each, so that a suffix needs no count per request; whether prefix and suffix
+add up is checked on a few requests when the workload is built, and
+``prompt_tokens`` is ``None`` where it cannot be known (the estimate's is computed).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from servemon.core.errors import ConfigError
+from servemon.loadgen.workloads.promptfile import (
+    build_file,
+    read_conversations,
+    read_entries,
+)
+from servemon.loadgen.workloads.prompts import (
+    OutputBudget,
+    Prompt,
+    Workload,
+    chat_body,
+    random_prompt,
+    request_body,
+)
+from servemon.loadgen.workloads.sessions import build_sessions, parse_sessions
+from servemon.loadgen.workloads.specs import spec_int, spec_options, spec_range
+from servemon.loadgen.workloads.synthetic import build_random, build_shared_prefix
+from servemon.loadgen.workloads.tokens import TokenCounter
+from servemon.loadgen.workloads.tracefile import read_trace
+from servemon.loadgen.workloads.traceprompts import OverContext, build_trace
+
+__all__ = [
+    "Prompt",
+    "Workload",
+    "build_workload",
+    "chat_body",
+    "check_workload",
+    "output_ceiling",
+    "random_prompt",
+    "request_body",
+    "trace_path",
+]
+
+_OPTION = re.compile(r"[A-Za-z_][\w-]*=")
+
+
+def check_workload(spec: str) -> None:
+    """Check ``spec`` (and a ``file:``'s every line) without counting anything: a
+    bad one is the one-line :class:`ConfigError` :func:`build_workload` would raise,
+    before a target or a simulator is started."""
+    kind, options = _parse(spec, default_output=1)
+    if kind == "file":
+        read_entries(options["path"])
+    if kind == "trace":
+        read_trace(options["path"])
+    if kind == "sessions" and options["spec"].file is not None:
+        read_conversations(options["spec"].file)
+
+
+def trace_path(spec: str) -> Path | None:
+    """The file of a ``trace:`` spec; None for another kind."""
+    kind, options = _parse(spec, default_output=1)
+    return options["path"] if kind == "trace" else None
+
+
+def output_ceiling(spec: str, default_output: int = 128) -> int:
+    """The most output tokens a request of ``spec`` asks for (a ``file:`` without
+    ``output=``: ``default_output``)."""
+    _, options = _parse(spec, default_output=default_output)
+    budget = options.get("output")
+    return budget.high if isinstance(budget, OutputBudget) else default_output
+
+
+async def build_workload(
+    spec: str,
+    *,
+    counter: TokenCounter,
+    seed: int,
+    default_output: int = 128,
+    pool_size: int = 256,
+    context: int | None = None,
+    over_context: OverContext = "error",
+) -> Workload:
+    """Parse ``spec`` and build its prompts, counting them with ``counter``;
+    ``context`` (the target's, where it says) and ``over_context`` for a trace's
+    requests that do not fit it (:mod:`loadgen.workloads.traceprompts`).
+
+    A bad spec or file is a one-line :class:`ConfigError`; a counter that fails
+    mid-way raises what it raised.
+    """
+    kind, options = _parse(spec, default_output=default_output)
+    if kind == "random":
+        return await build_random(spec, counter, seed, pool_size, **options)
+    if kind == "shared-prefix":
+        return await build_shared_prefix(spec, counter, seed, **options)
+    if kind == "sessions":
+        return await build_sessions(
+            spec, counter, seed, options["spec"], default_output
+        )
+    if kind == "trace":
+        return await build_trace(
+            spec,
+            counter,
+            seed,
+            options["path"],
+            options["output"],
+            default_output,
+            context=context,
+            over_context=over_context,
+        )
+    return await build_file(
+        spec, counter, seed, options["path"], options["output"], default_output
+    )
+
+
+def _parse(spec: str, *, default_output: int) -> tuple[str, dict[str, Any]]:
+    """The kind and the builder's keyword arguments of a ``--workload`` spec."""
+    kind, _, rest = spec.strip().partition(":")
+    kind = kind.strip()
+    if kind == "random":
+        options = spec_options(kind, rest, ("prompt", "output"))
+        return kind, {
+            "tokens": spec_int(kind, "prompt", options.get("prompt", "128")),
+            "output": spec_range(
+                kind, "output", options.get("output", str(default_output))
+            ),
+        }
+    if kind == "shared-prefix":
+        known = ("prefix", "prompts", "suffix", "output")
+        options = spec_options(kind, rest, known)
+        return kind, {
+            "prefix": spec_int(kind, "prefix", options.get("prefix", "1024")),
+            "groups": spec_int(kind, "prompts", options.get("prompts", "8")),
+            "suffix": spec_int(kind, "suffix", options.get("suffix", "64"), minimum=0),
+            "output": spec_range(
+                kind, "output", options.get("output", str(default_output))
+            ),
+        }
+    if kind == "sessions":
+        return kind, {"spec": parse_sessions(rest, default_output)}
+    if kind in ("file", "trace"):
+        path, options = _file_options(rest, kind)
+        override = (
+            spec_range(kind, "output", options["output"])
+            if "output" in options
+            else None
+        )
+        return kind, {"path": Path(path), "output": override}
+    raise ConfigError(
+        f"--workload: unknown kind {kind!r} in {spec!r} "
+        "(known: random, shared-prefix, sessions, file, trace)"
+    )
+
+
+# --- spec parsing -------------------------------------------------------------
+
+
+def _file_options(text: str, kind: str = "file") -> tuple[str, dict[str, str]]:
+    path = text
+    options: dict[str, str] = {}
+    while True:
+        head, sep, tail = path.rpartition(",")
+        if not sep or not _OPTION.match(tail.strip()):
+            break
+        key = tail.strip().partition("=")[0]
+        if key in options:
+            raise ConfigError(f"--workload: {kind}: {key!r} given twice")
+        options.update(spec_options(kind, tail, ("output",)))
+        path = head
+    if not path.strip():
+        raise ConfigError(f"--workload: {kind}: needs a path ({kind}:PATH[,output=N])")
+    return path.strip(), options
