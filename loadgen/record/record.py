@@ -39,9 +39,10 @@ from typing import Any
 import orjson
 
 from servemon.core.errors import RecordError
+from servemon.loadgen.record.line import request_line, timing_from_line
 from servemon.loadgen.record.runrecord import RunInfo, RunSummary, StageResult, Tally
 from servemon.loadgen.record.slo import parse_slo
-from servemon.loadgen.send.timing import Outcome, RequestTiming, TokenSource
+from servemon.loadgen.send.timing import RequestTiming
 
 __all__ = [
     "UNFINISHED",
@@ -49,103 +50,7 @@ __all__ = [
     "encode_line",
     "read_jsonl",
     "rebuild_summary",
-    "request_line",
-    "timing_from_line",
 ]
-
-
-def request_line(t: RequestTiming) -> dict[str, Any]:
-    """The ``requests.jsonl`` form of one request (monotonic seconds)."""
-    return {
-        "id": t.request_id,
-        "stage": t.stage,
-        "outcome": str(t.outcome),
-        "status": t.status,
-        "scheduled_s": t.scheduled_s,
-        "sent_s": t.sent_s,
-        "headers_s": t.headers_s,
-        "first_chunk_s": t.first_chunk_s,
-        "first_content_s": t.first_content_s,
-        "end_s": t.end_s,
-        "ttft_s": t.ttft,
-        "ttfc_s": t.time_to_first_chunk,
-        "e2e_s": t.e2e,
-        "tpot_s": t.tpot,
-        "itl_s": t.itl,
-        "dispatch_lag_s": t.dispatch_lag,
-        "ttft_from_scheduled_s": t.ttft_from_scheduled,
-        "e2e_from_scheduled_s": t.e2e_from_scheduled,
-        "prompt_tokens": t.prompt_tokens,
-        "output_tokens": t.output_tokens,
-        "token_source": str(t.token_source),
-        "finish_reason": t.finish_reason,
-        "error": t.error,
-        "done_sentinel": t.done_sentinel,
-        "reconnects": t.reconnects,
-        "cached_tokens": t.cached_tokens,
-        "cached_fraction": t.cached_fraction,
-        "server_source": t.server_source,
-        "server_queue_s": t.server_queue_s,
-        "server_prefill_s": t.server_prefill_s,
-        "server_decode_s": t.server_decode_s,
-        "server_ttft_s": t.server_ttft,
-        "ttft_gap_s": t.ttft_gap,
-        "first_answer_s": t.first_answer_s,
-        "ttfa_s": t.ttfa,
-        "reasoning_tokens": t.reasoning_tokens,
-        "model": t.model,
-        "session": t.session,
-        "turn": t.turn,
-        "history_tokens": t.history_tokens,
-    }
-
-
-def timing_from_line(line: dict[str, Any], shift_s: float = 0.0) -> RequestTiming:
-    """A ``requests.jsonl`` line back as a timing (times moved by ``shift_s``).
-
-    Content chunk times are rebuilt from ``first_content_s`` and the ITL gaps.
-    """
-
-    def at(key: str) -> float | None:
-        value = line.get(key)
-        return None if value is None else float(value) + shift_s
-
-    content: list[float] = []
-    first = at("first_content_s")
-    if first is not None:
-        content.append(first)
-        for gap in line.get("itl_s") or []:
-            content.append(content[-1] + float(gap))
-    return RequestTiming(
-        request_id=str(line["id"]),
-        stage=int(line.get("stage", 0)),
-        scheduled_s=float(line["scheduled_s"]) + shift_s,
-        sent_s=float(line["sent_s"]) + shift_s,
-        end_s=float(line["end_s"]) + shift_s,
-        outcome=Outcome(line["outcome"]),
-        headers_s=at("headers_s"),
-        first_chunk_s=at("first_chunk_s"),
-        content_s=tuple(content),
-        status=line.get("status"),
-        prompt_tokens=line.get("prompt_tokens"),
-        output_tokens=int(line.get("output_tokens") or 0),
-        token_source=TokenSource(line.get("token_source", "chunks")),
-        finish_reason=line.get("finish_reason"),
-        error=line.get("error"),
-        done_sentinel=bool(line.get("done_sentinel", False)),
-        reconnects=int(line.get("reconnects") or 0),
-        cached_tokens=line.get("cached_tokens"),
-        server_source=line.get("server_source"),
-        server_queue_s=line.get("server_queue_s"),
-        server_prefill_s=line.get("server_prefill_s"),
-        server_decode_s=line.get("server_decode_s"),
-        first_answer_s=at("first_answer_s"),
-        reasoning_tokens=line.get("reasoning_tokens"),
-        model=line.get("model"),
-        session=line.get("session"),
-        turn=line.get("turn"),
-        history_tokens=line.get("history_tokens"),
-    )
 
 
 def write_failed(path: Path, exc: OSError) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 
 from servemon.core import names
 from servemon.loadgen.record.figures import FigureStats
+from servemon.loadgen.record.line import keys
 from servemon.loadgen.record.record import read_jsonl
 
 __all__ = ["CDF_FIGURES", "SCATTER_POINTS", "SERIES", "WINDOW_S", "RunScan", "scan"]
@@ -31,7 +32,20 @@ SCATTER_POINTS = 4000
 #: Values kept exactly per time window before its sketch takes over.
 WINDOW_EXACT = 2000
 #: Figures drawn as CDFs per stage, with the requests.jsonl field each comes from.
-CDF_FIGURES = {"ttft": "ttft_s", "itl": "itl_s", "e2e": "e2e_s"}
+CDF_FIGURES = dict(
+    zip(("ttft", "itl", "e2e"), keys("ttft_s", "itl_s", "e2e_s"), strict=True)
+)
+#: The keys of a request's line this pass reads (:mod:`loadgen.record.line`).
+SENT, STAGE, OUTCOME, TTFT, FIRST_CONTENT, GAP, QUEUE, PREFILL = keys(
+    "sent_s",
+    "stage",
+    "outcome",
+    "ttft_s",
+    "first_content_s",
+    "ttft_gap_s",
+    "server_queue_s",
+    "server_prefill_s",
+)
 #: The sampled server series the time line plots.
 SERIES = (
     names.ENGINE_REQUESTS_RUNNING.name,
@@ -86,14 +100,14 @@ def _requests(
     rng = random.Random(seed)
     for line in lines:
         try:
-            sent = float(line["sent_s"]) - origin
-            stage = int(line.get("stage", 0))
+            sent = float(line[SENT]) - origin
+            stage = int(line.get(STAGE, 0))
         except (KeyError, TypeError, ValueError):
             continue
         out.requests += 1
         out.sent_per_second[int(sent // 1.0)] += 1
-        ok = line.get("outcome") == "ok"
-        ttft = _number(line.get("ttft_s")) if ok else None
+        ok = line.get(OUTCOME) == "ok"
+        ttft = _number(line.get(TTFT)) if ok else None
         point = Point(sent, ttft, stage)
         if len(out.scatter) < SCATTER_POINTS:
             out.scatter.append(point)
@@ -112,19 +126,19 @@ def _requests(
                 figures[name].extend(float(v) for v in value)
             elif (number := _number(value)) is not None:
                 figures[name].add(number)
-        first = _number(line.get("first_content_s"))
+        first = _number(line.get(FIRST_CONTENT))
         if ttft is not None and first is not None:
             window = int((first - origin) // WINDOW_S)
             stats = out.ttft_windows.get(window)
             if stats is None:
                 stats = out.ttft_windows[window] = FigureStats(WINDOW_EXACT)
             stats.add(ttft)
-        gap = _number(line.get("ttft_gap_s"))
+        gap = _number(line.get(GAP))
         if gap is not None:
             sums = out.parts.setdefault(stage, [0.0, 0.0, 0.0, 0.0])
             sums[0] += 1
-            sums[1] += _number(line.get("server_queue_s")) or 0.0
-            sums[2] += _number(line.get("server_prefill_s")) or 0.0
+            sums[1] += _number(line.get(QUEUE)) or 0.0
+            sums[2] += _number(line.get(PREFILL)) or 0.0
             sums[3] += gap
 
 

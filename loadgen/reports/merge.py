@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from servemon.core.errors import ConfigError
-from servemon.loadgen.record.record import RunDirectory, read_jsonl, timing_from_line
+from servemon.loadgen.record.line import timing_from_line
+from servemon.loadgen.record.record import RunDirectory, read_jsonl
 from servemon.loadgen.record.runrecord import (
     RunInfo,
     RunResult,

@@ -9,7 +9,8 @@ from typing import Any
 
 from rich.console import Console
 
-from servemon.loadgen.record.record import read_jsonl, timing_from_line
+from servemon.loadgen.record.line import timing_from_line
+from servemon.loadgen.record.record import read_jsonl
 from servemon.loadgen.record.runrecord import RunResult
 from servemon.loadgen.run.config import LoadConfig
 from servemon.loadgen.run.progress import Progress

@@ -4,15 +4,16 @@ server sent."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
-from servemon.loadgen.record.record import (
-    RunDirectory,
-    read_jsonl,
-    request_line,
-    timing_from_line,
-)
+import pytest
+
+from servemon.loadgen.record.line import LINE, keys, request_line, timing_from_line
+from servemon.loadgen.record.record import RunDirectory, read_jsonl
 from servemon.loadgen.send.timing import Outcome, RequestTiming
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def timing(**fields: object) -> RequestTiming:
@@ -57,3 +58,23 @@ def test_text_from_the_server_that_utf8_cannot_hold_is_escaped_not_fatal(
     assert [line["id"] for line in lines] == ["r-1", "r-2"]
     assert lines[0]["finish_reason"] == "stop\ud800"
     assert lines[0]["error"] == "bad \udfff text"
+
+
+def test_the_line_is_declared_once_and_documented() -> None:
+    """The writer writes exactly the declared keys, docs/metrics.md documents
+    exactly those, and a reader asking for an undeclared key fails at once."""
+    t = timing()
+    assert list(request_line(t)) == [key.name for key in LINE]
+    docs = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    table = docs.split("## requests.jsonl", 1)[1].split("\n## ", 1)[0]
+    documented = {
+        name
+        for row in table.splitlines()
+        if row.startswith("| `")
+        for name in re.findall(r"`(\w+)`", row.split(" | ")[0])
+    }
+    assert documented == {key.name for key in LINE}, documented ^ {
+        key.name for key in LINE
+    }
+    with pytest.raises(KeyError, match=r"not a requests\.jsonl key: ttft"):
+        keys("ttft_s", "ttft")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from servemon.core.errors import ConfigError
-from servemon.loadgen.record.record import request_line, timing_from_line
+from servemon.loadgen.record.line import request_line, timing_from_line
 from servemon.loadgen.record.runrecord import (
     RunSummary,
     StageResult,
