@@ -46,10 +46,9 @@ from servemon.loadgen.run.context import Driven, RunContext
 from servemon.loadgen.run.live import LiveMetrics
 from servemon.loadgen.run.plan import (
     Kind,
+    Plan,
     StageRecord,
-    check_load_config,
     check_rate_bound,
-    plan_stages,
     recorded_config,
     redact_argv,
 )
@@ -81,7 +80,6 @@ from servemon.monitor.config import load_auth
 __all__ = [
     "DRIVERS",
     "Stopper",
-    "check_load_config",
     "recorded_config",
     "redact_argv",
     "run_load",
@@ -99,7 +97,7 @@ DRIVERS: dict[Kind, Driver] = {
 
 
 async def run_load(
-    kind: Kind,
+    plan: Plan,
     config: LoadConfig,
     target: str,
     *,
@@ -109,11 +107,10 @@ async def run_load(
     progress: Progress,
     embedded: Mapping[str, Any] | None = None,
 ) -> RunResult:
-    """Run a load command of ``kind`` against ``target`` (a base URL)."""
-    check_load_config(kind, config)
+    """Run a load command, checked and planned already (:func:`make_plan`),
+    against ``target`` (a base URL)."""
+    kind, stages = plan.kind, plan.stages
     slo = list(config.slo)
-    # In a thread: a replay's plan reads its trace file.
-    stages = await asyncio.to_thread(plan_stages, kind, config)
     check_rate_bound(kind, config, target, stages)
     arrival = config.arrival
     headers = {k: v.reveal() for k, v in auth_headers(config, env).items()}
@@ -166,6 +163,7 @@ async def run_load(
             rundir = RunDirectory.create(Path(config.out), kind)
             ctx = RunContext(
                 kind=kind,
+                replay=plan.replay,
                 config=config,
                 base=base,
                 model=model,

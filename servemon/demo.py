@@ -29,6 +29,7 @@ from servemon.load import console_for, run_command
 from servemon.loadgen.record.runrecord import RunResult
 from servemon.loadgen.record.slo import parse_slo
 from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.workloads.workload import parse_workload
 
 __all__ = ["DEMO_SLO", "run_demo"]
 
@@ -99,7 +100,7 @@ async def run_demo(
                     settle=min(3.0, step_seconds / 3),
                     precision=0.1,
                     max_duration=max_duration,
-                    workload="random:prompt=128,output=64",
+                    workload=parse_workload("random:prompt=128,output=64"),
                     metrics_port=client_port,
                     out=str(out),
                     seed=seed,

@@ -26,11 +26,10 @@ from servemon.loadgen.record.runrecord import CapacityResult, ControlResult, Run
 from servemon.loadgen.reports.report import write_report
 from servemon.loadgen.run.clientwatch import limit_lines
 from servemon.loadgen.run.config import LoadConfig
-from servemon.loadgen.run.plan import Kind, plan_stages
+from servemon.loadgen.run.plan import Kind, Plan, make_plan
 from servemon.loadgen.run.progress import Progress
-from servemon.loadgen.runner import Stopper, check_load_config, run_load
+from servemon.loadgen.runner import Stopper, run_load
 from servemon.loadgen.send.clientcost import WorkerChoice, workers_for
-from servemon.loadgen.workloads.workload import output_ceiling
 
 __all__ = ["capacity_lines", "console_for", "run_command", "summary_table"]
 
@@ -55,11 +54,11 @@ async def run_command(
     The settings are checked first: a bad one fails before the built-in simulator
     or any worker is started.
     """
-    # In a thread: a file: workload is read whole to check every line.
-    await asyncio.to_thread(check_load_config, kind, config)
+    # In a thread: a file: or trace: workload is read whole to check every line.
+    plan = await asyncio.to_thread(make_plan, kind, config)
     console = console or console_for()
     if kind == "ramp" and config.workers == "auto":
-        choice = auto_workers(config)
+        choice = auto_workers(config, plan)
         console.print(f"servemon: {choice.explain()}", soft_wrap=True)
         config = replace(config, workers=choice.workers)
     if kind == "ramp" and config.workers != "auto" and config.workers > 1:
@@ -80,7 +79,7 @@ async def run_command(
     ):
         async with _target(config, console) as (url, embedded):
             result = await run_load(
-                kind,
+                plan,
                 config,
                 url,
                 argv=argv,
@@ -177,11 +176,10 @@ def capacity_lines(found: CapacityResult) -> str:
     )
 
 
-def auto_workers(config: LoadConfig) -> WorkerChoice:
+def auto_workers(config: LoadConfig, plan: Plan) -> WorkerChoice:
     """``--workers auto``: the workers the ramp's peak rate needs."""
-    stages = plan_stages("ramp", config)
-    peak = max((s.target_rate or 0.0 for s in stages), default=0.0)
-    chunks = output_ceiling(config.workload) if config.stream else 1
+    peak = max((s.target_rate or 0.0 for s in plan.stages), default=0.0)
+    chunks = config.workload.output_ceiling if config.stream else 1
     return workers_for(peak, chunks)
 
 

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from servemon.loadgen.drivers.ramp import open_loop, wait_for_start
 from servemon.loadgen.run.context import Driven, RunContext
-from servemon.loadgen.run.plan import replay_of, replay_plan_of
 from servemon.loadgen.send.arrivals import Arrival, Due, Stage
 from servemon.loadgen.send.stopping import Stopper
-from servemon.loadgen.workloads.traceprompts import TraceWorkload
 
 __all__ = ["drive_replay"]
 
@@ -24,12 +22,9 @@ __all__ = ["drive_replay"]
 async def drive_replay(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
     """Send the trace's requests at their (scaled) times."""
     c = ctx.config
-    # The workload read the trace already (off the loop): plan from its entries.
-    workload = ctx.workload
-    if isinstance(workload, TraceWorkload):
-        plan = replay_plan_of(c, workload.entries)
-    else:
-        plan = replay_of(c)
+    plan = ctx.replay
+    if plan is None:
+        raise ValueError("a replay runs on the plan made with it (make_plan)")
     sends = plan.sends[: c.max_requests] if c.max_requests else plan.sends
     shard = c.shard
     if shard is not None:  # every N-th entry, as a ramp's shards split arrivals

@@ -35,6 +35,7 @@ from servemon.loadgen.send.arrivals import (
     parse_start_at,
     stages_text,
 )
+from servemon.loadgen.workloads.workload import WorkloadSpec, parse_workload
 
 #: Words that mark a header name as a credential's (``Authorization``,
 #: ``X-Api-Key``, ``X-Auth-Token``, ``Cookie``).
@@ -73,6 +74,7 @@ Slo = Annotated[
 ArrivalSpec = Annotated[Arrival, _from_text(parse_arrival)]
 ShardSpec = Annotated[Shard, _from_text(Shard.parse)]
 StartAt = Annotated[datetime, _from_text(parse_start_at)]
+WorkloadText = Annotated[WorkloadSpec, _from_text(parse_workload)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, config=FORBID_EXTRA)
@@ -89,7 +91,9 @@ class LoadConfig:
     model: str | None = None
     api: Literal["chat", "completions"] = "chat"
     stream: bool = True
-    workload: str = "random:prompt=128,output=128"
+    workload: WorkloadText = field(
+        default_factory=lambda: parse_workload("random:prompt=128,output=128")
+    )
     tokenizer: str | None = None
     ignore_eos: bool = False
     extra_body: dict[str, Any] | None = None
@@ -188,6 +192,7 @@ def config_text(config: LoadConfig) -> dict[str, Any]:
     data["stages"] = None if config.stages is None else stages_text(config.stages)
     data["slo"] = ",".join(str(t) for t in config.slo) or None
     data["arrival"] = str(config.arrival)
+    data["workload"] = str(config.workload)
     data["shard"] = None if config.shard is None else str(config.shard)
     data["start_at"] = None if config.start_at is None else config.start_at.isoformat()
     for key in ("header", "parallel", "number", "sim_args"):

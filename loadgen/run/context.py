@@ -40,6 +40,7 @@ from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.send.client import RequestTags
 from servemon.loadgen.send.stopping import Stopper
 from servemon.loadgen.send.timing import RequestTiming
+from servemon.loadgen.workloads.replayplan import ReplayPlan
 from servemon.loadgen.workloads.workload import Prompt, Workload, request_body
 
 __all__ = [
@@ -104,6 +105,8 @@ class RunContext:
     #: then the names the run uses, comma-joined.
     pick_model: Callable[[int], str] | None = None
     stopper: Stopper = field(default_factory=Stopper)
+    #: A replay's sends, planned with the run (:class:`~loadgen.run.plan.Plan`).
+    replay: ReplayPlan | None = None
     tally: Tally = field(init=False)
     guard: GuardRail = field(init=False)
     watch: ClientWatch = field(init=False)

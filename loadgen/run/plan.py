@@ -26,20 +26,17 @@ from servemon.loadgen.send.arrivals import linear_stages, parse_stages
 from servemon.loadgen.send.cpulatency import check_cpu_latency
 from servemon.loadgen.workloads.modelmix import parse_model
 from servemon.loadgen.workloads.replayplan import ReplayPlan, replay_plan
-from servemon.loadgen.workloads.sessions import sessions_options
-from servemon.loadgen.workloads.tracefile import TraceEntry, read_trace
-from servemon.loadgen.workloads.workload import check_workload, trace_path
+from servemon.loadgen.workloads.tracefile import TraceEntry
 
 __all__ = [
     "DEFAULT_STAGES",
     "Kind",
+    "Plan",
     "StageRecord",
-    "check_load_config",
     "check_rate_bound",
-    "plan_stages",
+    "make_plan",
     "recorded_config",
     "redact_argv",
-    "replay_of",
     "replay_plan_of",
     "step_seconds",
 ]
@@ -101,13 +98,32 @@ class StageRecord:
         )
 
 
-def check_load_config(kind: Kind, config: LoadConfig) -> None:
-    """Every check of a load command's settings that needs no target and that the
-    config's types do not already make (stages, SLO, arrival, shard and start time
-    are parsed when the config is built): how the settings fit together, and the
-    workload spec (and file). Run before anything is started, so a bad flag costs
-    nothing."""
-    plan_stages(kind, config)
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A load command's settings, checked and planned once before anything starts
+    (:func:`make_plan`), and handed down to the run: its kind, the stages of a ramp
+    or the levels of a sweep (a capacity search adds its steps as it goes), and a
+    replay's sends."""
+
+    kind: Kind
+    stages: list[StageRecord]
+    replay: ReplayPlan | None = None
+
+
+def make_plan(kind: Kind, config: LoadConfig) -> Plan:
+    """Check a load command's settings and plan it. Every check that needs no
+    target and that the config's types do not already make (stages, SLO, arrival,
+    shard, start time and workload are parsed when the config is built): how the
+    settings fit together, and the files they name (a trace or prompt file, read
+    whole to check every line, once). Run before anything is started, so a bad flag
+    costs nothing; call it off the loop (it reads files)."""
+    replay = _replay_of(config) if kind == "replay" else None
+    stages = _stages(kind, config, replay)
+    _check(kind, config)
+    return Plan(kind, stages, replay)
+
+
+def _check(kind: Kind, config: LoadConfig) -> None:
     if kind == "capacity":
         if not config.slo:
             raise ConfigError(
@@ -123,7 +139,7 @@ def check_load_config(kind: Kind, config: LoadConfig) -> None:
         raise ConfigError(
             "--cancel-fraction: give --cancel-after or --cancel-after-tokens"
         )
-    check_workload(config.workload)
+    config.workload.check()
     if kind == "sweep" and config.over_context == "skip":
         raise ConfigError(
             "--over-context skip: a closed loop has no schedule to leave a request "
@@ -145,17 +161,16 @@ def step_seconds(config: LoadConfig) -> float:
     return config.step_seconds if config.step_seconds is not None else DEFAULT_STEP_S
 
 
-def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
-    """The stages of a ramp or the levels of a sweep (a capacity search makes its
-    steps as it goes)."""
+def _stages(
+    kind: Kind, config: LoadConfig, replay: ReplayPlan | None
+) -> list[StageRecord]:
     if kind == "capacity":
         return []
     if kind == "control":
         label = f"hold {config.hold}"
         return [StageRecord(0, label, None, None, config.duration)]
-    if kind == "replay":
-        plan = replay_of(config)
-        return [StageRecord(0, "trace", plan.rate, None, plan.duration_s)]
+    if replay is not None:
+        return [StageRecord(0, "trace", replay.rate, None, replay.duration_s)]
     if kind == "ramp":
         if config.stages is not None:
             stages = list(config.stages)
@@ -168,7 +183,7 @@ def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
             )
         else:
             stages = parse_stages(DEFAULT_STAGES)
-        unit = "rps" if sessions_options(config.workload, 1) is None else "sessions/s"
+        unit = "rps" if config.workload.sessions is None else "sessions/s"
         return [
             StageRecord(s.index, f"{s.rate:g} {unit}", s.rate, None, s.duration_s)
             for s in stages
@@ -182,7 +197,7 @@ def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
             f"--number: {len(numbers)} values for {len(levels)} --parallel "
             "levels (give one, or one per level)"
         )
-    users = sessions_options(config.workload, 1) is not None
+    users = config.workload.sessions is not None
     return [
         StageRecord(i, f"{p} users" if users else f"parallel {p}", None, p, None)
         for i, p in enumerate(levels)
@@ -192,7 +207,7 @@ def plan_stages(kind: Kind, config: LoadConfig) -> list[StageRecord]:
 def sweep_levels(config: LoadConfig) -> tuple[int, ...]:
     """A sweep's levels: ``--parallel``, else a sessions workload's ``users=N``,
     else 1 2 4 8."""
-    spec = sessions_options(config.workload, 1)
+    spec = config.workload.sessions
     users = None if spec is None else spec.users
     if config.parallel is not None:
         if users is not None and config.parallel != (users,):
@@ -241,7 +256,7 @@ def _check_signals(kind: Kind, config: LoadConfig) -> None:
 
 
 def _check_sessions(kind: Kind, config: LoadConfig) -> None:
-    spec = sessions_options(config.workload, 1)
+    spec = config.workload.sessions
     if spec is None:
         return
     if spec.users is not None and kind != "sweep":
@@ -254,14 +269,13 @@ def _check_sessions(kind: Kind, config: LoadConfig) -> None:
         raise ConfigError("--warmup: not with a sessions workload (turns are whole)")
 
 
-def replay_of(config: LoadConfig) -> ReplayPlan:
+def _replay_of(config: LoadConfig) -> ReplayPlan:
     """The sends of ``servemon replay``: the workload's trace, scaled and windowed."""
-    path = trace_path(config.workload)
-    if path is None:
+    if config.workload.trace_path is None:
         raise ConfigError(
             f"--workload {config.workload}: replay sends a trace (trace:PATH)"
         )
-    return replay_plan_of(config, read_trace(path))
+    return replay_plan_of(config, config.workload.trace_entries())
 
 
 def replay_plan_of(config: LoadConfig, entries: Sequence[TraceEntry]) -> ReplayPlan:

@@ -74,7 +74,6 @@ __all__ = [
     "build_sessions",
     "parse_sessions",
     "read_conversations",
-    "sessions_options",
     "system_messages",
 ]
 
@@ -369,9 +368,3 @@ async def build_sessions(
             workload, conversations=tuple(conversations), counts=tuple(counts)
         )
     return workload
-
-
-def sessions_options(spec: str, default_output: int) -> SessionsSpec | None:
-    """The options of a ``sessions:`` spec; None for another kind."""
-    kind, _, rest = spec.strip().partition(":")
-    return parse_sessions(rest, default_output) if kind.strip() == "sessions" else None

@@ -25,7 +25,7 @@ so does the prefix structure); ``send`` sends them for the server to refuse.
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -39,7 +39,7 @@ from servemon.loadgen.workloads.tokens import (
     count_each,
     estimate_tokens,
 )
-from servemon.loadgen.workloads.tracefile import BLOCK_TOKENS, TraceEntry, read_trace
+from servemon.loadgen.workloads.tracefile import BLOCK_TOKENS, TraceEntry
 from servemon.loadgen.workloads.wordpool import pool_text
 
 __all__ = ["ContextFit", "OverContext", "TraceWorkload", "build_trace"]
@@ -204,13 +204,15 @@ async def build_trace(
     counter: TokenCounter,
     seed: int,
     path: Path,
+    entries: Sequence[TraceEntry],
     output: OutputBudget | None,
     default_output: int,
     *,
     context: int | None = None,
     over_context: OverContext = "error",
 ) -> Workload:
-    entries = tuple(await asyncio.to_thread(read_trace, path))
+    """The workload of a trace's ``entries`` (read from ``path``, named in errors)."""
+    entries = tuple(entries)
     real = [(i, e) for i, e in enumerate(entries) if e.text is not None or e.messages]
     texts = [
         e.text or "\n".join(m["content"] for m in e.messages or ()) for _, e in real

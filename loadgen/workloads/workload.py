@@ -58,7 +58,9 @@ add up is checked on a few requests when the workload is built, and
 
 from __future__ import annotations
 
+import asyncio
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,94 +78,137 @@ from servemon.loadgen.workloads.prompts import (
     random_prompt,
     request_body,
 )
-from servemon.loadgen.workloads.sessions import build_sessions, parse_sessions
+from servemon.loadgen.workloads.sessions import (
+    SessionsSpec,
+    build_sessions,
+    parse_sessions,
+)
 from servemon.loadgen.workloads.specs import spec_int, spec_options, spec_range
 from servemon.loadgen.workloads.synthetic import build_random, build_shared_prefix
 from servemon.loadgen.workloads.tokens import TokenCounter
-from servemon.loadgen.workloads.tracefile import read_trace
+from servemon.loadgen.workloads.tracefile import TraceEntry, read_trace
 from servemon.loadgen.workloads.traceprompts import OverContext, build_trace
 
 __all__ = [
+    "DEFAULT_OUTPUT",
     "Prompt",
     "Workload",
+    "WorkloadSpec",
     "build_workload",
     "chat_body",
-    "check_workload",
-    "output_ceiling",
+    "parse_workload",
     "random_prompt",
     "request_body",
-    "trace_path",
 ]
 
 _OPTION = re.compile(r"[A-Za-z_][\w-]*=")
+#: The output budget of a request whose spec (or file line) does not say one.
+DEFAULT_OUTPUT = 128
 
 
-def check_workload(spec: str) -> None:
-    """Check ``spec`` (and a ``file:``'s every line) without counting anything: a
-    bad one is the one-line :class:`ConfigError` :func:`build_workload` would raise,
-    before a target or a simulator is started."""
-    kind, options = _parse(spec, default_output=1)
-    if kind == "file":
-        read_entries(options["path"])
-    if kind == "trace":
-        read_trace(options["path"])
-    if kind == "sessions" and options["spec"].file is not None:
-        read_conversations(options["spec"].file)
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    """A ``--workload`` spec, parsed once where the config is built: its kind and
+    the builder's options. ``str()`` gives its text back (the run record's)."""
+
+    text: str
+    kind: str
+    options: dict[str, Any] = field(compare=False)
+    #: A trace's entries once read (:meth:`trace_entries`): a run reads it once.
+    _read: list[list[TraceEntry]] = field(
+        default_factory=list, compare=False, repr=False
+    )
+
+    def __str__(self) -> str:
+        return self.text
+
+    @property
+    def sessions(self) -> SessionsSpec | None:
+        """A ``sessions:`` spec's options; None for another kind."""
+        return self.options["spec"] if self.kind == "sessions" else None
+
+    @property
+    def trace_path(self) -> Path | None:
+        """The file of a ``trace:`` spec; None for another kind."""
+        return self.options["path"] if self.kind == "trace" else None
+
+    @property
+    def output_ceiling(self) -> int:
+        """The most output tokens a request asks for (a ``file:`` without
+        ``output=``: :data:`DEFAULT_OUTPUT`)."""
+        budget = self.options.get("output")
+        return budget.high if isinstance(budget, OutputBudget) else DEFAULT_OUTPUT
+
+    def trace_entries(self) -> list[TraceEntry]:
+        """A ``trace:`` spec's entries, read and checked on the first call (every
+        line; a bad one is a one-line :class:`ConfigError`) and kept."""
+        path = self.trace_path
+        if path is None:
+            raise ConfigError(f"--workload {self.text}: not a trace (trace:PATH)")
+        if not self._read:
+            self._read.append(read_trace(path))
+        return self._read[0]
+
+    def check(self) -> None:
+        """Check the files the spec names (a ``file:``'s every line) without
+        counting anything: a bad one is the one-line :class:`ConfigError`
+        :func:`build_workload` would raise, before a target or a simulator is
+        started."""
+        if self.kind == "file":
+            read_entries(self.options["path"])
+        if self.kind == "trace":
+            self.trace_entries()
+        sessions = self.sessions
+        if sessions is not None and sessions.file is not None:
+            read_conversations(sessions.file)
 
 
-def trace_path(spec: str) -> Path | None:
-    """The file of a ``trace:`` spec; None for another kind."""
-    kind, options = _parse(spec, default_output=1)
-    return options["path"] if kind == "trace" else None
-
-
-def output_ceiling(spec: str, default_output: int = 128) -> int:
-    """The most output tokens a request of ``spec`` asks for (a ``file:`` without
-    ``output=``: ``default_output``)."""
-    _, options = _parse(spec, default_output=default_output)
-    budget = options.get("output")
-    return budget.high if isinstance(budget, OutputBudget) else default_output
+def parse_workload(text: str) -> WorkloadSpec:
+    """``--workload`` text as its spec; a bad one is a one-line :class:`ConfigError`
+    naming the key and value at fault."""
+    kind, options = _parse(text, default_output=DEFAULT_OUTPUT)
+    return WorkloadSpec(text, kind, options)
 
 
 async def build_workload(
-    spec: str,
+    spec: WorkloadSpec,
     *,
     counter: TokenCounter,
     seed: int,
-    default_output: int = 128,
     pool_size: int = 256,
     context: int | None = None,
     over_context: OverContext = "error",
 ) -> Workload:
-    """Parse ``spec`` and build its prompts, counting them with ``counter``;
-    ``context`` (the target's, where it says) and ``over_context`` for a trace's
-    requests that do not fit it (:mod:`loadgen.workloads.traceprompts`).
+    """Build the prompts of ``spec``, counting them with ``counter``; ``context``
+    (the target's, where it says) and ``over_context`` for a trace's requests that
+    do not fit it (:mod:`loadgen.workloads.traceprompts`).
 
-    A bad spec or file is a one-line :class:`ConfigError`; a counter that fails
-    mid-way raises what it raised.
+    A bad file is a one-line :class:`ConfigError`; a counter that fails mid-way
+    raises what it raised.
     """
-    kind, options = _parse(spec, default_output=default_output)
+    kind, options, text = spec.kind, spec.options, spec.text
     if kind == "random":
-        return await build_random(spec, counter, seed, pool_size, **options)
+        return await build_random(text, counter, seed, pool_size, **options)
     if kind == "shared-prefix":
-        return await build_shared_prefix(spec, counter, seed, **options)
+        return await build_shared_prefix(text, counter, seed, **options)
     if kind == "sessions":
         return await build_sessions(
-            spec, counter, seed, options["spec"], default_output
+            text, counter, seed, options["spec"], DEFAULT_OUTPUT
         )
     if kind == "trace":
         return await build_trace(
-            spec,
+            text,
             counter,
             seed,
             options["path"],
+            await asyncio.to_thread(spec.trace_entries),
             options["output"],
-            default_output,
+            DEFAULT_OUTPUT,
             context=context,
             over_context=over_context,
         )
     return await build_file(
-        spec, counter, seed, options["path"], options["output"], default_output
+        text, counter, seed, options["path"], options["output"], DEFAULT_OUTPUT
     )
 
 

@@ -24,6 +24,7 @@ from scipy import stats
 
 from servemon.loadgen.record.runrecord import RunResult
 from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.runner import Stopper, run_load
 
@@ -50,7 +51,7 @@ def config_for(target: str, tmp_path: Path, **fields: Any) -> LoadConfig:
 async def run(config: LoadConfig) -> RunResult:
     assert config.target is not None
     return await run_load(
-        "ramp",
+        make_plan("ramp", config),
         config,
         config.target,
         argv=["servemon", "ramp", "(test)"],

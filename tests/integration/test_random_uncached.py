@@ -20,6 +20,7 @@ from rich.console import Console
 
 from servemon.loadgen.record.runrecord import RunResult
 from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.runner import Stopper, run_load
 
@@ -36,7 +37,7 @@ async def run(kind: str, server: Any, tmp_path: Path, **fields: Any) -> RunResul
         **fields,
     )
     return await run_load(
-        kind,  # type: ignore[arg-type]
+        make_plan(kind, config),  # type: ignore[arg-type]
         config,
         server.url,
         argv=["servemon", kind, "(test)"],

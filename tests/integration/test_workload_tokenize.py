@@ -19,7 +19,11 @@ from servemon.loadgen.workloads.tokens import (
     ServerTokenizer,
     pick_counter,
 )
-from servemon.loadgen.workloads.workload import build_workload, request_body
+from servemon.loadgen.workloads.workload import (
+    build_workload,
+    parse_workload,
+    request_body,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +71,10 @@ async def test_random_prompts_arrive_with_exactly_the_asked_length(
         counter = await pick_counter(http, server.url, server.model, None)
         assert counter.source == "server"
         workload = await build_workload(
-            "random:prompt=100,output=2", counter=counter, seed=11, pool_size=32
+            parse_workload("random:prompt=100,output=2"),
+            counter=counter,
+            seed=11,
+            pool_size=32,
         )
         assert workload.token_source == "server"
         for index in range(12):
@@ -96,7 +103,7 @@ async def test_shared_prefix_lengths_agree_with_the_simulator(
     async with start_sim() as server:
         counter = await pick_counter(http, server.url, server.model, None)
         workload = await build_workload(
-            "shared-prefix:prefix=64,prompts=3,suffix=16,output=1",
+            parse_workload("shared-prefix:prefix=64,prompts=3,suffix=16,output=1"),
             counter=counter,
             seed=5,
         )
@@ -145,7 +152,9 @@ async def test_without_tokenize_the_counter_falls_back_to_the_estimate(
         assert counter.source == "estimate"
         with pytest.raises(TargetError, match=r"/tokenize: HTTP 404$"):
             await ServerTokenizer(http, url, "plain").count("hello")
-        workload = await build_workload("random:prompt=20", counter=counter, seed=1)
+        workload = await build_workload(
+            parse_workload("random:prompt=20"), counter=counter, seed=1
+        )
         assert workload.token_source == "estimate"
     # Refused connections fall back too.
     assert (await pick_counter(http, url, "plain", None)).source == "estimate"

@@ -13,6 +13,7 @@ from servemon.loadgen.record.line import timing_from_line
 from servemon.loadgen.record.record import read_jsonl
 from servemon.loadgen.record.runrecord import RunResult
 from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.runner import Stopper, run_load
 from servemon.loadgen.send.timing import RequestTiming
@@ -40,7 +41,7 @@ async def run(kind: str, config: LoadConfig, stop: Stopper | None = None) -> Run
     """``run_load`` as ``servemon KIND`` calls it, its output kept quiet."""
     assert config.target is not None
     return await run_load(
-        kind,  # type: ignore[arg-type]
+        make_plan(kind, config),  # type: ignore[arg-type]
         config,
         config.target,
         argv=["servemon", kind, "(test)"],

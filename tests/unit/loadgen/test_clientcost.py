@@ -8,6 +8,7 @@ from servemon.core.errors import ConfigError
 from servemon.core.fields import load
 from servemon.load import auto_workers
 from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.send.clientcost import CORE_BUDGET, request_cpu_s, workers_for
 
 
@@ -35,16 +36,13 @@ def test_auto_takes_the_peak_stage_and_the_workloads_output_budget() -> None:
         },
         "flags",
     )
-    choice = auto_workers(config)
+    choice = auto_workers(config, make_plan("ramp", config))
     assert choice.peak_rate == 900
     assert choice.cpu_per_request_s == request_cpu_s(256)
-    unstreamed = auto_workers(
-        load(
-            LoadConfig,
-            {"stages": "900:10", "workers": "auto", "stream": False},
-            "flags",
-        )
+    flat = load(
+        LoadConfig, {"stages": "900:10", "workers": "auto", "stream": False}, "flags"
     )
+    unstreamed = auto_workers(flat, make_plan("ramp", flat))
     assert unstreamed.cpu_per_request_s == request_cpu_s(1)
     assert load(LoadConfig, {"workers": "3"}, "flags").workers == 3
     with pytest.raises(ConfigError, match=r"workers: .* or Input should be 'auto'"):

@@ -19,7 +19,7 @@ from servemon.core.errors import ConfigError
 from servemon.core.signals import SIGNALS, parse_selector, queries
 from servemon.loadgen.drivers.controllaw import KP_MAX, ControlLaw, control_interval
 from servemon.loadgen.run.config import LoadConfig, parse_hold
-from servemon.loadgen.run.plan import check_load_config
+from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.run.promsource import PrometheusSampler
 
 
@@ -303,7 +303,7 @@ def test_a_bad_hold_is_one_line_naming_it(text: str, message: str) -> None:
 
 def test_control_checks_its_settings_before_anything_starts() -> None:
     def check(kind: str, **fields: Any) -> None:
-        check_load_config(kind, LoadConfig(**fields))  # type: ignore[arg-type]
+        make_plan(kind, LoadConfig(**fields))  # type: ignore[arg-type]
 
     check("control", hold="waiting=8")
     with pytest.raises(ConfigError, match="--hold: control needs"):

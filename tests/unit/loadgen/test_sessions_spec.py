@@ -30,7 +30,7 @@ from servemon.loadgen.workloads.sessions import (
     parse_sessions,
     parse_think,
 )
-from servemon.loadgen.workloads.workload import build_workload, check_workload
+from servemon.loadgen.workloads.workload import build_workload, parse_workload
 
 
 class WordCounter:
@@ -43,7 +43,9 @@ class WordCounter:
 
 
 def sessions(spec: str, seed: int = 0) -> SessionWorkload:
-    built = asyncio.run(build_workload(spec, counter=WordCounter(), seed=seed))
+    built = asyncio.run(
+        build_workload(parse_workload(spec), counter=WordCounter(), seed=seed)
+    )
     assert isinstance(built, SessionWorkload)
     return built
 
@@ -68,7 +70,7 @@ def test_a_bad_sessions_spec_is_one_line_naming_the_key(
     spec: str, message: str
 ) -> None:
     with pytest.raises(ConfigError) as caught:
-        check_workload(spec)
+        parse_workload(spec).check()
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
 
@@ -287,16 +289,16 @@ def test_a_model_that_does_not_reason_has_its_answer_at_its_first_token() -> Non
 
 def test_the_users_of_a_sweep_come_from_one_place() -> None:
     from servemon.loadgen.run.config import LoadConfig
-    from servemon.loadgen.run.plan import check_load_config, plan_stages
+    from servemon.loadgen.run.plan import make_plan
 
     config = LoadConfig(workload="sessions:users=6")
-    assert [s.label for s in plan_stages("sweep", config)] == ["6 users"]
+    assert [s.label for s in make_plan("sweep", config).stages] == ["6 users"]
     with pytest.raises(ConfigError, match="both set the users"):
-        plan_stages("sweep", LoadConfig(workload="sessions:users=6", parallel=(2,)))
+        make_plan("sweep", LoadConfig(workload="sessions:users=6", parallel=(2,)))
     with pytest.raises(ConfigError, match="run it with servemon sweep"):
-        check_load_config("ramp", config)
+        make_plan("ramp", config)
     with pytest.raises(ConfigError, match="--warmup"):
-        check_load_config("sweep", LoadConfig(workload="sessions:", warmup=2))
-    ramp = plan_stages("ramp", LoadConfig(workload="sessions:", stages="2:5"))  # type: ignore[arg-type]
-    assert [s.label for s in ramp] == ["2 sessions/s"]
+        make_plan("sweep", LoadConfig(workload="sessions:", warmup=2))
+    ramp = make_plan("ramp", LoadConfig(workload="sessions:", stages="2:5"))  # type: ignore[arg-type]
+    assert [s.label for s in ramp.stages] == ["2 sessions/s"]
     assert parse_sessions("", 128).users is None

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from servemon.core.errors import ConfigError
+from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.workloads.replayplan import replay_plan
 from servemon.loadgen.workloads.tokens import EstimateCounter
 from servemon.loadgen.workloads.tracefile import (
@@ -22,7 +24,7 @@ from servemon.loadgen.workloads.tracefile import (
     read_trace,
 )
 from servemon.loadgen.workloads.tracesynth import SynthSpec, synthesize
-from servemon.loadgen.workloads.workload import build_workload, trace_path
+from servemon.loadgen.workloads.workload import build_workload, parse_workload
 
 
 class WordCounter:
@@ -252,8 +254,8 @@ async def test_trace_prompts_keep_the_prefix_structure_token_for_token(
         )
     )
     spec = f"trace:{path}"
-    assert trace_path(spec) == path
-    workload = await build_workload(spec, counter=WordCounter(), seed=1)
+    assert parse_workload(spec).trace_path == path
+    workload = await build_workload(parse_workload(spec), counter=WordCounter(), seed=1)
     a, b, c = (workload.prompt(i) for i in range(3))
     words = [(p.text or "").split() for p in (a, b, c)]
     assert [len(w) for w in words] == [1100, 700, 40]
@@ -261,7 +263,7 @@ async def test_trace_prompts_keep_the_prefix_structure_token_for_token(
     assert [p.max_tokens for p in (a, b, c)] == [7, 5, 5]
     assert words[0][:BLOCK_TOKENS] == words[1][:BLOCK_TOKENS]  # block 10 shared
     assert words[0][BLOCK_TOKENS:700] != words[1][BLOCK_TOKENS:700]
-    again = await build_workload(spec, counter=WordCounter(), seed=1)
+    again = await build_workload(parse_workload(spec), counter=WordCounter(), seed=1)
     assert again.prompt(0) == a
     # A second loop keeps the structure with new text.
     loop2 = (workload.prompt(3).text or "").split()
@@ -271,7 +273,9 @@ async def test_trace_prompts_keep_the_prefix_structure_token_for_token(
         loop2[:BLOCK_TOKENS] == (workload.prompt(4).text or "").split()[:BLOCK_TOKENS]
     )
     # Under the estimate the lengths are as close as it allows.
-    rough = await build_workload(spec, counter=EstimateCounter(), seed=1)
+    rough = await build_workload(
+        parse_workload(spec), counter=EstimateCounter(), seed=1
+    )
     assert rough.prompt(0).prompt_tokens == pytest.approx(1100, rel=0.1)
 
 
@@ -297,3 +301,21 @@ def test_an_unchanged_trace_is_parsed_once_and_a_changed_one_again(
     path.write_text("timestamp,prompt_tokens,output_tokens\n0,10,2\n1,30,3\n")
     assert [e.prompt_tokens for e in tracefile.read_trace(path)] == [10, 30]
     assert len(parsed) == 2
+
+
+@pytest.mark.asyncio
+async def test_a_replay_reads_its_trace_file_once(tmp_path: Path) -> None:
+    """Planned (every line checked, the sends made) and built from one read: the
+    file can be gone by the time the prompts are built and the driver runs."""
+    path = tmp_path / "t.jsonl"
+    rows = [
+        {"timestamp": 500 * i, "input_length": 64, "output_length": 4} for i in range(6)
+    ]
+    path.write_text(mooncake(*rows))
+    config = LoadConfig(workload=f"trace:{path}", time_scale=0.5)  # type: ignore[arg-type]
+    plan = make_plan("replay", config)
+    assert plan.replay is not None
+    assert [at for _, at in plan.replay.sends] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25]
+    path.unlink()
+    workload = await build_workload(config.workload, counter=WordCounter(), seed=1)
+    assert workload.prompt(5).prompt_tokens == 64

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from servemon.core.errors import ConfigError
+from servemon.loadgen.run.config import LoadConfig, config_text
 from servemon.loadgen.workloads.tokens import (
     WORDS,
     EstimateCounter,
@@ -25,10 +26,13 @@ from servemon.loadgen.workloads.tokens import (
     estimate_tokens,
 )
 from servemon.loadgen.workloads.workload import (
+    DEFAULT_OUTPUT,
     Prompt,
     Workload,
+    WorkloadSpec,
     build_workload,
     chat_body,
+    parse_workload,
     random_prompt,
     request_body,
 )
@@ -58,7 +62,7 @@ class PairsCounter:
 
 async def build(spec: str, counter: Any = None, **kwargs: Any) -> Workload:
     return await build_workload(
-        spec,
+        parse_workload(spec),
         counter=counter or LongWordsCounter(),
         seed=kwargs.pop("seed", 7),
         **kwargs,
@@ -113,14 +117,14 @@ async def test_a_bad_spec_is_one_line_naming_the_key_and_value(
 
 @pytest.mark.asyncio
 async def test_defaults_fill_every_missing_key() -> None:
-    plain = await build("random", pool_size=4, default_output=33)
+    plain = await build("random", pool_size=4)
     assert plain.spec == "random"
     assert plain.token_source == "fake"
     assert plain.prompt(0).prompt_tokens == 128
-    assert plain.prompt(0).max_tokens == 33
-    shared = await build("shared-prefix:prefix=40", default_output=9)
+    assert plain.prompt(0).max_tokens == DEFAULT_OUTPUT
+    shared = await build("shared-prefix:prefix=40")
     assert shared.prompt(0).prompt_tokens == 40 + 64
-    assert shared.prompt(0).max_tokens == 9
+    assert shared.prompt(0).max_tokens == DEFAULT_OUTPUT
     assert len({(shared.prompt(i).text or "").split()[0] for i in range(8)}) == 8
 
 
@@ -283,7 +287,7 @@ async def test_jsonl_prompts_and_messages_in_file_order(tmp_path: Path) -> None:
             ]
         },
     )
-    workload = await build(f"file:{path}", default_output=77)
+    workload = await build(f"file:{path}")
     assert workload.spec == f"file:{path}"
     assert workload.token_source == "fake"
     first, second, third = (workload.prompt(i) for i in range(3))
@@ -295,7 +299,7 @@ async def test_jsonl_prompts_and_messages_in_file_order(tmp_path: Path) -> None:
         {"role": "user", "content": "why is the sky blue"},
     )
     assert third.prompt_tokens == 2 + 5  # contents only, no template
-    assert third.max_tokens == 77
+    assert third.max_tokens == DEFAULT_OUTPUT
     assert workload.prompt(3) == first
     assert workload.prompt(302) == third
 
@@ -331,7 +335,7 @@ async def test_a_sharegpt_array_gives_first_turns_and_reply_lengths(
 ) -> None:
     path = tmp_path / "sharegpt.json"
     path.write_text(json.dumps(SHAREGPT, indent=2), encoding="utf-8")
-    workload = await build(f"file:{path}", default_output=50)
+    workload = await build(f"file:{path}")
     a, b, c, d = (workload.prompt(i) for i in range(4))
     assert a.messages == (
         {"role": "system", "content": "you are terse"},
@@ -341,7 +345,7 @@ async def test_a_sharegpt_array_gives_first_turns_and_reply_lengths(
     assert a.max_tokens == 4  # "red green and blue"
     assert b.messages == ({"role": "user", "content": "count to two"},)
     assert b.max_tokens == 2
-    assert c.max_tokens == 50  # no reply: the default
+    assert c.max_tokens == DEFAULT_OUTPUT  # no reply: the default
     assert d.max_tokens == 12
     assert workload.prompt(4) == a  # the skipped conversations are not entries
 
@@ -561,3 +565,17 @@ async def test_a_local_bpe_tokenizer_counts_and_fits_exact_lengths(
     for i in range(6):
         prompt = shared.prompt(i)
         assert prompt.prompt_tokens == 120 == await counter.count(prompt.text or "")
+
+
+def test_the_workload_is_parsed_once_where_the_config_is_built() -> None:
+    """The config holds the parsed spec (every user reads its kind and options from
+    it); the record keeps the text; a bad spec fails as the config is built."""
+    config = LoadConfig(workload="sessions:turns=2,user=8")  # type: ignore[arg-type]
+    assert isinstance(config.workload, WorkloadSpec)
+    assert config.workload.sessions is not None
+    assert config.workload.trace_path is None
+    assert config_text(config)["workload"] == "sessions:turns=2,user=8"
+    again = LoadConfig(**{**config_text(config), "workload": config.workload})
+    assert again.workload is config.workload  # a parsed spec passes through
+    with pytest.raises(ConfigError, match="prompt must be an integer"):
+        LoadConfig(workload="random:prompt=abc")  # type: ignore[arg-type]
