@@ -44,6 +44,7 @@ SECRET_WORDS = ("auth", "key", "token", "secret", "password", "cookie")
 __all__ = [
     "HOLDABLE",
     "PROMETHEUS_ONLY",
+    "Hold",
     "LoadConfig",
     "auth_headers",
     "config_text",
@@ -52,6 +53,46 @@ __all__ = [
     "parse_hold",
     "secret_header_names",
 ]
+
+#: What ``--hold`` can hold.
+HOLDABLE = ("waiting", "kv_cache_usage", "ttft_p95", "burn_rate", "gpu_utilization")
+#: Signals only Prometheus has (the generated rules, the GPU exporter).
+PROMETHEUS_ONLY = ("burn_rate", "gpu_utilization")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hold:
+    """``--hold SIGNAL=SETPOINT``, parsed once where the config is built; ``str()``
+    gives its text back."""
+
+    signal: str
+    setpoint: float
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_hold(text: str) -> Hold:
+    """``SIGNAL=SETPOINT`` as a :class:`Hold`; a one-line error naming the part at
+    fault."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or name not in HOLDABLE:
+        raise ConfigError(
+            f"--hold {text!r}: expected SIGNAL=SETPOINT with SIGNAL one of "
+            f"{', '.join(HOLDABLE)}"
+        )
+    try:
+        setpoint = float(value)
+    except ValueError:
+        setpoint = math.nan
+    if not (setpoint > 0 and math.isfinite(setpoint)):
+        raise ConfigError(f"--hold {name}: the setpoint must be a number > 0")
+    if name in ("kv_cache_usage", "gpu_utilization") and setpoint >= 1:
+        raise ConfigError(f"--hold {name}: a ratio below 1, got {setpoint:g}")
+    return Hold(name, setpoint, text)
+
 
 Positive = Annotated[float, Gt(0)]
 
@@ -75,6 +116,7 @@ ArrivalSpec = Annotated[Arrival, _from_text(parse_arrival)]
 ShardSpec = Annotated[Shard, _from_text(Shard.parse)]
 StartAt = Annotated[datetime, _from_text(parse_start_at)]
 WorkloadText = Annotated[WorkloadSpec, _from_text(parse_workload)]
+HoldText = Annotated[Hold, _from_text(parse_hold)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, config=FORBID_EXTRA)
@@ -157,7 +199,7 @@ class LoadConfig:
     # servemon control
     #: ``SIGNAL=SETPOINT``: waiting, kv_cache_usage, ttft_p95, burn_rate,
     #: gpu_utilization.
-    hold: str | None = None
+    hold: HoldText | None = None
     duration: Positive = 600.0
     #: Seconds between rate changes; None: from the signal's delay.
     control_interval: Positive | None = None
@@ -193,6 +235,7 @@ def config_text(config: LoadConfig) -> dict[str, Any]:
     data["slo"] = ",".join(str(t) for t in config.slo) or None
     data["arrival"] = str(config.arrival)
     data["workload"] = str(config.workload)
+    data["hold"] = None if config.hold is None else str(config.hold)
     data["shard"] = None if config.shard is None else str(config.shard)
     data["start_at"] = None if config.start_at is None else config.start_at.isoformat()
     for key in ("header", "parallel", "number", "sim_args"):
@@ -268,30 +311,3 @@ def auth_headers(config: LoadConfig, env: Mapping[str, str]) -> dict[str, Secret
             )
         headers[name.strip()] = Secret(value.strip())
     return headers
-
-
-#: What ``--hold`` can hold.
-HOLDABLE = ("waiting", "kv_cache_usage", "ttft_p95", "burn_rate", "gpu_utilization")
-#: Signals only Prometheus has (the generated rules, the GPU exporter).
-PROMETHEUS_ONLY = ("burn_rate", "gpu_utilization")
-
-
-def parse_hold(text: str) -> tuple[str, float]:
-    """``SIGNAL=SETPOINT`` as (signal, setpoint); a one-line error naming the part
-    at fault."""
-    name, sep, value = text.partition("=")
-    name = name.strip()
-    if not sep or name not in HOLDABLE:
-        raise ConfigError(
-            f"--hold {text!r}: expected SIGNAL=SETPOINT with SIGNAL one of "
-            f"{', '.join(HOLDABLE)}"
-        )
-    try:
-        setpoint = float(value)
-    except ValueError:
-        setpoint = math.nan
-    if not (setpoint > 0 and math.isfinite(setpoint)):
-        raise ConfigError(f"--hold {name}: the setpoint must be a number > 0")
-    if name in ("kv_cache_usage", "gpu_utilization") and setpoint >= 1:
-        raise ConfigError(f"--hold {name}: a ratio below 1, got {setpoint:g}")
-    return name, setpoint

@@ -19,7 +19,6 @@ from servemon.loadgen.run.config import (
     LoadConfig,
     auth_headers,
     config_text,
-    parse_hold,
 )
 from servemon.loadgen.run.target import is_loopback
 from servemon.loadgen.send.arrivals import linear_stages, parse_stages
@@ -240,7 +239,7 @@ def _check_signals(kind: Kind, config: LoadConfig) -> None:
         return
     if config.hold is None:
         raise ConfigError("--hold: control needs SIGNAL=SETPOINT, e.g. waiting=8")
-    signal, _ = parse_hold(config.hold)
+    signal = config.hold.signal
     if config.pace and signal != "ttft_p95":
         raise ConfigError(
             f"--pace: paces the sends of --hold ttft_p95 by the prefill backlog, "
