@@ -99,7 +99,7 @@ class Prober:
         outcome = Outcome.OK
         try:
             async with asyncio.timeout(self.timeout_s):
-                resp = await post(self._session, url, json=body, headers=headers)
+                resp = await post(self._session, url, body=body, headers=headers)
                 async with resp:
                     if resp.status != 200:
                         outcome = Outcome.HTTP_ERROR

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from servemon.core.wire.http import encode_json
 from servemon.loadgen.drivers.conversation import run_session
 from servemon.loadgen.run.context import Driven, RunContext
 from servemon.loadgen.send.arrivals import Arrival, Due, Shard, Stage
@@ -29,7 +30,9 @@ __all__ = ["drive_ramp", "open_loop", "wait_for_start"]
 
 #: A request made ready ahead of its time: its body, its options of
 #: :func:`~loadgen.send.client.send_request` and its prompt tokens (where known).
-Ready = tuple[dict[str, Any], dict[str, Any], int | None]
+#: A request made ready ahead of its time: its body, that body encoded, its send
+#: options, its prompt tokens.
+Ready = tuple[dict[str, Any], bytes, dict[str, Any], int | None]
 
 
 async def drive_ramp(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
@@ -125,8 +128,9 @@ async def open_loop(
     unsent: Counter[int] = Counter()
 
     def prepare(due: Due) -> Ready | str | None:
-        """The body, options and prompt tokens of request ``due``, built before its
-        time."""
+        """The body (and its JSON: a long prompt's encoding is off the send's
+        critical path), options and prompt tokens of request ``due``, built before
+        its time."""
         if sessions:
             return None
         index = first_index + due.index
@@ -134,8 +138,10 @@ async def open_loop(
         prompt = ctx.workload.prompt(index)
         if prompt.skip is not None:
             return prompt.skip
+        body = ctx.body_of(prompt, model)
         return (
-            ctx.body_of(prompt, model),
+            body,
+            encode_json(body),
             ctx.request_options(index, model),
             prompt.prompt_tokens,
         )
@@ -151,7 +157,7 @@ async def open_loop(
             unsent[due.stage] += 1
             ctx.live.skipped.labels(ctx.label, ctx.model, str(due.stage), ready).inc()
             return
-        body, options, prompt_tokens = ready
+        body, encoded, options, prompt_tokens = ready
         request_id = f"{ctx.tag}-{index}"
         ctx.started(request_id, prompt_tokens)
         timing = await send_request(
@@ -165,6 +171,7 @@ async def open_loop(
             timeout_s=c.timeout,
             record_interruption=True,
             on_first_token=ctx.first_token_hook(request_id),
+            encoded=encoded,
             **options,
         )
         ctx.finished(timing)

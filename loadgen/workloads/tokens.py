@@ -177,7 +177,7 @@ class ServerTokenizer:
             async with asyncio.timeout(self.timeout_s):
                 # Resent on a new connection if the server closed the pooled one
                 # (llama-server closes after every answer).
-                resp = await post(self.session, self.url, json=body, headers={})
+                resp = await post(self.session, self.url, body=body, headers={})
                 async with resp:
                     if resp.status != 200:
                         raise TargetError(f"POST {self.url}: HTTP {resp.status}")
