@@ -42,7 +42,7 @@ from servemon.loadgen.record.slo import SloTerm
 from servemon.loadgen.record.summary import Summarizer, Summary
 from servemon.loadgen.run.clientwatch import LAG_WINDOW, fell_behind, lag_median
 from servemon.loadgen.run.context import Driven, RunContext
-from servemon.loadgen.run.plan import StageRecord, step_seconds
+from servemon.loadgen.run.plan import LOOPBACK_RPS_MAX, StageRecord, step_seconds
 from servemon.loadgen.send.arrivals import Arrival, Stage
 from servemon.loadgen.send.stopping import Stopper
 from servemon.loadgen.send.timing import RequestTiming
@@ -218,7 +218,7 @@ async def drive_capacity(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dr
     """Run the search (see the module docstring)."""
     c = ctx.config
     step_s = step_seconds(c)
-    cap = c.rps_max if c.rps_max is not None else 10_000.0
+    cap = c.rps_max if c.rps_max is not None else LOOPBACK_RPS_MAX["capacity"]
     deadline = time.monotonic() + c.max_duration
     rate = min(c.rps_min, cap)
     good: float | None = None

@@ -129,6 +129,7 @@ from servemon.loadgen.drivers.heldtokens import HeldTokens
 from servemon.loadgen.drivers.ramp import open_loop, wait_for_start
 from servemon.loadgen.record.runrecord import ControlResult
 from servemon.loadgen.run.context import Driven, RunContext
+from servemon.loadgen.run.plan import LOOPBACK_RPS_MAX
 from servemon.loadgen.run.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
 from servemon.loadgen.send.arrivals import Arrival, Due, Stage
 from servemon.loadgen.send.stopping import Stopper
@@ -166,7 +167,7 @@ async def drive_control(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dri
     c = ctx.config
     assert c.hold is not None
     signal, setpoint = c.hold.signal, c.hold.setpoint
-    rps_max = c.rps_max if c.rps_max is not None else 1000.0
+    rps_max = c.rps_max if c.rps_max is not None else LOOPBACK_RPS_MAX["control"]
     start_rate = c.rps_start if c.rps_start is not None else max(c.rps_min, 1.0)
     interval = control_interval(c, signal)
     law = ControlLaw(

@@ -28,7 +28,12 @@ from servemon.loadgen.workloads.replayplan import ReplayPlan, replay_plan
 from servemon.loadgen.workloads.tracefile import TraceEntry
 
 __all__ = [
+    "DEFAULT_PARALLEL",
     "DEFAULT_STAGES",
+    "DEFAULT_STEP_S",
+    "LOOPBACK_RPS_MAX",
+    "RAMP_RPS_STEP",
+    "RAMP_STEP_S",
     "Kind",
     "Plan",
     "StageRecord",
@@ -45,6 +50,13 @@ DEFAULT_PARALLEL = (1, 2, 4, 8)
 Kind = Literal["ramp", "sweep", "capacity", "replay", "control"]
 #: A capacity search's step length when ``--step-seconds`` is not given.
 DEFAULT_STEP_S = 20.0
+#: A linear ramp's step (``--rps-start``/``--rps-end``): its rate increment and
+#: length when ``--rps-step`` and ``--step-seconds`` are not given.
+RAMP_RPS_STEP = 1.0
+RAMP_STEP_S = 30.0
+#: The highest rate a search or a controller may offer a target on this machine
+#: when ``--rps-max`` is not given (elsewhere ``--rps-max`` is required).
+LOOPBACK_RPS_MAX = {"capacity": 10_000.0, "control": 1000.0}
 
 
 @dataclass(slots=True)
@@ -177,8 +189,8 @@ def _stages(
             stages = linear_stages(
                 config.rps_start,
                 config.rps_end if config.rps_end is not None else config.rps_start,
-                config.rps_step if config.rps_step is not None else 1.0,
-                config.step_seconds if config.step_seconds is not None else 30.0,
+                config.rps_step if config.rps_step is not None else RAMP_RPS_STEP,
+                config.step_seconds if config.step_seconds is not None else RAMP_STEP_S,
             )
         else:
             stages = parse_stages(DEFAULT_STAGES)

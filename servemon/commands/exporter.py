@@ -31,36 +31,31 @@ __all__ = ["exporter", "exporter_config"]
     "{url, name, engine, model}). NAME becomes the target label [default: "
     "host:port].",
 )
-@click.option("--listen", help="Address for /metrics. [default: 127.0.0.1:9400]")
+@click.option("--listen", help="Address for /metrics.")
 @click.option(
     "--scrape-timeout",
     type=float,
-    help="Seconds to wait for a target (kept below the scraper's own timeout). "
-    "[default: 2.5]",
+    help="Seconds to wait for a target (kept below the scraper's own timeout).",
 )
 @click.option(
     "--max-body-bytes",
     type=int,
-    help="Largest /metrics body accepted from a target. [default: 8 MiB]",
+    help="Largest /metrics body accepted from a target.",
 )
 @click.option(
     "--passthrough/--no-passthrough",
     default=None,
     help="Also pass through families servemon does not know.",
 )
-@click.option("--gpu/--no-gpu", default=None, help="GPU stats from NVML. [default: on]")
-@click.option(
-    "--gpu-interval", type=float, help="Seconds between NVML reads. [default: 2]"
-)
+@click.option("--gpu/--no-gpu", default=None, help="GPU stats from NVML.")
+@click.option("--gpu-interval", type=float, help="Seconds between NVML reads.")
 @click.option(
     "--probe-interval",
     type=float,
     help="Seconds between canary requests per target. [default: off]",
 )
 @click.option("--probe-prompt", help="The canary's prompt.")
-@click.option(
-    "--probe-max-tokens", type=int, help="The canary's max_tokens. [default: 8]"
-)
+@click.option("--probe-max-tokens", type=int, help="The canary's max_tokens.")
 @click.option(
     "--auth-file",
     help="YAML with bearer_token or basic_auth that /metrics asks scrapers for "
@@ -116,3 +111,6 @@ async def _serve(
             sys.stdout.flush()
             await stop.wait()
     click.echo("servemon exporter: stopped")
+
+
+options.fill_defaults(exporter, ExporterConfig)

@@ -20,7 +20,15 @@ from servemon.core.errors import ConfigError
 from servemon.core.fields import layer_config
 from servemon.lifecycle import run_async
 from servemon.loadgen.run.config import LoadConfig, secret_header_names
-from servemon.loadgen.run.plan import Kind
+from servemon.loadgen.run.plan import (
+    DEFAULT_PARALLEL,
+    DEFAULT_STAGES,
+    DEFAULT_STEP_S,
+    LOOPBACK_RPS_MAX,
+    RAMP_RPS_STEP,
+    RAMP_STEP_S,
+    Kind,
+)
 
 __all__ = [
     "capacity",
@@ -80,30 +88,31 @@ def _int_list(
 @click.command(epilog=exits.epilog())
 @options.load_options()
 @click.option(
-    "--stages", help="RPS:SECONDS,... e.g. 2:30,4:30,8:30. [default: 1:10,2:10,4:10]"
+    "--stages", help=f"RPS:SECONDS,... e.g. 2:30,4:30,8:30. [default: {DEFAULT_STAGES}]"
 )
 @click.option("--rps-start", type=float, help="First rate of a linear ramp.")
 @click.option("--rps-end", type=float, help="Last rate of a linear ramp.")
-@click.option("--rps-step", type=float, help="Rate increment. [default: 1]")
-@options.step_seconds(shown="30")
+@click.option(
+    "--rps-step", type=float, help=f"Rate increment. [default: {RAMP_RPS_STEP:g}]"
+)
+@options.step_seconds(shown=f"{RAMP_STEP_S:g}")
 @options.arrival()
 @options.open_loop()
 @click.option(
     "--late",
     type=click.Choice(["send", "skip"]),
-    help="Requests that could only go out late: send them late, or skip them. "
-    "[default: send]",
+    help="Requests that could only go out late: send them late, or skip them.",
 )
 @click.option(
     "--late-tolerance",
     type=float,
-    help="Seconds late before --late skip applies. [default: 1]",
+    help="Seconds late before --late skip applies.",
 )
 @click.option(
     "--workers",
     help="Send the schedule from this many processes (shards merged at the end), "
     "when one cannot keep up; auto: as many as the peak rate needs at the measured "
-    "CPU cost of a request, up to the CPUs here. [default: 1]",
+    "CPU cost of a request, up to the CPUs here.",
 )
 @options.prometheus()
 def ramp(config_file: Path | None, **flags: Any) -> None:
@@ -116,16 +125,15 @@ def ramp(config_file: Path | None, **flags: Any) -> None:
 @click.option(
     "--parallel",
     callback=_int_list,
-    help="Concurrency levels, e.g. --parallel 1 2 4 8. [default: 1 2 4 8]",
+    help="Concurrency levels, e.g. --parallel 1 2 4 8. "
+    f"[default: {' '.join(map(str, DEFAULT_PARALLEL))}]",
 )
 @click.option(
     "--number",
     callback=_int_list,
-    help="Requests measured per level (one value, or one per level). [default: 16]",
+    help="Requests measured per level (one value, or one per level).",
 )
-@click.option(
-    "--warmup", type=int, help="Warm-up requests per level, not counted. [default: 0]"
-)
+@click.option("--warmup", type=int, help="Warm-up requests per level, not counted.")
 @options.prometheus()
 def sweep(config_file: Path | None, **flags: Any) -> None:
     """Closed loop: each level keeps N requests in flight until M have finished."""
@@ -134,30 +142,30 @@ def sweep(config_file: Path | None, **flags: Any) -> None:
 
 @click.command(epilog=exits.epilog())
 @options.load_options()
-@click.option("--rps-min", type=float, help="Where the search starts. [default: 0.5]")
+@click.option("--rps-min", type=float, help="Where the search starts.")
 @click.option(
     "--rps-max",
     type=float,
     help="Never offer more (required when the target is not on this machine). "
-    "[default: 10000 on loopback]",
+    f"[default: {LOOPBACK_RPS_MAX['capacity']:g} on loopback]",
 )
-@options.max_duration(shown="600")
-@options.step_seconds(shown="20")
+@options.max_duration()
+@options.step_seconds(shown=f"{DEFAULT_STEP_S:g}")
 @click.option(
     "--settle",
     type=float,
-    help="Seconds at the start of a step that are not judged. [default: 5]",
+    help="Seconds at the start of a step that are not judged.",
 )
 @click.option(
     "--precision",
     type=float,
-    help="Stop bisecting when bad/good - 1 is below this. [default: 0.05]",
+    help="Stop bisecting when bad/good - 1 is below this.",
 )
 @options.arrival()
 @click.option(
     "--abort-error-rate",
     type=float,
-    help="Stop at once above this error share over 10 s. [default: 0.2]",
+    help="Stop at once above this error share over 10 s.",
 )
 @options.prometheus()
 def capacity(config_file: Path | None, **flags: Any) -> None:
@@ -171,18 +179,18 @@ def capacity(config_file: Path | None, **flags: Any) -> None:
 @click.option(
     "--time-scale",
     type=float,
-    help="Multiply the trace's gaps by this (2: twice as long). [default: 1]",
+    help="Multiply the trace's gaps by this (2: twice as long).",
 )
 @click.option(
     "--rate-scale",
     type=float,
-    help="Send this many times as fast (2: twice the rate). [default: 1]",
+    help="Send this many times as fast (2: twice the rate).",
 )
 @click.option(
     "--from", "trace_from", type=float, help="Start at this second of the trace."
 )
 @click.option("--to", "trace_to", type=float, help="Stop at this second of the trace.")
-@click.option("--loops", type=int, help="Send the window this many times. [default: 1]")
+@click.option("--loops", type=int, help="Send the window this many times.")
 @options.open_loop()
 def replay(trace: Path, config_file: Path | None, **flags: Any) -> None:
     """Send a trace (Mooncake JSONL, JSONL/CSV of lengths, timed prompts) open
@@ -200,16 +208,16 @@ def replay(trace: Path, config_file: Path | None, **flags: Any) -> None:
     help="SIGNAL=SETPOINT to hold: waiting=8, kv_cache_usage=0.8, ttft_p95=0.4, "
     "burn_rate=1 or gpu_utilization=0.9 (the last two need --prometheus).",
 )
-@click.option("--duration", type=float, help="Seconds to hold it. [default: 600]")
+@click.option("--duration", type=float, help="Seconds to hold it.")
 @click.option(
     "--rps-start", type=float, help="The rate to start from. [default: 1 or --rps-min]"
 )
-@click.option("--rps-min", type=float, help="Never offer less. [default: 0.5]")
+@click.option("--rps-min", type=float, help="Never offer less.")
 @click.option(
     "--rps-max",
     type=float,
     help="Never offer more (required when the target is not on this machine). "
-    "[default: 1000 on loopback]",
+    f"[default: {LOOPBACK_RPS_MAX['control']:g} on loopback]",
 )
 @click.option(
     "--control-interval",
@@ -219,17 +227,21 @@ def replay(trace: Path, config_file: Path | None, **flags: Any) -> None:
 @click.option(
     "--blind-timeout",
     type=float,
-    help="Stop when the signal has been missing this long. [default: 60]",
+    help="Stop when the signal has been missing this long.",
 )
 @click.option(
     "--pace/--no-pace",
     default=None,
     help="ttft_p95: draw each gap at the rate times a factor from the client's "
     "prefill backlog (prompts sent, no first token yet), so bursts do not pile "
-    "up; the sends are then less bursty than --arrival. [default: off]",
+    "up; the sends are then less bursty than --arrival.",
 )
 @options.arrival()
 @options.prometheus()
 def control(config_file: Path | None, **flags: Any) -> None:
     """Hold a server signal at a setpoint by steering the open-loop rate."""
     _run("control", config_file, flags)
+
+
+for _command in (ramp, sweep, capacity, replay, control):
+    options.fill_defaults(_command, LoadConfig)

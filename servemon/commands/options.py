@@ -10,6 +10,8 @@ it is not given. Options of one command only live in that command's module.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +25,7 @@ __all__ = [
     "compose",
     "config_file",
     "exit_with_parent",
+    "fill_defaults",
     "load_options",
     "max_duration",
     "max_num_seqs",
@@ -63,6 +66,52 @@ def _option(
     if attrs.get("default") is not None:
         attrs.setdefault("show_default", True)
     return click.option(*decls, help=help, **attrs)
+
+
+_DEFAULT = re.compile(r"\[default: [^\]]*\]")
+
+
+def _shown(value: Any, option: click.Option) -> str:
+    """A config default as a flag writes it."""
+    if isinstance(value, bool) and option.secondary_opts:
+        return (option.opts if value else option.secondary_opts)[0]
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple | list):
+        values = [_shown(v, option) for v in value]
+        return values[0] if len(set(values)) == 1 else " ".join(values)
+    return str(value)
+
+
+def fill_defaults(command: click.Command, config: type) -> click.Command:
+    """Show each option's default as ``config`` (a dataclass of the command's
+    settings) declares it: the one home of a default, which ``--help`` only reads
+    (a help that writes one of these defaults itself is refused, at import). An
+    option whose field defaults to None (decided later: "the profile's", "1 or
+    --rps-min") keeps the words its help gives."""
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    for param in command.params:
+        field = fields.get(param.name or "")
+        if not isinstance(param, click.Option) or field is None:
+            continue
+        if field.default is not dataclasses.MISSING:
+            value = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            value = field.default_factory()
+        else:
+            continue
+        if value is None or value == ():
+            continue
+        text = param.help or ""
+        if _DEFAULT.search(text):
+            raise ValueError(
+                f"{param.opts[0]}: its default is {config.__name__}.{field.name}'s; "
+                "the help must not write it"
+            )
+        param.help = f"{text} [default: {_shown(value, param)}]"
+    return command
 
 
 # -- shared by several commands ---------------------------------------------------
@@ -126,7 +175,6 @@ def open_loop() -> Callable[[F], F]:
             "--max-inflight",
             type=int,
             help="Safety cap on requests in flight; what it holds back is counted.",
-            shown="1000",
         ),
         _option("--max-requests", type=int, help="Stop the schedule after this many."),
         _option(
@@ -144,7 +192,7 @@ def open_loop() -> Callable[[F], F]:
 
 def arrival() -> Decorator:
     """``--arrival`` (``ramp``, ``capacity``)."""
-    return _option("--arrival", help="constant | poisson | gamma:CV.", shown="poisson")
+    return _option("--arrival", help="constant | poisson | gamma:CV.")
 
 
 def profile(**how: Any) -> Decorator:
@@ -229,7 +277,6 @@ def prometheus() -> Callable[[F], F]:
             "--signal-window",
             type=float,
             help="Seconds of the rate windows in the signal queries.",
-            shown="30",
         ),
     )
 
@@ -262,19 +309,16 @@ def load_options() -> Callable[[F], F]:
             "--api",
             type=click.Choice(["chat", "completions"]),
             help="Which API.",
-            shown="chat",
         ),
         _option(
             "--stream/--no-stream",
             default=None,
             help="Stream responses (TTFT and ITL need it).",
-            shown="stream",
         ),
         _option(
             "--workload",
             help="random:prompt=N,output=N | shared-"
             "prefix:prefix=N,prompts=N,suffix=N,output=N | file:PATH.",
-            shown="random:prompt=128,output=128",
         ),
         _option(
             "--over-context",
@@ -283,7 +327,6 @@ def load_options() -> Callable[[F], F]:
             "target's context (its max_model_len): refuse the run before it "
             "starts, leave them out (counted as skipped), cut their prompts to fit, "
             "or send them for the server to refuse.",
-            shown="error",
         ),
         _option(
             "--tokenizer",
@@ -312,23 +355,19 @@ def load_options() -> Callable[[F], F]:
             help="File of 'Name: value' lines (# comments) added to every request, "
             "e.g. an Authorization header (never recorded).",
         ),
-        _option(
-            "--timeout", type=float, help="Seconds a request may take.", shown="600"
-        ),
-        out(shown="runs"),
+        _option("--timeout", type=float, help="Seconds a request may take."),
+        out(),
         _option(
             "--metrics-host",
             help="Address of the live client /metrics (0.0.0.0 inside a pod).",
-            shown="127.0.0.1",
         ),
         _option(
             "--metrics-port",
             type=int,
             help="Port of the live client /metrics on 127.0.0.1 (0: any free).",
-            shown="9401",
         ),
         web_config_file(),
-        seed(shown="0"),
+        seed(),
         _option(
             "--slo",
             help="e.g. ttft_p95<=0.5,itl_p95<=0.05,error_rate<=0.01 "
@@ -349,14 +388,12 @@ def load_options() -> Callable[[F], F]:
             "--grace",
             type=float,
             help="Seconds requests in flight get after Ctrl-C or SIGTERM.",
-            shown="5",
         ),
         _option(
             "--sample-interval",
             type=float,
             help="Seconds between reads of the server's signals (the target's "
             "/metrics, or Prometheus with --prometheus) into server_metrics.jsonl.",
-            shown="1",
         ),
         _option(
             "--cpu-dma-latency",
@@ -377,6 +414,5 @@ def load_options() -> Callable[[F], F]:
         _option(
             "--sim-profile",
             help="Profile of the built-in simulator when there is no --target.",
-            shown="qwen3-0.6b-eager",
         ),
     )

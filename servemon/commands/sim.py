@@ -32,9 +32,9 @@ FAULTS = tuple(f.name for f in dataclasses.fields(Faults))
 
 sim_options = options.compose(
     options.config_file(),
-    click.option("--host", help="Address to bind. [default: 127.0.0.1]"),
-    click.option("--port", type=int, help="Port; 0 picks a free one. [default: 8000]"),
-    options.profile(shown="qwen3-0.6b-eager"),
+    click.option("--host", help="Address to bind."),
+    click.option("--port", type=int, help="Port; 0 picks a free one."),
+    options.profile(),
     click.option(
         "--served-model-name",
         multiple=True,
@@ -50,7 +50,7 @@ sim_options = options.compose(
     click.option(
         "--max-loras",
         type=int,
-        help="Most distinct LoRA adapters in one batch. [default: 1]",
+        help="Most distinct LoRA adapters in one batch.",
     ),
     click.option(
         "--max-cpu-loras",
@@ -61,19 +61,17 @@ sim_options = options.compose(
         "--lora-load",
         "lora_load_s",
         type=float,
-        help="Seconds a step takes longer per adapter it must load. [default: 0.02]",
+        help="Seconds a step takes longer per adapter it must load.",
     ),
     click.option(
         "--reasoning-tokens",
-        help="Reasoning tokens first in each answer: N, or A:B drawn per request. "
-        "[default: 0]",
+        help="Reasoning tokens first in each answer: N, or A:B drawn per request.",
     ),
     click.option(
         "--reasoning-field",
         type=click.Choice(REASONING_FIELDS),
         help="Chat field for reasoning: reasoning_content (vLLM <= 0.11.0, "
-        "llama.cpp), reasoning (vLLM >= 0.16) or both (vLLM 0.11.1-0.15). "
-        "[default: reasoning_content]",
+        "llama.cpp), reasoning (vLLM >= 0.16) or both (vLLM 0.11.1-0.15).",
     ),
     click.option(
         "--reasoning-usage",
@@ -82,11 +80,11 @@ sim_options = options.compose(
         help="usage.completion_tokens_details.reasoning_tokens (vLLM does not "
         "report it).",
     ),
-    options.max_num_seqs(shown="256"),
+    options.max_num_seqs(),
     click.option(
         "--max-num-batched-tokens",
         type=int,
-        help="Most tokens in one step (chunked prefill). [default: 2048]",
+        help="Most tokens in one step (chunked prefill).",
     ),
     click.option(
         "--num-gpu-blocks", type=int, help="KV cache blocks. [default: the profile's]"
@@ -100,7 +98,7 @@ sim_options = options.compose(
     click.option(
         "--enable-prefix-caching/--no-prefix-caching",
         default=None,
-        help="Reuse cached prompt blocks. [default: on]",
+        help="Reuse cached prompt blocks.",
     ),
     click.option(
         "--eos-probability",
@@ -111,18 +109,18 @@ sim_options = options.compose(
     click.option(
         "--speed",
         type=float,
-        help="Speed factor on every step (2 = twice as fast). [default: 1]",
+        help="Speed factor on every step (2 = twice as fast).",
     ),
     click.option(
         "--metrics-dialect",
         type=click.Choice(DIALECTS),
-        help="Metric names of which engine and version. [default: vllm]",
+        help="Metric names of which engine and version.",
     ),
     click.option(
         "--dialect",
         type=click.Choice(WIRE_DIALECTS),
         help="Whose wire format: stream grammar, errors, endpoints "
-        "(llamacpp also sets its metric names). [default: vllm]",
+        "(llamacpp also sets its metric names).",
     ),
     click.option(
         "--enable-prompt-tokens-details",
@@ -136,7 +134,7 @@ sim_options = options.compose(
         default=None,
         help="A per-request metrics object, as vLLM's flag.",
     ),
-    options.seed(shown="0"),
+    options.seed(),
     click.option(
         "--trace",
         help="Write one JSON line per request (server-side monotonic times) to "
@@ -221,3 +219,6 @@ async def _serve(config: SimConfig, exit_with_parent: bool) -> None:
             sys.stdout.flush()
             await stop.wait()
     click.echo("servemon sim: stopped")
+
+
+options.fill_defaults(sim, SimConfig)
