@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from servemon.core.errors import ConfigError, RecordError
-from servemon.core.signals import SignalQuery, parse_selector, queries
+from servemon.core.signals import SignalQuery, queries
 from servemon.core.version import __version__
 from servemon.core.wire.webconfig import load_web_config
 from servemon.loadgen.drivers.capacity import drive_capacity
@@ -71,7 +71,7 @@ from servemon.loadgen.send.arrivals import Arrival
 from servemon.loadgen.send.client import ClientSettings, make_session
 from servemon.loadgen.send.cpulatency import hold_cpu_latency
 from servemon.loadgen.send.stopping import Stopper
-from servemon.loadgen.workloads.modelmix import ModelMix, parse_model
+from servemon.loadgen.workloads.modelmix import ModelMix
 from servemon.loadgen.workloads.tokens import pick_counter
 from servemon.loadgen.workloads.traceprompts import TraceWorkload
 from servemon.loadgen.workloads.workload import Workload, build_workload
@@ -123,7 +123,7 @@ async def run_load(
         max_connections=config.max_connections, timeout_s=config.timeout
     )
     base = target.rstrip("/")
-    mix = parse_model(config.model) if config.model else None
+    mix = plan.mix
     async with make_session(settings) as session:
         model, listing = await discover_model(
             session, base, None if mix else config.model
@@ -238,7 +238,7 @@ async def _scrape_interval(
     if config.scrape_interval is not None:
         return ScrapeInterval(config.scrape_interval, "flag")
     found = await find_scrape_interval(
-        session, config.prometheus, parse_selector(config.select), _prom_headers(config)
+        session, config.prometheus, config.select, _prom_headers(config)
     )
     progress.console.print(found.said(), soft_wrap=True)
     return found
@@ -311,7 +311,7 @@ def _prom_headers(config: LoadConfig) -> dict[str, str]:
 
 def signal_queries(config: LoadConfig) -> dict[str, SignalQuery]:
     """The PromQL a ``--prometheus`` run reads its signals with."""
-    return queries(parse_selector(config.select), round(config.signal_window))
+    return queries(config.select, round(config.signal_window))
 
 
 def _finish(
@@ -394,7 +394,7 @@ def _source(config: LoadConfig) -> dict[str, Any]:
     return {
         "source": "prometheus",
         "prometheus": config.prometheus,
-        "select": config.select,
+        "select": ",".join(config.select) or None,
         "stale_after_s": 2 * (config.scrape_interval or DEFAULT_S),
         "queries": {
             name: {"value": q.value, "age": q.age}

@@ -25,6 +25,7 @@ from pydantic.dataclasses import dataclass
 
 from servemon.core.errors import ConfigError
 from servemon.core.fields import FORBID_EXTRA, Secret
+from servemon.core.signals import parse_selector
 from servemon.loadgen.record.slo import SloTerm, parse_slo
 from servemon.loadgen.send.arrivals import (
     Arrival,
@@ -116,6 +117,12 @@ ArrivalSpec = Annotated[Arrival, _from_text(parse_arrival)]
 ShardSpec = Annotated[Shard, _from_text(Shard.parse)]
 StartAt = Annotated[datetime, _from_text(parse_start_at)]
 WorkloadText = Annotated[WorkloadSpec, _from_text(parse_workload)]
+#: ``--select``'s label matchers (none: every series).
+Selector = Annotated[
+    tuple[str, ...],
+    BeforeValidator(lambda v: () if v is None else v),
+    _from_text(parse_selector),
+]
 HoldText = Annotated[Hold, _from_text(parse_hold)]
 
 
@@ -190,7 +197,7 @@ class LoadConfig:
     #: YAML with bearer_token or basic_auth for Prometheus (never logged).
     prometheus_auth_file: str | None = None
     #: Label matchers every signal query gets (``model="q",target=~"pool-a.*"``).
-    select: str | None = None
+    select: Selector = ()
     #: Prometheus' scrape interval: a signal older than two of them is stale.
     #: None: asked of Prometheus (loadgen.run.promtargets), else 15 s.
     scrape_interval: Positive | None = None
@@ -236,6 +243,7 @@ def config_text(config: LoadConfig) -> dict[str, Any]:
     data["arrival"] = str(config.arrival)
     data["workload"] = str(config.workload)
     data["hold"] = None if config.hold is None else str(config.hold)
+    data["select"] = ",".join(config.select) or None
     data["shard"] = None if config.shard is None else str(config.shard)
     data["start_at"] = None if config.start_at is None else config.start_at.isoformat()
     for key in ("header", "parallel", "number", "sim_args"):

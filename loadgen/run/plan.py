@@ -11,7 +11,6 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from servemon.core.errors import ConfigError
-from servemon.core.signals import parse_selector
 from servemon.core.wire.webconfig import load_web_config
 from servemon.loadgen.record.runrecord import ClientLimit, StageResult
 from servemon.loadgen.run.config import (
@@ -23,7 +22,7 @@ from servemon.loadgen.run.config import (
 from servemon.loadgen.run.target import is_loopback
 from servemon.loadgen.send.arrivals import linear_stages, parse_stages
 from servemon.loadgen.send.cpulatency import check_cpu_latency
-from servemon.loadgen.workloads.modelmix import parse_model
+from servemon.loadgen.workloads.modelmix import ModelMix, parse_model
 from servemon.loadgen.workloads.replayplan import ReplayPlan, replay_plan
 from servemon.loadgen.workloads.tracefile import TraceEntry
 
@@ -119,6 +118,8 @@ class Plan:
     kind: Kind
     stages: list[StageRecord]
     replay: ReplayPlan | None = None
+    #: ``--model a=0.7,b=0.3``: the mix (None: one model, or the target's).
+    mix: ModelMix | None = None
 
 
 def make_plan(kind: Kind, config: LoadConfig) -> Plan:
@@ -131,7 +132,8 @@ def make_plan(kind: Kind, config: LoadConfig) -> Plan:
     replay = _replay_of(config) if kind == "replay" else None
     stages = _stages(kind, config, replay)
     _check(kind, config)
-    return Plan(kind, stages, replay)
+    mix = parse_model(config.model) if config.model else None
+    return Plan(kind, stages, replay, mix)
 
 
 def _check(kind: Kind, config: LoadConfig) -> None:
@@ -161,8 +163,6 @@ def _check(kind: Kind, config: LoadConfig) -> None:
     auth_headers(config, {})  # a header file's lines
     if config.web_config_file is not None:
         load_web_config(Path(config.web_config_file))
-    if config.model:
-        parse_model(config.model)
     if config.cpu_dma_latency is not None:
         check_cpu_latency(config.cpu_dma_latency)
 
@@ -232,7 +232,6 @@ def sweep_levels(config: LoadConfig) -> tuple[int, ...]:
 
 def _check_signals(kind: Kind, config: LoadConfig) -> None:
     """``--prometheus``, ``--select`` and ``--hold`` fit together."""
-    parse_selector(config.select)
     if config.select and config.prometheus is None:
         raise ConfigError("--select: picks series in Prometheus: give --prometheus")
     if config.prometheus_auth_file and config.prometheus is None:

@@ -17,6 +17,7 @@ import pytest
 
 from servemon.core.errors import ConfigError
 from servemon.loadgen.run.config import LoadConfig, config_text
+from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.workloads.tokens import (
     WORDS,
     EstimateCounter,
@@ -579,3 +580,18 @@ def test_the_workload_is_parsed_once_where_the_config_is_built() -> None:
     assert again.workload is config.workload  # a parsed spec passes through
     with pytest.raises(ConfigError, match="prompt must be an integer"):
         LoadConfig(workload="random:prompt=abc")  # type: ignore[arg-type]
+
+
+def test_the_selector_and_the_model_mix_are_parsed_once() -> None:
+    """``--select`` is parsed where the config is built (its matchers, a comma
+    inside quotes kept, joined back for the record); ``--model``'s mix once, when
+    the run is planned."""
+    text = '{model="a,b", target=~"pool-a.*"}'
+    config = LoadConfig(select=text, prometheus="http://127.0.0.1:9")  # type: ignore[arg-type]
+    assert config.select == ('model="a,b"', 'target=~"pool-a.*"')
+    recorded = config_text(config)["select"]
+    assert LoadConfig(select=recorded).select == config.select  # type: ignore[arg-type]
+    plan = make_plan("ramp", LoadConfig(model="a=0.7,b=0.3"))
+    assert plan.mix is not None
+    assert plan.mix.names == ("a", "b")
+    assert make_plan("ramp", LoadConfig(model="a")).mix is None
