@@ -44,8 +44,8 @@ from typing import Any
 
 from _common import SERVEMON, sim_process
 
+from servemon.core.slo import parse_slo
 from servemon.loadgen.record.line import timing_from_line
-from servemon.loadgen.record.slo import parse_slo
 from servemon.loadgen.record.summary import summarize
 from servemon.simulator.profiles import load_profile
 

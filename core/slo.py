@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 from servemon.core.errors import ConfigError
 
-__all__ = ["FIGURES", "STATS", "SloTerm", "parse_slo"]
+__all__ = ["SLO_FIGURES", "STATS", "SloTerm", "parse_slo"]
 
-FIGURES = ("ttft", "ttfc", "itl", "tpot", "e2e", "dispatch_lag")
+#: The client figures an SLO term may name (besides ``error_rate``).
+SLO_FIGURES = ("ttft", "ttfc", "itl", "tpot", "e2e", "dispatch_lag")
 STATS = ("mean", "p50", "p90", "p95", "p99", "max")
 _TERM = re.compile(
     r"^\s*([a-z0-9_]+?)(?:_(mean|p50|p90|p95|p99|max))?\s*<=\s*([0-9.eE+-]+)\s*$"
@@ -69,8 +70,8 @@ def parse_slo(text: str) -> list[SloTerm]:
         if figure == "error_rate" and stat is None:
             terms.append(SloTerm("error_rate", "ratio", threshold))
             continue
-        if figure not in FIGURES:
-            known = ", ".join((*FIGURES, "error_rate"))
+        if figure not in SLO_FIGURES:
+            known = ", ".join((*SLO_FIGURES, "error_rate"))
             raise ConfigError(f"{bad}: unknown figure {figure!r} (known: {known})")
         if stat is None:
             raise ConfigError(f"{bad}: name a statistic ({', '.join(STATS)})")

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import yaml
 from rich.console import Console
 
+from servemon.core.slo import parse_slo
 from servemon.embedded import (
     embedded_exporter,
     embedded_prometheus,
@@ -27,7 +28,6 @@ from servemon.embedded import (
 from servemon.lifecycle import stop_on_signals
 from servemon.load import console_for, run_command
 from servemon.loadgen.record.runrecord import RunResult
-from servemon.loadgen.record.slo import parse_slo
 from servemon.loadgen.run.config import LoadConfig
 from servemon.loadgen.workloads.workload import parse_workload
 

@@ -36,9 +36,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from servemon.core import names
+from servemon.core.slo import SloTerm
 from servemon.loadgen.drivers.ramp import open_loop
 from servemon.loadgen.record.runrecord import CapacityResult, StepVerdict
-from servemon.loadgen.record.slo import SloTerm
 from servemon.loadgen.record.summary import Summarizer, Summary
 from servemon.loadgen.run.clientwatch import LAG_WINDOW, fell_behind, lag_median
 from servemon.loadgen.run.context import Driven, RunContext

@@ -39,9 +39,9 @@ from typing import Any
 import orjson
 
 from servemon.core.errors import RecordError
+from servemon.core.slo import parse_slo
 from servemon.loadgen.record.line import request_line, timing_from_line
 from servemon.loadgen.record.runrecord import RunInfo, RunSummary, StageResult, Tally
-from servemon.loadgen.record.slo import parse_slo
 from servemon.loadgen.send.timing import RequestTiming
 
 __all__ = [

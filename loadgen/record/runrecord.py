@@ -29,13 +29,13 @@ from typing import Any, TypedDict
 import pydantic
 
 from servemon.core.errors import ConfigError, RecordError
+from servemon.core.slo import SloTerm
 from servemon.loadgen.record.findings import (
     CapacityResult,
     ClientLimit,
     ControlResult,
     StepVerdict,
 )
-from servemon.loadgen.record.slo import SloTerm
 from servemon.loadgen.record.summary import Summarizer, Summary, flat_row
 from servemon.loadgen.send.timing import RequestTiming
 

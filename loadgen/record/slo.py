@@ -1,5 +1,5 @@
-"""Service-level objectives on client figures: the terms (:mod:`core.slo`,
-re-exported here) and how one request is judged against them.
+"""Service-level objectives on client figures: how one request is judged against
+the terms (:mod:`core.slo`).
 
 ``error_rate`` is the share of finished requests (cancelled ones aside) whose outcome
 is not ``ok``.
@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from servemon.core.slo import FIGURES, STATS, SloTerm, parse_slo
+from servemon.core.slo import SloTerm
+from servemon.loadgen.record.figures import QUANTILES, exact_quantile
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
-__all__ = ["FIGURES", "STATS", "SloTerm", "parse_slo", "request_meets"]
+__all__ = ["request_meets"]
 
 
 def request_meets(timing: RequestTiming, terms: Sequence[SloTerm]) -> bool:
@@ -40,8 +41,7 @@ def _request_value(timing: RequestTiming, term: SloTerm) -> float | None:
             return sum(gaps) / len(gaps)
         if term.stat == "max":
             return gaps[-1]
-        rank = int(term.stat[1:]) / 100 * (len(gaps) - 1)
-        return gaps[round(rank)]
+        return exact_quantile(gaps, QUANTILES[term.stat])
     values = {
         "ttft": timing.ttft,
         "ttfc": timing.time_to_first_chunk,

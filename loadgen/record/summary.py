@@ -24,13 +24,14 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from servemon.core.outcomes import count_failed, count_not_judged, failed, judged
+from servemon.core.slo import SloTerm
 from servemon.loadgen.record.figures import (
     FIGURE_NAMES,
     FIGURES,
     Distribution,
     FigureStats,
 )
-from servemon.loadgen.record.slo import SloTerm, request_meets
+from servemon.loadgen.record.slo import request_meets
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 __all__ = [

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from servemon.core.errors import ConfigError
+from servemon.core.slo import parse_slo
 from servemon.loadgen.record.line import timing_from_line
 from servemon.loadgen.record.record import RunDirectory, read_jsonl
 from servemon.loadgen.record.runrecord import (
@@ -30,7 +31,6 @@ from servemon.loadgen.record.runrecord import (
     read_record,
     write_record,
 )
-from servemon.loadgen.record.slo import parse_slo
 from servemon.loadgen.reports.report import RunData, load_run, write_report
 
 __all__ = ["load_result", "merge_runs"]

@@ -26,7 +26,7 @@ from pydantic.dataclasses import dataclass
 from servemon.core.errors import ConfigError
 from servemon.core.fields import FORBID_EXTRA, Secret
 from servemon.core.signals import parse_selector
-from servemon.loadgen.record.slo import SloTerm, parse_slo
+from servemon.core.slo import SloTerm, parse_slo
 from servemon.loadgen.send.arrivals import (
     Arrival,
     Shard,

@@ -28,9 +28,9 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from servemon.core import names
+from servemon.core.slo import SloTerm
 from servemon.loadgen.record.record import RunDirectory
 from servemon.loadgen.record.runrecord import CapacityResult, ControlResult, Tally
-from servemon.loadgen.record.slo import SloTerm
 from servemon.loadgen.run.clientwatch import CHECK_S, ClientWatch, Verdict
 from servemon.loadgen.run.config import LoadConfig
 from servemon.loadgen.run.guard import GuardRail

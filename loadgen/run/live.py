@@ -32,8 +32,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from servemon.core import names
 from servemon.core.buckets import LATENCY_BUCKETS
 from servemon.core.names import Series
+from servemon.core.slo import SloTerm
 from servemon.core.wire.webconfig import WebConfig, site_url, web_middleware
-from servemon.loadgen.record.slo import SloTerm
 from servemon.loadgen.send.timing import RequestTiming
 
 __all__ = ["ControlGauges", "LiveMetrics", "observe_many"]

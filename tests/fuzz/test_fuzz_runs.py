@@ -20,6 +20,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from servemon.core.errors import ConfigError
+from servemon.core.slo import parse_slo
 from servemon.loadgen.record.record import RunDirectory, rebuild_summary
 from servemon.loadgen.record.runrecord import (
     RunInfo,
@@ -28,7 +29,6 @@ from servemon.loadgen.record.runrecord import (
     Tally,
     write_record,
 )
-from servemon.loadgen.record.slo import parse_slo
 from servemon.loadgen.reports.report import load_run
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 

@@ -32,9 +32,9 @@ from rich.console import Console
 
 from servemon.cli import cli
 from servemon.core.errors import ConfigError
+from servemon.core.slo import parse_slo
 from servemon.load import run_command
 from servemon.loadgen.record.runrecord import RunResult
-from servemon.loadgen.record.slo import parse_slo
 from servemon.loadgen.record.summary import summarize
 from servemon.loadgen.run.clientwatch import LAG_LIMIT_S
 from servemon.loadgen.run.config import LoadConfig

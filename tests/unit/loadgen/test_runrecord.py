@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from servemon.core.errors import ConfigError
+from servemon.core.slo import parse_slo
 from servemon.loadgen.record.runrecord import (
     RunInfo,
     RunSummary,
@@ -17,7 +18,6 @@ from servemon.loadgen.record.runrecord import (
     read_record,
     write_record,
 )
-from servemon.loadgen.record.slo import parse_slo
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 

@@ -13,7 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servemon.core.errors import ConfigError
 from servemon.core.fields import Secret, merge
-from servemon.loadgen.record.slo import SloTerm, parse_slo, request_meets
+from servemon.core.slo import SloTerm, parse_slo
+from servemon.loadgen.record.slo import request_meets
 from servemon.loadgen.run.config import (
     LoadConfig,
     auth_headers,

@@ -10,7 +10,10 @@ import pytest
 from rich.console import Console
 
 from servemon.core.outcomes import count_failed, count_not_judged
+from servemon.core.slo import parse_slo
 from servemon.loadgen.drivers.controlsignal import ClientWindow
+from servemon.loadgen.record.figures import exact_quantile
+from servemon.loadgen.record.slo import request_meets
 from servemon.loadgen.record.summary import Distribution, flat_row, summarize
 from servemon.loadgen.run.plan import StageRecord
 from servemon.loadgen.run.progress import Progress
@@ -292,3 +295,16 @@ def test_the_p95_the_controller_holds_is_the_reports_p95() -> None:
     assert reported is not None
     assert window.p95(now=110.0) == pytest.approx(reported, abs=1e-12)
     assert progress._p95() == pytest.approx(reported, abs=1e-12)
+
+
+def test_a_requests_own_itl_percentile_is_the_one_percentile() -> None:
+    """Goodput's per-request ITL term reads the request's gaps with the same
+    percentile as every other figure (linear between ranks)."""
+    gaps = [0.01 * (i + 1) for i in range(10)]  # p95: 0.0955, nearest rank 0.10
+    content = [100.0]
+    for gap in gaps:
+        content.append(content[-1] + gap)
+    t = timing(sent_s=99.9, content_s=tuple(content), end_s=content[-1])
+    assert exact_quantile(sorted(t.itl), 0.95) == pytest.approx(0.0955)
+    assert request_meets(t, parse_slo("itl_p95<=0.096"))
+    assert not request_meets(t, parse_slo("itl_p95<=0.095"))
