@@ -42,7 +42,12 @@ from servemon.loadgen.record.runrecord import CapacityResult, StepVerdict
 from servemon.loadgen.record.summary import Summarizer, Summary
 from servemon.loadgen.run.clientwatch import LAG_WINDOW, fell_behind, lag_median
 from servemon.loadgen.run.context import Driven, RunContext
-from servemon.loadgen.run.plan import LOOPBACK_RPS_MAX, StageRecord, step_seconds
+from servemon.loadgen.run.plan import (
+    LOOPBACK_RPS_MAX,
+    StageRecord,
+    rate_label,
+    step_seconds,
+)
 from servemon.loadgen.send.arrivals import Arrival, Stage
 from servemon.loadgen.send.stopping import Stopper
 from servemon.loadgen.send.timing import RequestTiming
@@ -236,7 +241,7 @@ async def drive_capacity(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dr
         if time.monotonic() + duration > deadline:
             ended = "--max-duration reached"
             break
-        record = StageRecord(len(ctx.stages), f"{rate:.4g} rps", rate, None, duration)
+        record = StageRecord(len(ctx.stages), rate_label(rate), rate, None, duration)
         ctx.stages.append(record)
         step = _Step(record, ctx.slo, c.settle)
         ctx.sinks.append(step)

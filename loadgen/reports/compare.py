@@ -23,6 +23,7 @@ from servemon.loadgen.record.runrecord import StageResult
 from servemon.loadgen.record.summary import Summary
 from servemon.loadgen.reports.plots import svg
 from servemon.loadgen.reports.report import CSS, RunData, load_run
+from servemon.loadgen.run.plan import parallel_label, rate_label
 
 __all__ = [
     "Comparison",
@@ -45,8 +46,8 @@ class Comparison:
 
 def _level_key(data: RunData, stage: StageResult) -> str:
     if data.info.kind == "sweep":
-        return f"parallel {stage.parallel}"
-    return f"{stage.target_rate:g} rps"
+        return parallel_label(stage.parallel or 0)
+    return rate_label(stage.target_rate or 0.0)
 
 
 def compare(paths: Sequence[Path]) -> Comparison:

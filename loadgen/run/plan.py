@@ -38,6 +38,8 @@ __all__ = [
     "StageRecord",
     "check_rate_bound",
     "make_plan",
+    "parallel_label",
+    "rate_label",
     "recorded_config",
     "redact_argv",
     "replay_plan_of",
@@ -196,7 +198,7 @@ def _stages(
             stages = parse_stages(DEFAULT_STAGES)
         unit = "rps" if config.workload.sessions is None else "sessions/s"
         return [
-            StageRecord(s.index, f"{s.rate:g} {unit}", s.rate, None, s.duration_s)
+            StageRecord(s.index, rate_label(s.rate, unit), s.rate, None, s.duration_s)
             for s in stages
         ]
     levels = sweep_levels(config)
@@ -210,9 +212,19 @@ def _stages(
         )
     users = config.workload.sessions is not None
     return [
-        StageRecord(i, f"{p} users" if users else f"parallel {p}", None, p, None)
+        StageRecord(i, parallel_label(p, users=users), None, p, None)
         for i, p in enumerate(levels)
     ]
+
+
+def rate_label(rate: float, unit: str = "rps") -> str:
+    """A load level by its rate, as every table, plot and comparison names it."""
+    return f"{rate:g} {unit}"
+
+
+def parallel_label(parallel: int, *, users: bool = False) -> str:
+    """A closed-loop level by its concurrency (a sessions sweep's: its users)."""
+    return f"{parallel} users" if users else f"parallel {parallel}"
 
 
 def sweep_levels(config: LoadConfig) -> tuple[int, ...]:
