@@ -40,7 +40,12 @@ from servemon.core.slo import SloTerm
 from servemon.loadgen.drivers.ramp import open_loop
 from servemon.loadgen.record.runrecord import CapacityResult, StepVerdict
 from servemon.loadgen.record.summary import Summarizer, Summary
-from servemon.loadgen.run.clientwatch import LAG_WINDOW, fell_behind, lag_median
+from servemon.loadgen.run.clientwatch import (
+    LAG_LOST_S,
+    LAG_WINDOW,
+    fell_behind,
+    lag_median,
+)
 from servemon.loadgen.run.context import Driven, RunContext
 from servemon.loadgen.run.plan import (
     LOOPBACK_RPS_MAX,
@@ -136,7 +141,7 @@ def _attribute(history: History, record: StageRecord, summary: Summary) -> str:
         if queued >= max(1, len(window) // 5):
             return "queue"  # requests waited for a batch slot in a fifth of samples
     lag = summary.figure("dispatch_lag")
-    if lag is not None and fell_behind(lag.p50):
+    if lag is not None and fell_behind(lag.p50, LAG_LOST_S):
         return "client"
     return "none"
 
@@ -157,7 +162,7 @@ async def _watch(
         # The client is behind when its recent lag stays high (the median of the
         # last requests), not when one stall of the process shows in a p99; by the
         # client watch's one definition.
-        if signal is None and fell_behind(lag_median(step.lags)):
+        if signal is None and fell_behind(lag_median(step.lags), LAG_LOST_S):
             signal = ("client", "the client fell behind its schedule")
         if signal is not None:
             verdict["saturated"], verdict["reason"] = signal

@@ -36,7 +36,7 @@ from servemon.core.slo import parse_slo
 from servemon.load import run_command
 from servemon.loadgen.record.runrecord import RunResult
 from servemon.loadgen.record.summary import summarize
-from servemon.loadgen.run.clientwatch import LAG_LIMIT_S
+from servemon.loadgen.run.clientwatch import LAG_LOST_S
 from servemon.loadgen.run.config import LoadConfig
 from servemon.simulator.profiles import load_profile
 from tests.support.runs import requests_of, run
@@ -90,7 +90,7 @@ def blamed_client(result: RunResult, request: pytest.FixtureRequest) -> bool:
         return False
     lags = [t.dispatch_lag for t in requests_of(result.path, bad.stage)]
     assert lags, bad
-    assert max(lags) > LAG_LIMIT_S, ("the client was blamed, yet it kept up", lags)
+    assert max(lags) > LAG_LOST_S, ("the client was blamed, yet it kept up", lags)
     request.node.user_properties.append(("client_fell_behind", str(result.path)))
     return True
 
