@@ -99,7 +99,9 @@ def merge(
 def _overlay(
     base: Any, overrides: Mapping[str, Any], where: str, skip_none: bool
 ) -> dict[str, Any]:
-    data = dataclasses.asdict(base)
+    # One level only: a field's value stays what it is (a parsed workload, a hold,
+    # an arrival); a sub-config the overrides reach into is laid over below.
+    data = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
     for key, value in overrides.items():
         if value is None and skip_none:
             continue

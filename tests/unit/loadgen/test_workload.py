@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from servemon.core.errors import ConfigError
+from servemon.core.fields import layer_config
 from servemon.loadgen.run.config import LoadConfig, config_text
 from servemon.loadgen.run.plan import make_plan
+from servemon.loadgen.workloads.prompts import OutputBudget
 from servemon.loadgen.workloads.tokens import (
     WORDS,
     EstimateCounter,
@@ -595,3 +597,18 @@ def test_the_selector_and_the_model_mix_are_parsed_once() -> None:
     assert plan.mix is not None
     assert plan.mix.names == ("a", "b")
     assert make_plan("ramp", LoadConfig(model="a")).mix is None
+
+
+def test_parsed_settings_survive_every_config_layer(tmp_path: Path) -> None:
+    """Defaults, a YAML file, then flags (layer_config): each layer keeps the parsed
+    workload and hold as they are (a layer that took them apart field by field left
+    a workload whose output budget was a dict, and every run without --workload
+    broke)."""
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text("workload: random:prompt=16,output=4\nhold: waiting=3\n")
+    layered = layer_config(LoadConfig, config_file, {"stages": "2:5"})
+    assert layered.workload.options["output"] == OutputBudget(4, 4)
+    assert layered.hold is not None
+    assert layered.hold.setpoint == 3.0
+    plain = layer_config(LoadConfig, None, {"stages": "2:5"})
+    assert isinstance(plain.workload.options["output"], OutputBudget)
