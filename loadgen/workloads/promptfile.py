@@ -4,9 +4,8 @@ checked, a bad one named."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -61,11 +60,11 @@ async def build_file(
     spec: str,
     counter: TokenCounter,
     seed: int,
-    path: Path,
+    entries: Sequence[_Entry],
     output: OutputBudget | None,
     default_output: int,
 ) -> Workload:
-    entries = await asyncio.to_thread(read_entries, path)
+    """The workload of a prompt file's ``entries`` (read once, by the spec)."""
     # Every text to count in one list: each entry's contents, then its reply (the
     # empty text, not counted, where the budget comes from elsewhere).
     texts: list[str] = []

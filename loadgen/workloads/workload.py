@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,10 +115,9 @@ class WorkloadSpec:
     text: str
     kind: str
     options: dict[str, Any] = field(compare=False)
-    #: A trace's entries once read (:meth:`trace_entries`): a run reads it once.
-    _read: list[list[TraceEntry]] = field(
-        default_factory=list, compare=False, repr=False
-    )
+    #: The file a ``file:`` or ``trace:`` spec names, once read and checked: a run
+    #: reads it once (:meth:`check`, the plan, the build).
+    _read: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __str__(self) -> str:
         return self.text
@@ -145,9 +145,18 @@ class WorkloadSpec:
         path = self.trace_path
         if path is None:
             raise ConfigError(f"--workload {self.text}: not a trace (trace:PATH)")
-        if not self._read:
-            self._read.append(read_trace(path))
-        return self._read[0]
+        entries: list[TraceEntry] = self._once("trace", lambda: read_trace(path))
+        return entries
+
+    def file_entries(self) -> list[Any]:
+        """A ``file:`` spec's prompts, read and checked on the first call, and kept."""
+        path = self.options["path"]
+        return self._once("file", lambda: read_entries(path))  # type: ignore[no-any-return]
+
+    def _once(self, what: str, read: Callable[[], Any]) -> Any:
+        if what not in self._read:
+            self._read[what] = read()
+        return self._read[what]
 
     def check(self) -> None:
         """Check the files the spec names (a ``file:``'s every line) without
@@ -155,7 +164,7 @@ class WorkloadSpec:
         :func:`build_workload` would raise, before a target or a simulator is
         started."""
         if self.kind == "file":
-            read_entries(self.options["path"])
+            self.file_entries()
         if self.kind == "trace":
             self.trace_entries()
         sessions = self.sessions
@@ -208,7 +217,12 @@ async def build_workload(
             over_context=over_context,
         )
     return await build_file(
-        text, counter, seed, options["path"], options["output"], DEFAULT_OUTPUT
+        text,
+        counter,
+        seed,
+        await asyncio.to_thread(spec.file_entries),
+        options["output"],
+        DEFAULT_OUTPUT,
     )
 
 

@@ -612,3 +612,16 @@ def test_parsed_settings_survive_every_config_layer(tmp_path: Path) -> None:
     assert layered.hold.setpoint == 3.0
     plain = layer_config(LoadConfig, None, {"stages": "2:5"})
     assert isinstance(plain.workload.options["output"], OutputBudget)
+
+
+@pytest.mark.asyncio
+async def test_a_prompt_file_is_read_once(tmp_path: Path) -> None:
+    """Checked (every line) when the run is planned and built from that one read:
+    the file can be gone by the time the prompts are built."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "one two three"}\n{"prompt": "four five"}\n')
+    config = LoadConfig(workload=f"file:{path}")  # type: ignore[arg-type]
+    make_plan("ramp", config)
+    path.unlink()
+    workload = await build_workload(config.workload, counter=LongWordsCounter(), seed=1)
+    assert workload.prompt(1).text == "four five"
