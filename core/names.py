@@ -95,6 +95,7 @@ __all__ = [
     "ENGINE_TPOT",
     "ENGINE_TTFT",
     "GPU_ECC_ERRORS",
+    "GPU_ENERGY",
     "GPU_MEMORY_BANDWIDTH_PEAK",
     "GPU_MEMORY_CLOCK",
     "GPU_MEMORY_TOTAL",
@@ -1104,6 +1105,15 @@ GPU_POWER = Series(
     "Power draw.",
     _GPU,
 )
+GPU_ENERGY = Series(
+    "servemon_gpu_energy_joules_total",
+    "counter",
+    "joules",
+    "Energy used since the driver was last loaded (NVML's total energy counter, "
+    "Volta and newer; absent where the GPU cannot tell it). rate() of it is the "
+    "mean power over the window.",
+    _GPU,
+)
 GPU_POWER_LIMIT = Series(
     "servemon_gpu_power_limit_watts",
     "gauge",
@@ -1185,6 +1195,7 @@ GPU_SERIES: tuple[Series, ...] = (
     GPU_MEMORY_USED,
     GPU_MEMORY_TOTAL,
     GPU_POWER,
+    GPU_ENERGY,
     GPU_POWER_LIMIT,
     GPU_TEMPERATURE,
     GPU_SM_CLOCK,

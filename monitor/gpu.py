@@ -5,21 +5,23 @@ series of :mod:`core.names`):
 
 - :class:`GpuReader`, the one seam to NVML. :class:`monitor.nvml.NvmlReader` is the
   real one (``pynvml`` from nvidia-ml-py, loaded lazily so importing it never
-  fails); :class:`FakeGpuReader` serves fixed snapshots to tests and demos.
+  fails); :class:`monitor.fakegpu.FakeGpuReader` serves made-up GPUs to tests and
+  demos.
 - :class:`GpuSnapshot` / :class:`GpuSample` / :class:`GpuProcess`: one reading of
-  every GPU, already in base units (ratios, bytes, watts, hertz, bytes per second).
+  every GPU, already in base units (ratios, bytes, watts, joules, hertz, bytes per
+  second).
 - :class:`GpuCollector`, a prometheus_client collector. Its :meth:`~GpuCollector.run`
   task reads the GPUs through ``asyncio.to_thread`` every few seconds;
   :meth:`~GpuCollector.collect` only serves the last snapshot and never blocks.
 
 No NVML library or no GPU is not an error for the exporter: the collector logs one
-line, publishes ``servemon_gpu_up 0`` and nothing else about GPUs.
+line, publishes ``servemon_gpu_up 0`` and nothing else about GPUs. A GPU without an
+energy counter (before Volta) is said once, and gets no energy series (never a 0).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -34,7 +36,6 @@ from servemon.core.errors import ServemonError
 
 __all__ = [
     "THROTTLE_REASONS",
-    "FakeGpuReader",
     "GpuCollector",
     "GpuProcess",
     "GpuReader",
@@ -98,6 +99,9 @@ class GpuSample:
     ecc_uncorrected_total: int | None
     processes: tuple[GpuProcess, ...]
     memory_bandwidth_peak_bytes_per_second: float | None = None
+    #: Energy used since the driver was last loaded (a counter); None where the
+    #: GPU cannot tell it (before Volta, or NVML says not supported).
+    energy_joules: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,63 +126,6 @@ class GpuReader(Protocol):
 
 
 # -- NVML ---------------------------------------------------------------------------
-
-
-# -- fake ---------------------------------------------------------------------------
-
-
-#: The one made-up GPU a ``FakeGpuReader()`` serves (demos).
-_DEMO_GPU = GpuSample(
-    0, "GPU-00000000-0000-0000-0000-000000000000", "Fake GPU", 0.5, 0.25,
-    40 * 2**30, 80 * 2**30, 300.0, 700.0, 55.0, 1.98e9, 2.619e9,
-    dict.fromkeys(THROTTLE_REASONS, False), 1e6, 2e6, 0, 0,
-    (GpuProcess(1, "python3", 39 * 2**30),), 3.352e12,
-)  # fmt: skip
-
-
-class FakeGpuReader:
-    """A :class:`GpuReader` for tests and demos.
-
-    Each ``read`` returns the next of ``snapshots`` (the last one repeatedly),
-    stamped with ``time.monotonic()`` of the read; None gives one made-up GPU.
-    ``fail_open`` / ``fail_read`` (attributes too, so a test can flip them) make
-    ``open`` / ``read`` raise :class:`GpuUnavailable` with that message. ``opens``,
-    ``reads`` and ``closes`` count the calls.
-    """
-
-    def __init__(
-        self,
-        snapshots: Sequence[GpuSnapshot] | None = None,
-        *,
-        fail_open: str | None = None,
-        fail_read: str | None = None,
-    ) -> None:
-        if snapshots is not None and not snapshots:
-            raise ValueError("FakeGpuReader needs at least one snapshot (or None)")
-        self._snapshots = tuple(snapshots or (GpuSnapshot(0.0, None, (_DEMO_GPU,)),))
-        self.fail_open = fail_open
-        self.fail_read = fail_read
-        self.opens = self.reads = self.closes = 0
-        self._served = 0  # snapshots handed out (failed reads skip none)
-
-    def open(self) -> None:
-        """Count the call; raise if ``fail_open`` is set."""
-        self.opens += 1
-        if self.fail_open is not None:
-            raise GpuUnavailable(self.fail_open)
-
-    def read(self) -> GpuSnapshot:
-        """The next snapshot, stamped now; raise if ``fail_read`` is set."""
-        self.reads += 1
-        if self.fail_read is not None:
-            raise GpuUnavailable(self.fail_read)
-        snapshot = self._snapshots[min(self._served, len(self._snapshots) - 1)]
-        self._served += 1
-        return dataclasses.replace(snapshot, taken_s=time.monotonic())
-
-    def close(self) -> None:
-        """Count the call."""
-        self.closes += 1
 
 
 # -- collector ----------------------------------------------------------------------
@@ -235,6 +182,7 @@ class GpuCollector(Collector):
         self._snapshot: GpuSnapshot | None = None
         self._read_ok = False
         self._errors_seen: set[str] = set()
+        self._told_no_energy = False
 
     async def run(self) -> None:
         """Open the reader, then poll every ``interval_s`` until cancelled.
@@ -278,6 +226,17 @@ class GpuCollector(Collector):
                 self._log.warning("GPU read failed, serving the last one: %s", message)
             return
         self._snapshot, self._read_ok = snapshot, True
+        blind = [
+            f"{g.index} ({g.name})" for g in snapshot.gpus if g.energy_joules is None
+        ]
+        if blind and not self._told_no_energy:
+            self._told_no_energy = True
+            self._log.warning(
+                "GPU energy not readable on GPU %s: no %s for it, and no energy "
+                "per token or cost figures from it",
+                ", ".join(blind),
+                names.GPU_ENERGY.name,
+            )
 
     def describe(self) -> Iterable[Metric]:
         """Nothing, so registering the collector never calls :meth:`collect`."""
@@ -330,7 +289,11 @@ def _gpu_families(gpus: Sequence[GpuSample]) -> Iterator[Metric]:
             ({**ids(g), "pid": str(pid), "process": name}, float(b))
             for (pid, name), b in used.items()
         ]
+    energy: list[Row] = [
+        (ids(g), g.energy_joules) for g in gpus if g.energy_joules is not None
+    ]
     families += [
+        (names.GPU_ENERGY, energy),
         (names.GPU_THROTTLE, throttle),
         (names.GPU_ECC_ERRORS, ecc),
         (names.GPU_PROCESS_MEMORY, processes),

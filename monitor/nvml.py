@@ -73,7 +73,9 @@ class NvmlModule(Protocol):
 
     Throttle reasons are looked up by name (``nvmlDeviceGetCurrentClocksEventReasons``,
     legacy ``nvmlDeviceGetCurrentClocksThrottleReasons`` and their ``Supported``
-    twins), since a module may lack either spelling.
+    twins), since a module may lack either spelling; so is the energy counter
+    (``nvmlDeviceGetTotalEnergyConsumption``, millijoules since the driver was last
+    loaded, Volta and newer), which an old module may lack.
     """
 
     @property
@@ -91,6 +93,7 @@ class NvmlModule(Protocol):
     def nvmlDeviceGetMemoryInfo(self, handle: object, /) -> _MemoryInfo: ...
     def nvmlDeviceGetPowerUsage(self, handle: object, /) -> int: ...
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: object, /) -> int: ...
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: object, /) -> int: ...
     def nvmlDeviceGetTemperature(self, handle: object, sensor: int, /) -> int: ...
     def nvmlDeviceGetClockInfo(self, handle: object, clock: int, /) -> int: ...
     def nvmlDeviceGetMaxClockInfo(self, handle: object, clock: int, /) -> int: ...
@@ -186,6 +189,7 @@ class NvmlReader:
         memory = call(nvml.nvmlDeviceGetMemoryInfo, h)
         power = call(nvml.nvmlDeviceGetPowerUsage, h)
         limit = call(nvml.nvmlDeviceGetEnforcedPowerLimit, h)
+        energy = self._energy(nvml, h)
         temperature = call(nvml.nvmlDeviceGetTemperature, h, _TEMPERATURE_GPU)
         sm_clock = call(nvml.nvmlDeviceGetClockInfo, h, _CLOCK_SM)
         mem_clock = call(nvml.nvmlDeviceGetClockInfo, h, _CLOCK_MEM)
@@ -209,6 +213,7 @@ class NvmlReader:
             memory_total_bytes=None if memory is None else int(memory.total),
             power_watts=None if power is None else power / 1000,
             power_limit_watts=None if limit is None else limit / 1000,
+            energy_joules=None if energy is None else energy / 1000,
             temperature_celsius=None if temperature is None else float(temperature),
             sm_clock_hertz=None if sm_clock is None else sm_clock * 1e6,
             memory_clock_hertz=None if mem_clock is None else mem_clock * 1e6,
@@ -220,6 +225,14 @@ class NvmlReader:
             processes=self._processes(nvml, h),
             memory_bandwidth_peak_bytes_per_second=peak,
         )
+
+    def _energy(self, nvml: NvmlModule, handle: object) -> int | None:
+        """Millijoules since the driver loaded; None when the module lacks the
+        call or the GPU does not support it (NVMLError_NotSupported)."""
+        fn: Callable[[object], int] | None = getattr(
+            nvml, "nvmlDeviceGetTotalEnergyConsumption", None
+        )
+        return None if fn is None else self._try(fn, handle)
 
     def _reasons(self, nvml: NvmlModule, handle: object, kind: str) -> int | None:
         """The first of the event/throttle spellings of ``kind`` that answers."""

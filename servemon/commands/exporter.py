@@ -97,7 +97,7 @@ async def _serve(
     import logging
 
     from servemon.monitor.exporter import Exporter
-    from servemon.monitor.gpu import FakeGpuReader
+    from servemon.monitor.fakegpu import FakeGpuReader
 
     logging.basicConfig(level=logging.INFO, format="servemon exporter: %(message)s")
     stop = asyncio.Event()

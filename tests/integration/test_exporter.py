@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from servemon.loadgen.send.client import ClientSettings, make_session, send_request
 from servemon.monitor.config import ExporterConfig, TargetConfig
 from servemon.monitor.exporter import Exporter
-from servemon.monitor.gpu import FakeGpuReader
+from servemon.monitor.fakegpu import FakeGpuReader
 from servemon.simulator.config import DIALECTS
 
 pytestmark = pytest.mark.integration

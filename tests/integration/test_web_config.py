@@ -25,7 +25,7 @@ from servemon.core.wire.webconfig import load_web_config
 from servemon.loadgen.run.live import LiveMetrics
 from servemon.monitor.config import ExporterConfig, TargetConfig
 from servemon.monitor.exporter import Exporter
-from servemon.monitor.gpu import FakeGpuReader
+from servemon.monitor.fakegpu import FakeGpuReader
 from tests.support.certs import Pki, make_pki
 
 pytestmark = pytest.mark.integration

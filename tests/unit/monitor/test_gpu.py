@@ -24,9 +24,9 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from servemon.core import names
+from servemon.monitor.fakegpu import FakeGpuReader
 from servemon.monitor.gpu import (
     THROTTLE_REASONS,
-    FakeGpuReader,
     GpuCollector,
     GpuProcess,
     GpuSample,
@@ -61,6 +61,7 @@ def gpu(index: int, **fields: Any) -> GpuSample:
         "ecc_uncorrected_total": 0,
         "processes": (GpuProcess(4242, "python3", 68 * GiB),),
         "memory_bandwidth_peak_bytes_per_second": 3.35232e12,
+        "energy_joules": 1_234_567.891,
     }
     return GpuSample(**{**values, **fields})
 
@@ -80,6 +81,7 @@ TWO_GPUS = GpuSnapshot(
             ecc_corrected_total=None,
             ecc_uncorrected_total=None,
             throttle_reasons=None,
+            energy_joules=None,  # before Volta: no energy counter
             processes=(
                 GpuProcess(7, "vllm", 10 * GiB),
                 GpuProcess(8, "ghost", None),  # memory unknown: no series
@@ -151,6 +153,8 @@ async def test_every_family_from_two_gpus_with_values_and_labels() -> None:
     assert value(registry, names.GPU_THROTTLE, **h100, reason="gpu_idle") == 0
     assert value(registry, names.GPU_ECC_ERRORS, **h100, type="corrected") == 3
     assert value(registry, names.GPU_ECC_ERRORS, **h100, type="uncorrected") == 0
+    assert value(registry, names.GPU_ENERGY, **h100) == 1_234_567.891
+    assert value(registry, names.GPU_ENERGY, **a10) is None  # never a made-up 0
     process = names.GPU_PROCESS_MEMORY
     assert value(registry, process, **h100, pid="4242", process="python3") == 68 * GiB
     assert value(registry, process, **a10, pid="7", process="vllm") == 10 * GiB
@@ -185,6 +189,8 @@ async def test_exposition_parses_in_both_formats() -> None:
     parsed = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
     assert parsed == sample_names(registry)
     assert "servemon_gpu_ecc_errors_total{" in text
+    assert "# TYPE servemon_gpu_energy_joules_total counter" in text
+    assert 'servemon_gpu_energy_joules_total{gpu="0",' in text
     openmetrics = generate_openmetrics(registry).decode()
     assert {f.name for f in parse_openmetrics(openmetrics)} == {
         s.base.removesuffix("_total") for s in names.GPU_SERIES
@@ -245,6 +251,7 @@ async def test_read_failure_keeps_last_values_with_growing_age(
     clock = Clock()
     collector, reader, registry = await polled(clock=clock)
     h100 = {"gpu": "0", "uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3"}
+    caplog.clear()  # the first poll said the A10 has no energy counter
     with caplog.at_level(logging.WARNING):
         reader.fail_read = "GPU is lost"
         await collector.poll()
@@ -410,6 +417,9 @@ class FakeNvml:
     def nvmlDeviceGetEnforcedPowerLimit(self, h: Any) -> int:
         return int(self._get(h, "limit_mw"))
 
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: Any) -> int:
+        return int(self._get(h, "energy_mj"))
+
     def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
         assert sensor == 0  # NVML_TEMPERATURE_GPU
         return int(self._get(h, "temperature"))
@@ -450,6 +460,7 @@ H100 = {
     "memory": (70 * GiB, 80 * GiB),
     "power_mw": 512_500,
     "limit_mw": 700_000,
+    "energy_mj": 9_876_543_210,
     "temperature": 61,
     "sm_mhz": 1980,
     "mem_mhz": 2619,
@@ -488,6 +499,7 @@ def test_nvml_values_are_converted_to_base_units(tmp_path: Path) -> None:
     assert (sample.memory_used_bytes, sample.memory_total_bytes) == (70 * GiB, 80 * GiB)
     assert sample.power_watts == 512.5  # mW
     assert sample.power_limit_watts == 700.0
+    assert sample.energy_joules == 9_876_543.21  # mJ since the driver loaded
     assert sample.temperature_celsius == 61.0
     assert sample.sm_clock_hertz == 1.98e9  # MHz
     assert sample.memory_clock_hertz == 2.619e9
@@ -537,6 +549,18 @@ def test_throttle_reasons_prefer_the_event_name_and_fall_back_to_legacy() -> Non
             nvml.devices[0]["reasons"] = missing
         reasons = read_one(nvml).gpus[0].throttle_reasons
         assert reasons == {"sw_thermal": True, "hw_thermal": False}
+
+
+def test_energy_is_none_when_unsupported_or_the_module_lacks_the_call() -> None:
+    no_counter = {k: v for k, v in H100.items() if k != "energy_mj"}  # NotSupported
+    (sample,) = read_one(FakeNvml([no_counter])).gpus
+    assert sample.energy_joules is None
+    assert sample.power_watts == 512.5
+    old = FakeNvml([H100])
+    old.nvmlDeviceGetTotalEnergyConsumption = None  # type: ignore[assignment,method-assign]
+    (sample,) = read_one(old).gpus
+    assert sample.energy_joules is None
+    assert sample.power_watts == 512.5
 
 
 def test_throttle_reasons_without_any_answer_are_none() -> None:
