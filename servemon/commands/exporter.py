@@ -1,6 +1,7 @@
 """``servemon exporter``: serve engine metrics, GPU stats and the probe until stopped.
 
-Each option but ``--fake-gpu`` is a field of :class:`monitor.config.ExporterConfig`.
+Each option but the ``--fake-gpu*`` ones is a field of
+:class:`monitor.config.ExporterConfig`.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -17,6 +18,9 @@ from servemon.core.errors import ConfigError
 from servemon.core.fields import layer_config
 from servemon.lifecycle import run_async, stop_on_signals, stop_when_orphaned
 from servemon.monitor.config import ExporterConfig, parse_target
+
+if TYPE_CHECKING:
+    from servemon.monitor.fakegpu import FakeGpuReader
 
 __all__ = ["exporter", "exporter_config"]
 
@@ -66,18 +70,35 @@ __all__ = ["exporter", "exporter_config"]
 @click.option(
     "--fake-gpu",
     is_flag=True,
-    help="Serve a made-up GPU instead of NVML (demos and tests without a GPU).",
+    help="Serve a made-up GPU instead of NVML (demos and tests without a GPU), "
+    "drawing a steady power whose energy counter grows at that rate.",
+)
+@click.option(
+    "--fake-gpus",
+    type=click.IntRange(min=1),
+    help="How many made-up GPUs (implies --fake-gpu). [default: 1]",
+)
+@click.option(
+    "--fake-gpu-watts",
+    type=click.FloatRange(min=0),
+    help="Each made-up GPU's steady power in watts (implies --fake-gpu). "
+    "[default: 300]",
 )
 def exporter(
     config_file: Path | None,
     targets: tuple[str, ...],
     fake_gpu: bool,
+    fake_gpus: int | None,
+    fake_gpu_watts: float | None,
     exit_with_parent: bool,
     **flags: Any,
 ) -> None:
     """Export engine /metrics in servemon's schema, GPU stats and a canary probe."""
     config = exporter_config(config_file, targets, flags)
-    run_async(_serve(config, fake_gpu, exit_with_parent))
+    fake = None
+    if fake_gpu or fake_gpus is not None or fake_gpu_watts is not None:
+        fake = (fake_gpus or 1, fake_gpu_watts)
+    run_async(_serve(config, fake, exit_with_parent))
 
 
 def exporter_config(
@@ -92,25 +113,37 @@ def exporter_config(
 
 
 async def _serve(
-    config: ExporterConfig, fake_gpu: bool, exit_with_parent: bool
+    config: ExporterConfig,
+    fake: tuple[int, float | None] | None,
+    exit_with_parent: bool,
 ) -> None:
+    """Serve until stopped; ``fake`` is (count, watts) of made-up GPUs, if any."""
     import logging
 
     from servemon.monitor.exporter import Exporter
-    from servemon.monitor.fakegpu import FakeGpuReader
 
     logging.basicConfig(level=logging.INFO, format="servemon exporter: %(message)s")
     stop = asyncio.Event()
     with stop_on_signals(stop):
         async with (
             stop_when_orphaned(stop, exit_with_parent),
-            Exporter(config, gpu_reader=FakeGpuReader() if fake_gpu else None) as exp,
+            Exporter(config, gpu_reader=_fake_reader(fake)) as exp,
         ):
             names = ", ".join(f"{t.name}={t.url}" for t in exp.targets)
             click.echo(f"servemon exporter: serving {exp.url}/metrics for {names}")
             sys.stdout.flush()
             await stop.wait()
     click.echo("servemon exporter: stopped")
+
+
+def _fake_reader(fake: tuple[int, float | None] | None) -> FakeGpuReader | None:
+    """``count`` made-up GPUs drawing ``watts`` each (None: the demo's 300 W)."""
+    from servemon.monitor.fakegpu import FakeGpuReader
+
+    if fake is None:
+        return None
+    count, watts = fake
+    return FakeGpuReader(gpus=count, power_watts=watts)
 
 
 options.fill_defaults(exporter, ExporterConfig)

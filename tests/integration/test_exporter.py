@@ -734,8 +734,39 @@ async def test_fake_gpu_snapshot_is_published(
     age = value(got, "servemon_gpu_sample_age_seconds")
     assert age is not None
     assert 0 <= age < 10
+    # The demo GPU draws 300 W and counts its energy, a counter in joules.
+    assert value(got, "servemon_gpu_power_watts") == 300
+    energy = value(got, "servemon_gpu_energy_joules_total")
+    assert energy is not None
+    assert energy >= 0
     # The engine side is unaffected.
     assert value(got, "servemon_target_up", target="sim") == 1
+
+
+@pytest.mark.asyncio
+async def test_fake_gpus_energy_grows_at_their_power(
+    start_sim: Any, http: aiohttp.ClientSession, poll_until: Any
+) -> None:
+    reader = FakeGpuReader(gpus=2, power_watts=250.0)
+    async with (
+        start_sim() as sim,
+        running_exporter(
+            {"sim": sim.url}, gpu=True, gpu_interval=0.05, gpu_reader=reader
+        ) as exp,
+    ):
+
+        async def energy() -> float | None:
+            got = await scrape(http, exp)
+            return value(got, "servemon_gpu_energy_joules_total", gpu="1")
+
+        first = await poll_until(energy, 10, interval=0.02, what="GPU energy")
+        await asyncio.sleep(0.3)
+        second = await poll_until(energy, 10, interval=0.02, what="GPU energy")
+        response = await http.get(f"{exp.url}/metrics")
+        text = await response.text()
+    # 0.3 s or more at 250 W, read every 0.05 s: at least 250 * 0.2 J more.
+    assert second - first >= 250 * 0.2
+    assert "# TYPE servemon_gpu_energy_joules_total counter" in text
 
 
 # -- faults ---------------------------------------------------------------------------
