@@ -43,6 +43,7 @@ from servemon.loadgen.record.runrecord import (
 )
 from servemon.loadgen.run.config import LoadConfig, auth_headers
 from servemon.loadgen.run.context import Driven, RunContext
+from servemon.loadgen.run.energy import EnergySampler, open_energy
 from servemon.loadgen.run.live import LiveMetrics
 from servemon.loadgen.run.plan import (
     Kind,
@@ -64,6 +65,7 @@ from servemon.loadgen.run.target import (
     check_served,
     context_of,
     discover_model,
+    is_loopback,
     local_gpus,
     target_version,
 )
@@ -252,8 +254,21 @@ async def _execute(
     scrape: ScrapeInterval | None,
 ) -> RunResult:
     sampler = _sampler(ctx)
+    c = ctx.config
+    energy, said = await open_energy(
+        c.energy,
+        session=ctx.session,
+        target_is_local=is_loopback(ctx.base),
+        prometheus=c.prometheus,
+        select=c.select,
+        prom_headers=_prom_headers(c),
+        sink=ctx.sampled,
+        interval_s=c.sample_interval,
+    )
+    ctx.progress.console.print(said, soft_wrap=True)
     sampling = asyncio.create_task(sampler.run())
     watching = asyncio.create_task(ctx.watch.run())
+    metering = asyncio.create_task(energy.run()) if energy is not None else None
     # What exists now lives as long as the run: keep the collector off it.
     gc.freeze()
     ctx.progress.growing = ctx.kind == "capacity"
@@ -269,13 +284,18 @@ async def _execute(
         status = "interrupted"
         raise
     finally:
-        for task in (sampling, watching):
+        tasks = [t for t in (sampling, watching, metering) if t is not None]
+        if energy is not None:  # the last stage's end, read before it is summed
+            await energy.sample_once()
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(sampling, watching, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         ctx.live.stage(-1, 0.0)
         ctx.progress.stop()
         try:
-            result = _finish(ctx, info, status, sampler, driven.capacity, scrape)
+            result = _finish(
+                ctx, info, status, sampler, driven.capacity, scrape, energy
+            )
         finally:
             ctx.rundir.close()
     return result
@@ -321,13 +341,16 @@ def _finish(
     sampler: ServerSampler | PrometheusSampler,
     capacity: CapacityResult | None,
     scrape: ScrapeInterval | None,
+    energy: EnergySampler | None,
 ) -> RunResult:
     origin = ctx.rundir.origin_s
     ctx.client_limits()
     records: list[StageRecord] = ctx.stages
-    stages, overall = ctx.tally.results(
-        [r.result(origin) for r in records], [r.duration_s() for r in records]
-    )
+    durations = [r.duration_s() for r in records]
+    stages, overall = ctx.tally.results([r.result(origin) for r in records], durations)
+    if energy is not None:
+        prices = (ctx.config.gpu_hour_cost, ctx.config.node_hour_cost)
+        stages, overall = energy.annotate(records, stages, overall, prices)
     summary = RunSummary(
         kind=ctx.kind,
         status=status,
@@ -337,7 +360,7 @@ def _finish(
         stop_reason=ctx.stop_reason,
         capacity=capacity,
         control=ctx.control,
-        **ctx.tally.groups(),
+        **ctx.tally.groups(stages, durations),
     )
     info = replace(
         info,

@@ -14,15 +14,25 @@ from rich.table import Table
 from servemon.embedded import embedded_simulator
 from servemon.lifecycle import stop_on_signals
 from servemon.loadgen.record.columns import (
+    ENERGY_COLUMNS,
     GROUP_COLUMNS,
     STAGE_COLUMNS,
     Column,
     Row,
     cells,
+    energy_text,
     group_rows,
+    measured_energy,
+    repeat_header,
+    repeat_rows,
     table_rows,
 )
-from servemon.loadgen.record.runrecord import CapacityResult, ControlResult, RunResult
+from servemon.loadgen.record.runrecord import (
+    CapacityResult,
+    ControlResult,
+    RunResult,
+    RunSummary,
+)
 from servemon.loadgen.reports.report import write_report
 from servemon.loadgen.run.clientwatch import limit_lines
 from servemon.loadgen.run.config import LoadConfig
@@ -89,6 +99,24 @@ async def run_command(
                 embedded=embedded,
             )
     console.print(summary_table(kind, result))
+    if measured_energy(result.record):
+        console.print(
+            _table(
+                "energy (the target's GPUs)",
+                ENERGY_COLUMNS,
+                table_rows(result.record),
+            )
+        )
+    if result.record.by_level:
+        pooled = Table(
+            title="repeats pooled (in brackets: the lowest and highest repeat)",
+            title_justify="left",
+        )
+        for header in repeat_header():
+            pooled.add_column(header, justify="right")
+        for row in repeat_rows(result.record):
+            pooled.add_row(*row)
+        console.print(pooled)
     for key in ("turn", "model"):
         rows = group_rows(result.record, key)
         if rows:
@@ -98,7 +126,7 @@ async def run_command(
     if result.stop_reason:
         console.print(f"stopped early: {result.stop_reason}")
     if result.capacity is not None:
-        console.print(capacity_lines(result.capacity))
+        console.print(capacity_lines(result.capacity, result.record))
     if result.record.control is not None:
         console.print(control_lines(result.record.control), soft_wrap=True)
     report = write_report(result.path)
@@ -155,8 +183,9 @@ def control_lines(held: ControlResult) -> str:
     return "\n".join(lines)
 
 
-def capacity_lines(found: CapacityResult) -> str:
-    """The capacity search's answer, in a few lines."""
+def capacity_lines(found: CapacityResult, record: RunSummary | None = None) -> str:
+    """The capacity search's answer, in a few lines (with ``record``: what a
+    token cost at the capacity found, where energy was measured)."""
     low, high = found.bracket
     if found.capacity_rps is None and any(s.blind for s in found.steps):
         head = "capacity: unknown (blind before any rate was judged good)"
@@ -164,6 +193,9 @@ def capacity_lines(found: CapacityResult) -> str:
         head = "capacity: below --rps-min (no rate met the SLO)"
     else:
         head = f"capacity: {found.capacity_rps:.4g} req/s meets the SLO"
+        cost = _cost_at(found, record)
+        if cost:
+            head += f" at {cost}"
     bracket = f"between {low if low is not None else '-'} and "
     bracket += f"{high:.4g} req/s" if high is not None else "(no breaking rate found)"
     return "\n".join(
@@ -174,6 +206,22 @@ def capacity_lines(found: CapacityResult) -> str:
             f"  saturated first: {found.saturated_first or 'nothing'}",
         ]
     )
+
+
+def _cost_at(found: CapacityResult, record: RunSummary | None) -> str | None:
+    """The energy and cost of the step that found the capacity (the good step at
+    the capacity's rate)."""
+    if record is None:
+        return None
+    good = [s.stage for s in found.steps if s.good and s.rate == found.capacity_rps]
+    by_index = {s.stage: s for s in record.stages}
+    for index in reversed(good):
+        stage = by_index.get(index)
+        if stage is not None and stage.summary is not None:
+            text = energy_text(stage.summary)
+            if text:
+                return text
+    return None
 
 
 def auto_workers(config: LoadConfig, plan: Plan) -> WorkerChoice:

@@ -25,7 +25,14 @@ async def drive_sweep(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Drive
     """Run the levels in order (``arrival`` is not used: a closed loop sends when a
     request finishes)."""
     c = ctx.config
-    numbers = list(c.number) * (len(ctx.stages) if len(c.number) == 1 else 1)
+    # One --number for every level, or one per level (each repeat of a level
+    # runs its level's).
+    per_level = len(ctx.stages) // c.repeats
+    numbers = [
+        n
+        for n in list(c.number) * (per_level if len(c.number) == 1 else 1)
+        for _ in range(c.repeats)
+    ]
     first = 0  # each level's prompts follow the last level's: none sent twice
     sessions = itertools.count()  # and so do its sessions
     for record, number in zip(ctx.stages, numbers, strict=True):
@@ -66,7 +73,8 @@ async def drive_sweep(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Drive
                 number=number,
                 warmup=c.warmup,
                 headers=ctx.headers,
-                id_prefix=f"{ctx.tag}-p{record.parallel}",
+                id_prefix=f"{ctx.tag}-p{record.parallel}"
+                + (f"r{record.repeat}" if record.repeat else ""),
                 timeout_s=c.timeout,
                 stage=record.index,
                 on_done=ctx.finished,

@@ -16,6 +16,7 @@ from servemon.loadgen.record.summary import Summary
 
 __all__ = [
     "COMPARED",
+    "ENERGY_COLUMNS",
     "GROUP_COLUMNS",
     "REASONING_COLUMNS",
     "SERVER_COLUMNS",
@@ -24,8 +25,12 @@ __all__ = [
     "Compared",
     "Row",
     "cells",
+    "energy_text",
     "group_rows",
+    "measured_energy",
     "reasons",
+    "repeat_header",
+    "repeat_rows",
     "table_rows",
 ]
 
@@ -142,6 +147,96 @@ def group_rows(record: RunSummary, key: str) -> list[Row]:
     ]
 
 
+#: The figures a repeated run's pooled table shows with their spread.
+SPREAD = ("output tok/s", "TTFT p95 ms", "ITL p95 ms", "E2E p95 s", "error rate")
+
+
+def repeat_header() -> list[str]:
+    """Column names of :func:`repeat_rows`."""
+    return ["level", "repeats", "requests", *SPREAD]
+
+
+def repeat_rows(record: RunSummary) -> list[list[str]]:
+    """A repeated run's levels: each figure pooled over the level's repeats, with
+    the lowest and highest repeat's in brackets (how much runs of one level
+    differ, the noise a comparison has to beat); none without ``--repeats``."""
+    figures = {f.label: f for f in COMPARED}
+    out = []
+    for level, pooled in (record.by_level or {}).items():
+        own = [
+            summary
+            for stage, summary in zip(record.stages, record.summaries, strict=True)
+            if stage.repeat is not None and stage.label == level
+        ]
+        row = [level, str(len(own)), str(pooled.requests)]
+        for label in SPREAD:
+            value = figures[label].value
+            each = [v for s in own if (v := value(s)) is not None]
+            whole = value(pooled)
+            row.append(
+                "-"
+                if whole is None
+                else f"{_short(whole)} [{_short(min(each))}-{_short(max(each))}]"
+                if each
+                else _short(whole)
+            )
+        out.append(row)
+    return out
+
+
+def _short(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def _energy(key: str, digits: int = 3) -> Callable[[Row], str]:
+    def cell(row: Row) -> str:
+        value = row.summary.value(key)
+        return "-" if value is None else f"{value:.{digits}g}"
+
+    return cell
+
+
+#: Energy and cost per stage (``--energy``; cost with a price), where measured.
+ENERGY_COLUMNS: tuple[Column, ...] = (
+    Column("stage", lambda r: r.name),
+    Column("load", lambda r: r.load),
+    Column(
+        "GPUs",
+        lambda r: "-" if r.summary.energy is None else str(r.summary.energy.gpus),
+    ),
+    Column("W", _energy("watts", 4)),
+    Column("J/token", _energy("joules_per_token")),
+    Column("J/good req", _energy("joules_per_good")),
+    Column("$/Mtok", _energy("cost_per_mtok")),
+    Column("$/1k good", _energy("cost_per_kgood")),
+)
+
+
+def measured_energy(record: RunSummary) -> bool:
+    """Whether any stage of the run has its energy."""
+    return any(s.energy is not None for s in (*record.summaries, record.overall))
+
+
+def energy_text(summary: Summary) -> str | None:
+    """A stage's energy and cost in words ("0.41 J/token, 350 W, $0.83 per
+    million output tokens"); None where it was not measured."""
+    if summary.energy is None:
+        return None
+    parts = []
+    for key, unit in (("joules_per_token", " J/token"), ("watts", " W")):
+        value = summary.value(key)
+        if value is not None:
+            parts.append(f"{value:.3g}{unit}")
+    for key, what in (
+        ("cost_per_mtok", "per million output tokens"),
+        ("cost_per_kgood", "per thousand good requests"),
+    ):
+        value = summary.value(key)
+        if value is not None:
+            parts.append(f"${value:.3g} {what}")
+    return ", ".join(parts) or None
+
+
 def reasons(record: RunSummary) -> bool:
     """Whether any request of the run reported reasoning tokens, or had its answer
     start after its first token."""
@@ -159,7 +254,7 @@ def table_rows(record: RunSummary, *, overall: bool = True) -> list[Row]:
     rows = [
         Row(
             str(stage.stage + 1),
-            stage.load_label,
+            stage.load_label + ("" if stage.repeat is None else f" #{stage.repeat}"),
             stage.sent,
             stage.achieved_rate or 0.0,
             summary,
@@ -206,4 +301,7 @@ COMPARED: tuple[Compared, ...] = (
     Compared("E2E mean s", _scaled("e2e_mean", 1.0)),
     Compared("E2E p95 s", _scaled("e2e_p95", 1.0)),
     Compared("error rate", lambda s: s.error_rate),
+    Compared("J/token", lambda s: s.value("joules_per_token")),
+    Compared("W", lambda s: s.value("watts")),
+    Compared("$/Mtok", lambda s: s.value("cost_per_mtok")),
 )

@@ -41,7 +41,8 @@ import orjson
 from servemon.core.errors import RecordError
 from servemon.core.slo import parse_slo
 from servemon.loadgen.record.line import request_line, timing_from_line
-from servemon.loadgen.record.runrecord import RunInfo, RunSummary, StageResult, Tally
+from servemon.loadgen.record.runrecord import RunInfo, RunSummary, StageResult
+from servemon.loadgen.record.tally import Tally
 from servemon.loadgen.send.timing import RequestTiming
 
 __all__ = [
@@ -230,10 +231,12 @@ def rebuild_summary(run_dir: Path, info: RunInfo) -> RunSummary:
             planned_s=planned[i].planned_s if i in planned else None,
             start_s=planned[i].start_s if i in planned else None,
             sent=sent.get(i, 0),
+            repeat=planned[i].repeat if i in planned else None,
         )
         for i in indices
     ]
-    results, overall = tally.results(stages, [None] * len(stages))
+    durations: list[float | None] = [None] * len(stages)
+    results, overall = tally.results(stages, durations)
     return RunSummary(
         kind=info.kind,
         status="unfinished",
@@ -242,5 +245,5 @@ def rebuild_summary(run_dir: Path, info: RunInfo) -> RunSummary:
         slo=[str(t) for t in slo],
         stop_reason=UNFINISHED,
         rebuilt_from="requests.jsonl",
-        **tally.groups(),
+        **tally.groups(stages, durations),
     )

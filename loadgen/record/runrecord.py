@@ -21,15 +21,14 @@ import contextlib
 import csv
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import pydantic
 
 from servemon.core.errors import ConfigError, RecordError
-from servemon.core.slo import SloTerm
 from servemon.loadgen.record.findings import (
     CapacityResult,
     ClientLimit,
@@ -37,7 +36,6 @@ from servemon.loadgen.record.findings import (
     StepVerdict,
 )
 from servemon.loadgen.record.summary import Summarizer, Summary, flat_row
-from servemon.loadgen.send.timing import RequestTiming
 
 __all__ = [
     "RECORD_VERSION",
@@ -49,7 +47,6 @@ __all__ = [
     "RunSummary",
     "StageResult",
     "StepVerdict",
-    "Tally",
     "read_record",
     "write_json",
     "write_record",
@@ -84,6 +81,8 @@ class StageResult:
     #: those cut short.
     sessions: int | None = None
     sessions_cut: int | None = None
+    #: Which run of its level this stage is (1..N), with ``--repeats N`` > 1.
+    repeat: int | None = None
 
     @property
     def load_label(self) -> str:
@@ -127,6 +126,10 @@ class RunSummary:
     #: the model's name.
     by_turn: dict[str, Summary] | None = None
     by_model: dict[str, Summary] | None = None
+    #: With ``--repeats``: each level's repeats pooled (key: the level's label;
+    #: throughput over the repeats' durations summed). The stages keep each
+    #: repeat's own summary, whose spread the report shows beside these.
+    by_level: dict[str, Summary] | None = None
 
     @property
     def summaries(self) -> list[Summary]:
@@ -149,7 +152,7 @@ class RunSummary:
         for key in ("merged_from", "rebuilt_from"):
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
-        for key in ("by_turn", "by_model"):
+        for key in ("by_turn", "by_model", "by_level"):
             groups = getattr(self, key)
             if groups is not None:
                 data[key] = {k: v.to_json() for k, v in groups.items()}
@@ -164,7 +167,11 @@ class RunSummary:
             meta["client_limits"] = " ".join(x["reason"] for x in meta["client_limits"])
             rows.append({**meta, **flat_row(stage.summary or _EMPTY)})
         rows.append({"stage": "all", **flat_row(self.overall)})
-        for key, name in (("by_turn", "turn"), ("by_model", "model")):
+        for key, name in (
+            ("by_level", "level"),
+            ("by_turn", "turn"),
+            ("by_model", "model"),
+        ):
             for value, summary in (getattr(self, key) or {}).items():
                 rows.append({"stage": f"{name} {value}", **flat_row(summary)})
         return rows
@@ -218,82 +225,6 @@ class RunInfo:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["stages"] = [s.to_json(with_summary=False) for s in self.stages]
         return data
-
-
-class Groups(TypedDict):
-    """The grouped summaries of a run (fields of :class:`RunSummary`)."""
-
-    by_turn: dict[str, Summary] | None
-    by_model: dict[str, Summary] | None
-
-
-class Tally:
-    """A run's summaries as its requests finish: one :class:`Summarizer` per
-    stage, merged into the whole run's at the end. The runner, ``merge`` and a
-    rebuild all count through it, so a figure is summed the same way wherever it
-    is summed."""
-
-    def __init__(self, slo: Sequence[SloTerm] = ()) -> None:
-        self.slo = list(slo)
-        self.stages: dict[int, Summarizer] = {}
-        #: The whole run's requests by a conversation's turn index and by the
-        #: model of a mix they asked for (only requests that say so).
-        self.turns: dict[int, Summarizer] = {}
-        self.models: dict[str, Summarizer] = {}
-
-    def add(self, timing: RequestTiming) -> None:
-        """One finished request (summed once, into its stage: the overall summary
-        is the stages' merged at the end; and into its turn and its model)."""
-        stage = self.stages.get(timing.stage)
-        if stage is None:
-            stage = self.stages[timing.stage] = Summarizer(self.slo)
-        stage.add(timing)
-        if timing.turn is not None:
-            self._group(self.turns, timing.turn).add(timing)
-        if timing.model is not None:
-            self._group(self.models, timing.model).add(timing)
-
-    def _group(self, groups: dict[Any, Summarizer], key: Any) -> Summarizer:
-        found = groups.get(key)
-        if found is None:
-            found = groups[key] = Summarizer(self.slo)
-        return found
-
-    def groups(self) -> Groups:
-        """``by_turn`` and ``by_model`` of a :class:`RunSummary` (None: no request
-        said; throughput over each group's own span)."""
-        return {
-            "by_turn": {str(k): self.turns[k].summary() for k in sorted(self.turns)}
-            or None,
-            "by_model": {k: self.models[k].summary() for k in sorted(self.models)}
-            or None,
-        }
-
-    def overall(self) -> Summary:
-        """The whole run's summary (the span of all its requests)."""
-        every = Summarizer(self.slo)
-        for index in sorted(self.stages):
-            every.merge(self.stages[index])
-        return every.summary()
-
-    def finished(self, stage: int) -> int:
-        """Requests of ``stage`` finished so far."""
-        own = self.stages.get(stage)
-        return 0 if own is None else own.requests
-
-    def results(
-        self, stages: Sequence[StageResult], durations: Sequence[float | None]
-    ) -> tuple[list[StageResult], Summary]:
-        """``stages`` with their summaries and achieved rates (throughput over
-        ``durations[i]``; None: the span of the stage's requests), and the overall
-        summary."""
-        out = []
-        for stage, duration in zip(stages, durations, strict=True):
-            own = self.stages.get(stage.stage) or Summarizer(self.slo)
-            summary = own.summary(duration)
-            achieved = stage.sent / summary.duration_s if summary.duration_s else 0.0
-            out.append(replace(stage, summary=summary, achieved_rate=achieved))
-        return out, self.overall()
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:

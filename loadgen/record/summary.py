@@ -25,6 +25,7 @@ from typing import Any
 
 from servemon.core.outcomes import count_failed, count_not_judged, failed, judged
 from servemon.core.slo import SloTerm
+from servemon.loadgen.record.energy import ENERGY_KEYS, Energy
 from servemon.loadgen.record.figures import (
     FIGURE_NAMES,
     FIGURES,
@@ -74,6 +75,9 @@ class Summary:
     mean_reasoning_tokens: float | None = None
     #: Mean tokens of history a conversation's turn sent (sessions workloads).
     mean_history_tokens: float | None = None
+    #: What the target's GPUs used over the stage, where it could be read
+    #: (:mod:`loadgen.record.energy`); None: not measured.
+    energy: Energy | None = None
     #: The distribution of each figure of FIGURES that any request had.
     figures: dict[str, Distribution] = field(default_factory=dict)
 
@@ -100,9 +104,20 @@ class Summary:
         return self.figures.get(name)
 
     def value(self, key: str) -> float | None:
-        """``ttft_p95``-style lookups, and ``error_rate``."""
+        """``ttft_p95``-style lookups, ``error_rate``, and the energy figures
+        (:data:`~loadgen.record.energy.ENERGY_KEYS`: None without energy)."""
         if key == "error_rate":
             return self.error_rate
+        if key in ENERGY_KEYS:
+            if self.energy is None:
+                return None
+            tokens = (self.mean_output_tokens or 0.0) * self.ok
+            good = (
+                self.ok
+                if self.goodput is None
+                else round(self.goodput * self.duration_s)
+            )
+            return self.energy.figure(key, tokens, good)
         figure, _, stat = key.rpartition("_")
         dist = self.figure(figure)
         return None if dist is None else dist.stat(stat)
@@ -112,6 +127,7 @@ class Summary:
         data: dict[str, Any] = {
             f.name: getattr(self, f.name) for f in fields(self) if f.name != "figures"
         }
+        data["energy"] = None if self.energy is None else self.energy.to_json()
         for name in FIGURE_NAMES:
             dist = self.figures.get(name)
             data[name] = None if dist is None else _dist_json(dist)
@@ -123,6 +139,7 @@ class Summary:
         newer servemon's record still reads)."""
         known = {f.name for f in fields(cls)} - {"figures"}
         values = {k: v for k, v in data.items() if k in known}
+        values["energy"] = Energy.from_json(data.get("energy"))
         figures = {
             name: Distribution(**item)
             for name in FIGURE_NAMES
@@ -321,6 +338,8 @@ def flat_row(summary: Summary) -> dict[str, Any]:
         "without_done": summary.without_done,
         "mean_reasoning_tokens": summary.mean_reasoning_tokens,
         "mean_history_tokens": summary.mean_history_tokens,
+        "energy_j": None if summary.energy is None else rounded(summary.energy.joules),
+        **{key: rounded(summary.value(key)) for key in ENERGY_KEYS},
     }
     for name in FIGURE_NAMES:
         dist = summary.figures.get(name)

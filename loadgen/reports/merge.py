@@ -7,7 +7,7 @@ UTC time each run recorded at its origin (on one machine the clocks agree alread
 The merged directory holds every request, the first shard's server samples, and a
 summary and report computed as for a single run: per stage, over the planned stage
 length, with the SLO the shards were run with. Each shard's requests are read in
-one streaming pass and summed as they go by (:class:`loadgen.record.runrecord.Tally`).
+one streaming pass and summed as they go by (:class:`loadgen.record.tally.Tally`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from servemon.loadgen.record.runrecord import (
     RunResult,
     RunSummary,
     StageResult,
-    Tally,
     read_record,
     write_record,
 )
+from servemon.loadgen.record.tally import Tally
 from servemon.loadgen.reports.report import RunData, load_run, write_report
 
 __all__ = ["load_result", "merge_runs"]
@@ -113,7 +113,8 @@ def merge_runs(dirs: Sequence[Path], out_parent: Path) -> Path:
                 tally.add(timing)
     for sample in read_jsonl(first.path / "server_metrics.jsonl"):
         rundir.append_server_sample(sample)
-    results, overall = tally.results(stages, [s.planned_s for s in stages])
+    durations = [s.planned_s for s in stages]
+    results, overall = tally.results(stages, durations)
     status = _status(shards)
     summary = RunSummary(
         kind=first.info.kind,
@@ -122,7 +123,7 @@ def merge_runs(dirs: Sequence[Path], out_parent: Path) -> Path:
         overall=overall,
         slo=[str(t) for t in slo],
         merged_from=[str(d) for d in dirs],
-        **tally.groups(),
+        **tally.groups(stages, durations),
     )
     info = replace(
         first.info,

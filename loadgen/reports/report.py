@@ -30,6 +30,8 @@ from servemon.loadgen.record.columns import (
     cells,
     group_rows,
     reasons,
+    repeat_header,
+    repeat_rows,
     table_rows,
 )
 from servemon.loadgen.record.record import UNFINISHED, rebuild_summary
@@ -237,8 +239,19 @@ def _control(path: Path, record: RunSummary) -> list[str]:
 
 
 def _groups(record: RunSummary) -> list[str]:
-    """The sections on conversations' turns, a mix's models and reasoning."""
+    """The sections on repeats, conversations' turns, a mix's models and
+    reasoning."""
     parts = []
+    if record.by_level:
+        parts += [
+            "<h2 id='repeats'>Repeats pooled</h2>",
+            "<p>Each level ran several times in a row (<code>--repeats</code>), "
+            "each with new draws. A figure pooled over a level's repeats, and in "
+            "brackets the lowest and highest single repeat's: the spread between "
+            "runs of one level, the noise <code>servemon compare</code> judges a "
+            "difference against.</p>",
+            _table(repeat_header(), repeat_rows(record)),
+        ]
     if record.by_turn:
         parts += [
             "<h2 id='by-turn'>By turn of the conversation</h2>",

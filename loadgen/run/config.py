@@ -157,6 +157,17 @@ class LoadConfig:
     #: (:mod:`core.wire.webconfig`).
     web_config_file: str | None = None
     seed: int = 0
+    #: Each stage (a ramp's stage, a sweep's level, a replay's trace) this many
+    #: times in a row, each with new draws: what ``compare`` judges a difference
+    #: by (the spread between runs, not only between requests of one run).
+    repeats: Annotated[int, Ge(1), Le(100)] = 1
+    #: Where the target's GPU energy is read (:mod:`loadgen.run.energy`): auto,
+    #: off, nvml, or the URL of an exporter's /metrics.
+    energy: str = "auto"
+    #: The price of one of the target's GPUs per hour, or of the whole target
+    #: (node) per hour: the cost per million output tokens and per good request.
+    gpu_hour_cost: Positive | None = None
+    node_hour_cost: Positive | None = None
     slo: Slo = ()
     cancel_fraction: Annotated[float, Ge(0), Le(1)] = 0.0
     cancel_after: Positive | None = None

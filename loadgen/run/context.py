@@ -7,7 +7,7 @@ session to
 ``ctx.url``, appends the stages it runs to ``ctx.stages`` and reads the target's
 recent samples; every finished request goes to :meth:`RunContext.finished`, which
 hands it to the sinks: the run directory, the live metrics, the run's
-:class:`~loadgen.record.runrecord.Tally`, the progress display, the guard rail, the
+:class:`~loadgen.record.tally.Tally`, the progress display, the guard rail, the
 watch on the client's own health (:mod:`loadgen.run.clientwatch`), and any
 sink a driver adds for itself (a capacity step judging its own requests). A driver
 keeps its own state and returns what it found; nothing reaches into another
@@ -30,7 +30,8 @@ import aiohttp
 from servemon.core import names
 from servemon.core.slo import SloTerm
 from servemon.loadgen.record.record import RunDirectory
-from servemon.loadgen.record.runrecord import CapacityResult, ControlResult, Tally
+from servemon.loadgen.record.runrecord import CapacityResult, ControlResult
+from servemon.loadgen.record.tally import Tally
 from servemon.loadgen.run.clientwatch import CHECK_S, ClientWatch, Verdict
 from servemon.loadgen.run.config import LoadConfig
 from servemon.loadgen.run.guard import GuardRail

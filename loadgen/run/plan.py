@@ -5,7 +5,7 @@ the config as the run record keeps it (secrets redacted)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -81,6 +81,8 @@ class StageRecord:
     #: then counts turns.
     sessions: int | None = None
     sessions_cut: int | None = None
+    #: Which run of its level this stage is (1..N), with ``--repeats N`` > 1.
+    repeat: int | None = None
 
     def duration_s(self) -> float | None:
         """What its throughput divides by: the planned length, cut short where the
@@ -107,6 +109,7 @@ class StageRecord:
             client_limits=list(self.client_limits),
             sessions=self.sessions,
             sessions_cut=self.sessions_cut,
+            repeat=self.repeat,
         )
 
 
@@ -132,7 +135,7 @@ def make_plan(kind: Kind, config: LoadConfig) -> Plan:
     whole to check every line, once). Run before anything is started, so a bad flag
     costs nothing; call it off the loop (it reads files)."""
     replay = _replay_of(config) if kind == "replay" else None
-    stages = _stages(kind, config, replay)
+    stages = _repeated(_stages(kind, config, replay), config.repeats, kind)
     _check(kind, config)
     mix = parse_model(config.model) if config.model else None
     return Plan(kind, stages, replay, mix)
@@ -155,6 +158,11 @@ def _check(kind: Kind, config: LoadConfig) -> None:
             "--cancel-fraction: give --cancel-after or --cancel-after-tokens"
         )
     config.workload.check()
+    check_energy(config.energy)
+    if config.gpu_hour_cost is not None and config.node_hour_cost is not None:
+        raise ConfigError(
+            "--node-hour-cost: give one price, per GPU (--gpu-hour-cost) or per node"
+        )
     if kind == "sweep" and config.over_context == "skip":
         raise ConfigError(
             "--over-context skip: a closed loop has no schedule to leave a request "
@@ -167,6 +175,41 @@ def _check(kind: Kind, config: LoadConfig) -> None:
         load_web_config(Path(config.web_config_file))
     if config.cpu_dma_latency is not None:
         check_cpu_latency(config.cpu_dma_latency)
+
+
+#: What ``--repeats`` cannot repeat, and why (one line each).
+_NOT_REPEATED = {
+    "capacity": "a capacity search picks its next step from the last one; ramp "
+    "or sweep the levels around the capacity it found with --repeats",
+    "control": "a controller holds one setpoint for --duration; run it again "
+    "for another sample",
+    "replay": "a trace's prompts are the trace's, so a second pass would find "
+    "them in the prefix cache; replay it again with another --seed and compare",
+}
+
+
+def _repeated(stages: list[StageRecord], repeats: int, kind: Kind) -> list[StageRecord]:
+    """Each stage ``repeats`` times in a row (indices renumbered, each copy
+    numbered 1..N); the stages as they are for one."""
+    if repeats == 1:
+        return stages
+    if kind in _NOT_REPEATED:
+        raise ConfigError(f"--repeats {repeats}: not for {kind}: {_NOT_REPEATED[kind]}")
+    return [
+        replace(stage, index=i * repeats + r, repeat=r + 1)
+        for i, stage in enumerate(stages)
+        for r in range(repeats)
+    ]
+
+
+def check_energy(value: str) -> None:
+    """``--energy`` (:mod:`loadgen.run.energy`): auto, off, nvml or an http(s) URL."""
+    if value in ("auto", "off", "nvml") or value.startswith(("http://", "https://")):
+        return
+    raise ConfigError(
+        f"--energy {value!r}: expected auto, off, nvml or the http(s) URL of an "
+        "exporter's /metrics"
+    )
 
 
 def step_seconds(config: LoadConfig) -> float:

@@ -369,6 +369,30 @@ def load_options() -> Callable[[F], F]:
         web_config_file(),
         seed(),
         _option(
+            "--repeats",
+            type=int,
+            help="Run each stage (a sweep's level, a replay's trace) this many "
+            "times in a row with new draws; the report shows the spread between "
+            "repeats and compare judges differences by it.",
+        ),
+        _option(
+            "--energy",
+            help="Where to read the target's GPU energy (J/token, W, cost per "
+            "token): auto (Prometheus with --prometheus, else NVML here when the "
+            "target runs here), nvml, off, or the URL of its exporter's /metrics.",
+        ),
+        _option(
+            "--gpu-hour-cost",
+            type=float,
+            help="Price of one of the target's GPUs per hour: cost per million "
+            "output tokens and per thousand good requests.",
+        ),
+        _option(
+            "--node-hour-cost",
+            type=float,
+            help="Price of the whole target per hour (instead of --gpu-hour-cost).",
+        ),
+        _option(
             "--slo",
             help="e.g. ttft_p95<=0.5,itl_p95<=0.05,error_rate<=0.01 "
             "(seconds): goodput and pass/fail per stage.",

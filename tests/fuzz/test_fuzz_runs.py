@@ -26,9 +26,9 @@ from servemon.loadgen.record.runrecord import (
     RunInfo,
     RunSummary,
     StageResult,
-    Tally,
     write_record,
 )
+from servemon.loadgen.record.tally import Tally
 from servemon.loadgen.reports.report import load_run
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 

@@ -14,10 +14,10 @@ from servemon.loadgen.record.runrecord import (
     RunInfo,
     RunSummary,
     StageResult,
-    Tally,
     read_record,
     write_record,
 )
+from servemon.loadgen.record.tally import Tally
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 

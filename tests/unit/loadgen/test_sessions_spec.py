@@ -18,9 +18,9 @@ from servemon.loadgen.record.line import request_line, timing_from_line
 from servemon.loadgen.record.runrecord import (
     RunSummary,
     StageResult,
-    Tally,
     _summary_input,
 )
+from servemon.loadgen.record.tally import Tally
 from servemon.loadgen.send.client import _Probe, server_facts
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 from servemon.loadgen.workloads.modelmix import parse_model

@@ -1,0 +1,135 @@
+"""A run's summaries as its requests finish (:class:`Tally`): per stage, per
+level of a repeated run, per turn of a conversation and per model of a mix. The
+runner, ``merge`` and a rebuild all count through it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, TypedDict
+
+from servemon.core.slo import SloTerm
+from servemon.loadgen.record.energy import Energy
+from servemon.loadgen.record.runrecord import StageResult
+from servemon.loadgen.record.summary import Summarizer, Summary
+from servemon.loadgen.send.timing import RequestTiming
+
+__all__ = ["Groups", "Tally"]
+
+
+class Groups(TypedDict):
+    """The grouped summaries of a run (fields of :class:`RunSummary`)."""
+
+    by_turn: dict[str, Summary] | None
+    by_model: dict[str, Summary] | None
+    by_level: dict[str, Summary] | None
+
+
+class Tally:
+    """A run's summaries as its requests finish: one :class:`Summarizer` per
+    stage, merged into the whole run's at the end. The runner, ``merge`` and a
+    rebuild all count through it, so a figure is summed the same way wherever it
+    is summed."""
+
+    def __init__(self, slo: Sequence[SloTerm] = ()) -> None:
+        self.slo = list(slo)
+        self.stages: dict[int, Summarizer] = {}
+        #: The whole run's requests by a conversation's turn index and by the
+        #: model of a mix they asked for (only requests that say so).
+        self.turns: dict[int, Summarizer] = {}
+        self.models: dict[str, Summarizer] = {}
+
+    def add(self, timing: RequestTiming) -> None:
+        """One finished request (summed once, into its stage: the overall summary
+        is the stages' merged at the end; and into its turn and its model)."""
+        stage = self.stages.get(timing.stage)
+        if stage is None:
+            stage = self.stages[timing.stage] = Summarizer(self.slo)
+        stage.add(timing)
+        if timing.turn is not None:
+            self._group(self.turns, timing.turn).add(timing)
+        if timing.model is not None:
+            self._group(self.models, timing.model).add(timing)
+
+    def _group(self, groups: dict[Any, Summarizer], key: Any) -> Summarizer:
+        found = groups.get(key)
+        if found is None:
+            found = groups[key] = Summarizer(self.slo)
+        return found
+
+    def groups(
+        self,
+        stages: Sequence[StageResult] = (),
+        durations: Sequence[float | None] = (),
+    ) -> Groups:
+        """``by_turn``, ``by_model`` and ``by_level`` of a :class:`RunSummary`
+        (None: no request said, no stage is a repeat; throughput over each group's
+        own span, a level's over its repeats' ``durations``)."""
+        return {
+            "by_turn": {str(k): self.turns[k].summary() for k in sorted(self.turns)}
+            or None,
+            "by_model": {k: self.models[k].summary() for k in sorted(self.models)}
+            or None,
+            "by_level": self.levels(stages, durations),
+        }
+
+    def levels(
+        self, stages: Sequence[StageResult], durations: Sequence[float | None]
+    ) -> dict[str, Summary] | None:
+        """``by_level``: the repeats of each level pooled, throughput over their
+        durations summed (a repeat without one: the span of its requests), energy
+        summed where every repeat has its own; None when no stage is a repeat."""
+        pooled: dict[str, tuple[Summarizer, float, list[Energy | None]]] = {}
+        for stage, duration in zip(stages, durations, strict=True):
+            if stage.repeat is None:
+                continue
+            own = self.stages.get(stage.stage) or Summarizer(self.slo)
+            merged, total, energy = pooled.get(stage.label) or (
+                Summarizer(self.slo),
+                0.0,
+                [],
+            )
+            merged.merge(own)
+            energy.append(None if stage.summary is None else stage.summary.energy)
+            pooled[stage.label] = (merged, total + (duration or own.span_s), energy)
+        return {
+            level: replace(merged.summary(total), energy=_together(energy))
+            for level, (merged, total, energy) in pooled.items()
+        } or None
+
+    def overall(self) -> Summary:
+        """The whole run's summary (the span of all its requests)."""
+        every = Summarizer(self.slo)
+        for index in sorted(self.stages):
+            every.merge(self.stages[index])
+        return every.summary()
+
+    def finished(self, stage: int) -> int:
+        """Requests of ``stage`` finished so far."""
+        own = self.stages.get(stage)
+        return 0 if own is None else own.requests
+
+    def results(
+        self, stages: Sequence[StageResult], durations: Sequence[float | None]
+    ) -> tuple[list[StageResult], Summary]:
+        """``stages`` with their summaries and achieved rates (throughput over
+        ``durations[i]``; None: the span of the stage's requests), and the overall
+        summary."""
+        out = []
+        for stage, duration in zip(stages, durations, strict=True):
+            own = self.stages.get(stage.stage) or Summarizer(self.slo)
+            summary = own.summary(duration)
+            achieved = stage.sent / summary.duration_s if summary.duration_s else 0.0
+            out.append(replace(stage, summary=summary, achieved_rate=achieved))
+        return out, self.overall()
+
+
+def _together(parts: Sequence[Energy | None]) -> Energy | None:
+    """The energy of several windows, where every one has it."""
+    known = [p for p in parts if p is not None]
+    if not known or len(known) < len(parts):
+        return None
+    total = known[0]
+    for part in known[1:]:
+        total = total.plus(part)
+    return total
