@@ -104,8 +104,11 @@ def test_a_25_percent_slower_configuration_is_called_slower_and_covered() -> Non
         and d.low <= (0.8 if d.figure.endswith("/s") else 1.25) <= d.high
         for d in results
     ) / len(results)
-    assert slower >= 0.95
-    assert covered >= 0.95  # corrected intervals: 0.997 each
+    # About 0.98 over many trials at this spread (0.955 on this seed); 3 repeats and
+    # 16 figures leave an interval of about +-13 %, so a 25 % slowdown is sometimes
+    # inside it. Coverage: the corrected intervals are at 99.7 % each.
+    assert slower >= 0.93
+    assert covered >= 0.95
     assert all(d.verdict != "faster" for d in results)
 
 
