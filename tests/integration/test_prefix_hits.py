@@ -1,0 +1,143 @@
+"""A ``prefix`` workload meets its hit rate on the simulator's own counters.
+
+The workload is built as a run would build it: the simulator's ``/tokenize`` as the
+counter, its block size and cache size from ``vllm:cache_config_info``, and, for the
+chat API, what its chat template adds before and after the content found through
+``/tokenize`` with messages (the common head and tail of two chats' tokens). The
+warm prompts go first; then 160 requests, 8 at a time, and the deltas of
+``vllm:prefix_cache_hits_total`` over ``vllm:prefix_cache_queries_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import aiohttp
+import pytest
+
+from servemon.loadgen.workloads.prefix import PrefixWorkload
+from servemon.loadgen.workloads.prompts import Prompt
+from servemon.loadgen.workloads.tokens import pick_counter
+from servemon.loadgen.workloads.workload import (
+    build_workload,
+    parse_workload,
+    request_body,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+REQUESTS = 160
+CONCURRENCY = 8
+
+
+async def tokens_of(
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any]
+) -> list[int]:
+    async with http.post(f"{url}/tokenize", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        tokens: list[int] = (await resp.json())["tokens"]
+        return tokens
+
+
+async def template_overhead(
+    http: aiohttp.ClientSession, url: str, model: str
+) -> tuple[int, int]:
+    """What the chat template adds before and after a user message's content: the
+    common head and tail of two chats whose contents differ at both ends."""
+    chats = [
+        await tokens_of(
+            http,
+            url,
+            {"model": model, "messages": [{"role": "user", "content": content}]},
+        )
+        for content in ("alpha one two beta", "gamma one two delta")
+    ]
+    return _common(chats[0], chats[1]), _common(chats[0][::-1], chats[1][::-1])
+
+
+def _common(one: Sequence[int], two: Sequence[int]) -> int:
+    same = 0
+    for a, b in zip(one, two, strict=False):
+        if a != b:
+            break
+        same += 1
+    return same
+
+
+def cache_config(metrics: Any) -> tuple[int, int]:
+    """Block size and blocks, from the line vLLM publishes its cache config on."""
+    (labels,) = metrics.labels_of("vllm:cache_config_info")
+    return int(labels["block_size"]), int(labels["num_gpu_blocks"])
+
+
+def prefix_counters(metrics: Any) -> tuple[float, float]:
+    return (
+        metrics.get("vllm:prefix_cache_hits_total"),
+        metrics.get("vllm:prefix_cache_queries_total"),
+    )
+
+
+async def send_all(
+    http: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    api: Literal["chat", "completions"],
+    prompts: Sequence[Prompt],
+) -> list[int]:
+    """Send ``prompts``, ``CONCURRENCY`` at a time; the prompt tokens of each."""
+    gate = asyncio.Semaphore(CONCURRENCY)
+    path = "chat/completions" if api == "chat" else "completions"
+
+    async def one(prompt: Prompt) -> int:
+        body = request_body(
+            prompt, api=api, model=model, stream=False, ignore_eos=True, extra_body=None
+        )
+        async with gate, http.post(f"{url}/v1/{path}", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            usage: int = (await resp.json())["usage"]["prompt_tokens"]
+            return usage
+
+    return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+@pytest.mark.parametrize("hit", [0.2, 0.5, 0.8])
+async def test_the_simulators_counters_show_the_asked_rate(
+    start_sim: Any, http: aiohttp.ClientSession, scrape: Any, hit: float, api: str
+) -> None:
+    assert api in ("chat", "completions")
+    kind: Literal["chat", "completions"] = "chat" if api == "chat" else "completions"
+    async with start_sim(eos_probability=0.0) as server:
+        url, model = server.url, server.model
+        counter = await pick_counter(http, url, model, None)
+        assert counter.source == "server"
+        block_size, blocks = cache_config(await scrape(http, url))
+        head, tail = (0, 0)
+        if kind == "chat":
+            head, tail = await template_overhead(http, url, model)
+            assert (head, tail) == (2, 2)  # start, role ... end, the reply's start
+        workload = await build_workload(
+            parse_workload(f"prefix:hit={hit},prompt=512,groups=4,output=2"),
+            counter=counter,
+            seed=11,
+            block_size=block_size,
+            overhead_tokens=head,
+            tail_tokens=tail,
+            cache_tokens=blocks * block_size,
+        )
+        assert isinstance(workload, PrefixWorkload)
+        assert abs(workload.expected_hit - hit) < 0.03
+        await send_all(http, url, model, kind, workload.warm)
+        hits_before, queries_before = prefix_counters(await scrape(http, url))
+        counted = await send_all(
+            http, url, model, kind, [workload.prompt(i) for i in range(REQUESTS)]
+        )
+        hits, queries = prefix_counters(await scrape(http, url))
+    assert set(counted) == {512 + head + tail}
+    assert queries - queries_before == REQUESTS * (512 + head + tail)
+    measured = (hits - hits_before) / (queries - queries_before)
+    print(f"hit={hit} api={api}: measured {measured:.4f}")  # noqa: T201
+    assert abs(measured - hit) <= 0.03
+    assert measured == pytest.approx(workload.expected_hit, abs=1e-9)
