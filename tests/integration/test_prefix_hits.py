@@ -11,12 +11,20 @@ warm prompts go first; then 160 requests, 8 at a time, and the deltas of
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
 import pytest
+from rich.console import Console
 
+from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.plan import make_plan
+from servemon.loadgen.run.progress import Progress
+from servemon.loadgen.runner import Stopper, run_load
 from servemon.loadgen.workloads.prefix import PrefixWorkload
 from servemon.loadgen.workloads.prompts import Prompt
 from servemon.loadgen.workloads.tokens import pick_counter
@@ -141,3 +149,43 @@ async def test_the_simulators_counters_show_the_asked_rate(
     print(f"hit={hit} api={api}: measured {measured:.4f}")  # noqa: T201
     assert abs(measured - hit) <= 0.03
     assert measured == pytest.approx(workload.expected_hit, abs=1e-9)
+
+
+async def test_a_ramp_reads_the_engine_warms_the_groups_and_meets_the_rate(
+    start_sim: Any, http: aiohttp.ClientSession, scrape: Any, tmp_path: Path
+) -> None:
+    async with start_sim(eos_probability=0.0) as server:
+        config = LoadConfig(
+            target=server.url,
+            out=str(tmp_path / "runs"),
+            metrics_port=0,
+            timeout=20.0,
+            grace=1.0,
+            workload="prefix:hit=0.5,prompt=512,groups=4,output=2",
+            stages="100:3",
+            arrival="constant",
+            max_requests=REQUESTS,
+        )
+        result = await run_load(
+            make_plan("ramp", config),
+            config,
+            server.url,
+            argv=["servemon", "ramp", "(test)"],
+            stop=Stopper(),
+            env={},
+            progress=Progress(Console(file=io.StringIO()), live=False),
+        )
+        hits, queries = prefix_counters(await scrape(http, server.url))
+    recorded = json.loads((result.path / "run.json").read_text())["workload"]
+    assert recorded["block_size"] == 16
+    assert recorded["block_source"] == "cache_config_info"
+    assert recorded["cache_tokens"] == 4096 * 16
+    assert (recorded["overhead_tokens"], recorded["tail_tokens"]) == (2, 2)
+    assert recorded["overhead_source"] == "tokenize"
+    lines = (result.path / "requests.jsonl").read_text().splitlines()
+    assert len(lines) == REQUESTS  # the warm prompts are not recorded
+    # The four warm prompts went first and hit nothing; the requests hit as planned.
+    assert queries == (REQUESTS + 4) * 516
+    measured = hits / (REQUESTS * 516)
+    assert measured == pytest.approx(recorded["expected_hit"], abs=1e-6)
+    assert abs(measured - 0.5) <= 0.03
