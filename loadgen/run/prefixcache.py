@@ -39,8 +39,9 @@ __all__ = [
 #: vLLM's block size when the engine does not say its own.
 DEFAULT_BLOCK_SIZE = 16
 _PROBE_TIMEOUT = aiohttp.ClientTimeout(total=10)
-#: Two contents that differ in their first and last words.
-_PROBES = ("alpha one two beta", "gamma one two delta")
+#: Two contents that differ in their first and last words, common English (in
+#: servemon's word list) so that even a small word-level vocabulary has them.
+_PROBES = ("apple river house zebra", "water river house yellow")
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +179,9 @@ async def _template(
     headers: Mapping[str, str],
 ) -> tuple[int, int] | None:
     """Tokens the server adds before and after the content, or None if its
-    ``/tokenize`` does not tell."""
-    answers = []
+    ``/tokenize`` does not tell (or tells something that does not add up: the
+    content alone plus head and tail must be the whole, for both probes)."""
+    wholes, contents = [], []
     for content in _PROBES:
         if api == "chat":
             body: dict[str, Any] = {
@@ -189,12 +191,18 @@ async def _template(
             }
         else:
             body = {"model": model, "prompt": content, "add_special_tokens": True}
-        tokens = await _tokenize(session, base + "/tokenize", body, headers)
-        if tokens is None:
+        plain = {"model": model, "prompt": content, "add_special_tokens": False}
+        whole = await _tokenize(session, base + "/tokenize", body, headers)
+        alone = await _tokenize(session, base + "/tokenize", plain, headers)
+        if whole is None or alone is None:
             return None
-        answers.append(tokens)
-    one, two = answers
-    return _common(one, two), _common(one[::-1], two[::-1])
+        wholes.append(whole)
+        contents.append(len(alone))
+    one, two = wholes
+    head, tail = _common(one, two), _common(one[::-1], two[::-1])
+    if any(len(w) != head + n + tail for w, n in zip(wholes, contents, strict=True)):
+        return None
+    return head, tail
 
 
 async def _tokenize(

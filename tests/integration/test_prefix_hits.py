@@ -1,11 +1,11 @@
 """A ``prefix`` workload meets its hit rate on the simulator's own counters.
 
-The workload is built as a run would build it: the simulator's ``/tokenize`` as the
-counter, its block size and cache size from ``vllm:cache_config_info``, and, for the
-chat API, what its chat template adds before and after the content found through
-``/tokenize`` with messages (the common head and tail of two chats' tokens). The
-warm prompts go first; then 160 requests, 8 at a time, and the deltas of
-``vllm:prefix_cache_hits_total`` over ``vllm:prefix_cache_queries_total``.
+The workload is built as a run builds it: the simulator's ``/tokenize`` as the
+counter, its block size and cache size from ``vllm:cache_config_info``, and what the
+server adds around the content (the chat template) through ``/tokenize``
+(:func:`~loadgen.run.prefixcache.find_prefix_target`). The warm prompts go first;
+then 160 requests, 8 at a time, and the deltas of ``vllm:prefix_cache_hits_total``
+over ``vllm:prefix_cache_queries_total``. Last, a whole ramp does the same itself.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ from typing import Any, Literal
 
 import aiohttp
 import pytest
+from aiohttp import web
 from rich.console import Console
 
 from servemon.loadgen.run.config import LoadConfig
 from servemon.loadgen.run.plan import make_plan
+from servemon.loadgen.run.prefixcache import PrefixTarget, find_prefix_target
 from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.runner import Stopper, run_load
 from servemon.loadgen.workloads.prefix import PrefixWorkload
@@ -38,46 +40,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 REQUESTS = 160
 CONCURRENCY = 8
-
-
-async def tokens_of(
-    http: aiohttp.ClientSession, url: str, body: dict[str, Any]
-) -> list[int]:
-    async with http.post(f"{url}/tokenize", json=body) as resp:
-        assert resp.status == 200, await resp.text()
-        tokens: list[int] = (await resp.json())["tokens"]
-        return tokens
-
-
-async def template_overhead(
-    http: aiohttp.ClientSession, url: str, model: str
-) -> tuple[int, int]:
-    """What the chat template adds before and after a user message's content: the
-    common head and tail of two chats whose contents differ at both ends."""
-    chats = [
-        await tokens_of(
-            http,
-            url,
-            {"model": model, "messages": [{"role": "user", "content": content}]},
-        )
-        for content in ("alpha one two beta", "gamma one two delta")
-    ]
-    return _common(chats[0], chats[1]), _common(chats[0][::-1], chats[1][::-1])
-
-
-def _common(one: Sequence[int], two: Sequence[int]) -> int:
-    same = 0
-    for a, b in zip(one, two, strict=False):
-        if a != b:
-            break
-        same += 1
-    return same
-
-
-def cache_config(metrics: Any) -> tuple[int, int]:
-    """Block size and blocks, from the line vLLM publishes its cache config on."""
-    (labels,) = metrics.labels_of("vllm:cache_config_info")
-    return int(labels["block_size"]), int(labels["num_gpu_blocks"])
 
 
 def prefix_counters(metrics: Any) -> tuple[float, float]:
@@ -121,19 +83,16 @@ async def test_the_simulators_counters_show_the_asked_rate(
         url, model = server.url, server.model
         counter = await pick_counter(http, url, model, None)
         assert counter.source == "server"
-        block_size, blocks = cache_config(await scrape(http, url))
-        head, tail = (0, 0)
-        if kind == "chat":
-            head, tail = await template_overhead(http, url, model)
-            assert (head, tail) == (2, 2)  # start, role ... end, the reply's start
+        found = await find_prefix_target(http, url, model, kind, {})
+        assert (found.block_size, found.cache_tokens) == (16, 4096 * 16)
+        head, tail = (found.overhead_tokens, found.tail_tokens)
+        # The chat template: start, role ... end, the reply's start.
+        assert (head, tail) == ((2, 2) if kind == "chat" else (0, 0))
         workload = await build_workload(
             parse_workload(f"prefix:hit={hit},prompt=512,groups=4,output=2"),
             counter=counter,
             seed=11,
-            block_size=block_size,
-            overhead_tokens=head,
-            tail_tokens=tail,
-            cache_tokens=blocks * block_size,
+            **found.build_options(),
         )
         assert isinstance(workload, PrefixWorkload)
         assert abs(workload.expected_hit - hit) < 0.03
@@ -189,3 +148,30 @@ async def test_a_ramp_reads_the_engine_warms_the_groups_and_meets_the_rate(
     measured = hits / (REQUESTS * 516)
     assert measured == pytest.approx(recorded["expected_hit"], abs=1e-6)
     assert abs(measured - 0.5) <= 0.03
+
+
+async def test_an_engine_that_says_nothing_gets_vllms_block_and_no_overhead(
+    http: aiohttp.ClientSession,
+) -> None:
+    async def nothing(request: web.Request) -> web.Response:
+        return web.Response(status=404)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", nothing)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        found = await find_prefix_target(http, f"http://{host}:{port}", "m", "chat", {})
+    finally:
+        await runner.cleanup()
+    assert found == PrefixTarget(
+        block_size=16,
+        cache_tokens=None,
+        overhead_tokens=0,
+        tail_tokens=0,
+        block_source="default",
+        overhead_source="none",
+    )
