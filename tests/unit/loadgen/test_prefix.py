@@ -249,3 +249,20 @@ async def test_prompts_are_the_same_for_the_same_seed_and_index() -> None:
         assert one.prompt(index) == two.prompt(index)
         assert one.prompt(index).text != other.prompt(index).text
     assert one.warm == two.warm
+
+
+class CappedCounter:
+    """One token a word, but never more than 300: short texts add up, long don't."""
+
+    source = "capped"
+
+    async def count(self, text: str) -> int:
+        return min(len(text.split()), 300)
+
+
+@pytest.mark.asyncio
+async def test_counts_that_do_not_add_up_cannot_place_blocks() -> None:
+    with pytest.raises(ConfigError, match="do not add up word by word"):
+        await build_workload(
+            parse_workload("prefix:hit=0.5,prompt=512"), counter=CappedCounter(), seed=1
+        )
