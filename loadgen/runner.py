@@ -53,6 +53,11 @@ from servemon.loadgen.run.plan import (
     recorded_config,
     redact_argv,
 )
+from servemon.loadgen.run.prefixcache import (
+    find_prefix_target,
+    prefix_record,
+    send_warm,
+)
 from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.run.promsource import PrometheusSampler, auth_header
 from servemon.loadgen.run.promtargets import (
@@ -74,6 +79,7 @@ from servemon.loadgen.send.client import ClientSettings, make_session
 from servemon.loadgen.send.cpulatency import hold_cpu_latency
 from servemon.loadgen.send.stopping import Stopper
 from servemon.loadgen.workloads.modelmix import ModelMix
+from servemon.loadgen.workloads.prefix import PrefixWorkload
 from servemon.loadgen.workloads.tokens import pick_counter
 from servemon.loadgen.workloads.traceprompts import TraceWorkload
 from servemon.loadgen.workloads.workload import Workload, build_workload
@@ -154,12 +160,20 @@ async def run_load(
         try:
             counter = await pick_counter(session, base, model, config.tokenizer)
             context = context_of(listing, model)
+            prefix = (
+                await find_prefix_target(
+                    session, base, model.split(",")[0], config.api, headers
+                )
+                if config.workload.kind == "prefix"
+                else None
+            )
             workload = await build_workload(
                 config.workload,
                 counter=counter,
                 seed=config.seed,
                 context=context,
                 over_context=config.over_context,
+                **(prefix.build_options() if prefix else {}),
             )
             pick_model = _model_picker(config, mix, model, workload)
             rundir = RunDirectory.create(Path(config.out), kind)
@@ -201,6 +215,7 @@ async def run_load(
                         if isinstance(workload, TraceWorkload)
                         else {"context_tokens": context}
                     ),
+                    **prefix_record(workload, prefix),
                 },
                 client={
                     **asdict(settings),
@@ -223,6 +238,20 @@ async def run_load(
                 stages=[r.result(rundir.origin_s) for r in stages],
             )
             write_record(rundir.path, info)
+            if isinstance(workload, PrefixWorkload):
+                # Each group's prefix in the cache before the first stage, for
+                # every model asked for; not recorded.
+                await send_warm(
+                    session,
+                    ctx.url,
+                    [
+                        ctx.body_of(prompt, name)
+                        for name in (mix.names if mix else (model,))
+                        for prompt in workload.warm
+                    ],
+                    headers,
+                    config.timeout,
+                )
             with hold_cpu_latency(config.cpu_dma_latency):
                 return await _execute(ctx, info, stop, arrival, scrape)
         finally:

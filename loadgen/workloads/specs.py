@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from servemon.core.errors import ConfigError
 from servemon.loadgen.workloads.prompts import OutputBudget
 
-__all__ = ["spec_int", "spec_options", "spec_range"]
+__all__ = ["spec_fraction", "spec_int", "spec_options", "spec_range"]
 
 
 def spec_options(kind: str, text: str, known: Sequence[str]) -> dict[str, str]:
@@ -42,6 +42,20 @@ def spec_int(kind: str, key: str, value: str, *, minimum: int = 1) -> int:
     if number < minimum:
         raise ConfigError(
             f"--workload: {kind}: {key} must be an integer >= {minimum}, got {value!r}"
+        )
+    return number
+
+
+def spec_fraction(kind: str, key: str, value: str) -> float:
+    """A number in ``[0, 1)``."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not 0.0 <= number < 1.0:  # NaN fails too
+        raise ConfigError(
+            f"--workload: {kind}: {key} must be a number with 0 <= {key} < 1, "
+            f"got {value!r}"
         )
     return number
 

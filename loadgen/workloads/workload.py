@@ -20,6 +20,14 @@ Specs (every key optional; defaults as shown, output defaults to ``default_outpu
     drawn for ``i`` alone, so the prefix cache sees ``prompts`` hot prefixes while no
     two requests are the same (suffixes repeat only by chance, which is negligible
     unless ``suffix`` is a few tokens).
+``prefix:hit=H,prompt=1024,groups=4,output=O``
+    Prompts of ``prompt`` content tokens built so that the engine's prefix cache
+    serves a fraction ``H`` (``0 <= H < 1``, required) of the tokens the server
+    counts, as closely as its blocks allow (:mod:`loadgen.workloads.prefix`):
+    request ``i`` sends group ``i % groups``'s shared prefix, a whole number of
+    cache blocks counting what the chat template puts before it, then a tail of
+    its own from its first words. One warm prompt per group puts the prefixes in
+    the cache before the run. Needs exact counts (a tokenizer or ``/tokenize``).
 ``file:PATH[,output=O]``
     JSONL, one object a line: ``{"prompt": str}``, ``{"messages": [{"role",
     "content"}, ...]}`` or ShareGPT's ``{"conversations": [{"from", "value"}, ...]}``
@@ -66,6 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from servemon.core.errors import ConfigError
+from servemon.loadgen.workloads.prefix import build_prefix
 from servemon.loadgen.workloads.promptfile import (
     build_file,
     read_conversations,
@@ -84,7 +93,12 @@ from servemon.loadgen.workloads.sessions import (
     build_sessions,
     parse_sessions,
 )
-from servemon.loadgen.workloads.specs import spec_int, spec_options, spec_range
+from servemon.loadgen.workloads.specs import (
+    spec_fraction,
+    spec_int,
+    spec_options,
+    spec_range,
+)
 from servemon.loadgen.workloads.synthetic import build_random, build_shared_prefix
 from servemon.loadgen.workloads.tokens import TokenCounter
 from servemon.loadgen.workloads.tracefile import TraceEntry, read_trace
@@ -187,10 +201,17 @@ async def build_workload(
     pool_size: int = 256,
     context: int | None = None,
     over_context: OverContext = "error",
+    block_size: int = 16,
+    overhead_tokens: int = 0,
+    tail_tokens: int = 0,
+    cache_tokens: int | None = None,
 ) -> Workload:
     """Build the prompts of ``spec``, counting them with ``counter``; ``context``
     (the target's, where it says) and ``over_context`` for a trace's requests that
-    do not fit it (:mod:`loadgen.workloads.traceprompts`).
+    do not fit it (:mod:`loadgen.workloads.traceprompts`); for ``prefix:``, the
+    engine's ``block_size``, what the chat template adds before and after the
+    content, and the engine's cache in tokens where known
+    (:func:`~loadgen.workloads.prefix.build_prefix`).
 
     A bad file is a one-line :class:`ConfigError`; a counter that fails mid-way
     raises what it raised.
@@ -200,6 +221,17 @@ async def build_workload(
         return await build_random(text, counter, seed, pool_size, **options)
     if kind == "shared-prefix":
         return await build_shared_prefix(text, counter, seed, **options)
+    if kind == "prefix":
+        return await build_prefix(
+            text,
+            counter,
+            seed,
+            block_size=block_size,
+            overhead_tokens=overhead_tokens,
+            tail_tokens=tail_tokens,
+            cache_tokens=cache_tokens,
+            **options,
+        )
     if kind == "sessions":
         return await build_sessions(
             text, counter, seed, options["spec"], DEFAULT_OUTPUT
@@ -249,6 +281,20 @@ def _parse(spec: str, *, default_output: int) -> tuple[str, dict[str, Any]]:
                 kind, "output", options.get("output", str(default_output))
             ),
         }
+    if kind == "prefix":
+        options = spec_options(kind, rest, ("hit", "prompt", "groups", "output"))
+        if "hit" not in options:
+            raise ConfigError(
+                "--workload: prefix: hit is required (hit=H with 0 <= H < 1)"
+            )
+        return kind, {
+            "hit": spec_fraction(kind, "hit", options["hit"]),
+            "prompt": spec_int(kind, "prompt", options.get("prompt", "1024")),
+            "groups": spec_int(kind, "groups", options.get("groups", "4")),
+            "output": spec_range(
+                kind, "output", options.get("output", str(default_output))
+            ),
+        }
     if kind == "sessions":
         return kind, {"spec": parse_sessions(rest, default_output)}
     if kind in ("file", "trace"):
@@ -261,7 +307,7 @@ def _parse(spec: str, *, default_output: int) -> tuple[str, dict[str, Any]]:
         return kind, {"path": Path(path), "output": override}
     raise ConfigError(
         f"--workload: unknown kind {kind!r} in {spec!r} "
-        "(known: random, shared-prefix, sessions, file, trace)"
+        "(known: random, shared-prefix, prefix, sessions, file, trace)"
     )
 
 

@@ -192,6 +192,51 @@ def test_vllm_shared_prefix_hits_agree_with_its_counters(
     assert ratio > 0.5
 
 
+@pytest.mark.parametrize("hit", [0.2, 0.5, 0.8])
+def test_vllm_meets_an_asked_prefix_hit_rate_on_its_own_counters(
+    vllm_server: Engine,
+    vllm_model: VllmModel,
+    servemon: Callable[..., Any],
+    hit: float,
+) -> None:
+    # 2,048 content tokens and vLLM's 128-token blocks: the nearest whole blocks
+    # are 3, 8 and 13 (0.19, 0.50, 0.81 of about 2,051). Two groups of at most 13
+    # blocks stay under half the 64-block cache.
+    before = wait_idle(vllm_server.url)
+    ramp, _ = run(
+        servemon,
+        "ramp",
+        "--target",
+        vllm_server.url,
+        "--stages",
+        "1:12",
+        "--arrival",
+        "constant",
+        "--workload",
+        f"prefix:hit={hit},prompt=2048,groups=2,output=4",
+        *tok(vllm_model),
+    )
+    after = wait_idle(vllm_server.url)
+    rows = requests_of(ramp)
+    assert_all_ok(rows, vllm_server)
+    recorded = json.loads((ramp / "run.json").read_text())["workload"]
+    assert recorded["block_size"] == VLLM_BLOCK_SIZE
+    assert recorded["block_source"] == "cache_config_info"
+    assert recorded["overhead_source"] == "tokenize"
+    (server_tokens,) = {row["prompt_tokens"] for row in rows}
+    assert server_tokens == (
+        2048 + recorded["overhead_tokens"] + recorded["tail_tokens"]
+    )
+    hits = delta(before, after, "vllm:prefix_cache_hits_total")
+    queries = delta(before, after, "vllm:prefix_cache_queries_total")
+    # The two warm prompts went first, unrecorded, and hit nothing.
+    assert queries == (len(rows) + 2) * server_tokens
+    assert hits == sum(row["cached_tokens"] for row in rows)
+    measured = hits / (len(rows) * server_tokens)
+    assert abs(measured - hit) <= 0.03, (measured, recorded)
+    assert measured == pytest.approx(recorded["expected_hit"], abs=1e-6)
+
+
 def test_vllm_trace_replay_and_sessions_hits_agree_with_its_counters(
     vllm_server: Engine,
     vllm_model: VllmModel,
