@@ -22,10 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from servemon.core.errors import ConfigError, RecordError
-from servemon.core.signals import SignalQuery, queries
 from servemon.core.version import __version__
 from servemon.core.wire.webconfig import load_web_config
 from servemon.loadgen.drivers.capacity import drive_capacity
@@ -59,13 +56,17 @@ from servemon.loadgen.run.prefixcache import (
     send_warm,
 )
 from servemon.loadgen.run.progress import Progress
-from servemon.loadgen.run.promsource import PrometheusSampler, auth_header
+from servemon.loadgen.run.promsource import PrometheusSampler
 from servemon.loadgen.run.promtargets import (
-    DEFAULT_S,
     ScrapeInterval,
-    find_scrape_interval,
 )
 from servemon.loadgen.run.sampler import ServerSampler
+from servemon.loadgen.run.sources import (
+    make_sampler,
+    prom_headers,
+    scrape_interval_of,
+    source_record,
+)
 from servemon.loadgen.run.target import (
     check_served,
     context_of,
@@ -83,7 +84,6 @@ from servemon.loadgen.workloads.prefix import PrefixWorkload
 from servemon.loadgen.workloads.tokens import pick_counter
 from servemon.loadgen.workloads.traceprompts import TraceWorkload
 from servemon.loadgen.workloads.workload import Workload, build_workload
-from servemon.monitor.config import load_auth
 
 __all__ = [
     "DRIVERS",
@@ -143,7 +143,7 @@ async def run_load(
             target_version(session, base), asyncio.to_thread(local_gpus)
         )
         given = config
-        scrape = await _scrape_interval(session, config, progress)
+        scrape = await scrape_interval_of(session, config, progress)
         if scrape is not None:
             config = replace(config, scrape_interval=scrape.seconds)
         label = config.target_name or urlsplit(base).netloc
@@ -258,23 +258,6 @@ async def run_load(
             await live.stop()
 
 
-async def _scrape_interval(
-    session: aiohttp.ClientSession, config: LoadConfig, progress: Progress
-) -> ScrapeInterval | None:
-    """Prometheus' scrape interval behind ``--select`` (None without
-    ``--prometheus``): the flag's, else asked of Prometheus, else the default,
-    said once."""
-    if config.prometheus is None:
-        return None
-    if config.scrape_interval is not None:
-        return ScrapeInterval(config.scrape_interval, "flag")
-    found = await find_scrape_interval(
-        session, config.prometheus, config.select, _prom_headers(config)
-    )
-    progress.console.print(found.said(), soft_wrap=True)
-    return found
-
-
 async def _execute(
     ctx: RunContext,
     info: RunInfo,
@@ -282,7 +265,7 @@ async def _execute(
     arrival: Arrival,
     scrape: ScrapeInterval | None,
 ) -> RunResult:
-    sampler = _sampler(ctx)
+    sampler = make_sampler(ctx.config, ctx.session, ctx.base, ctx.sampled)
     c = ctx.config
     energy, said = await open_energy(
         c.energy,
@@ -290,7 +273,7 @@ async def _execute(
         target_is_local=is_loopback(ctx.base),
         prometheus=c.prometheus,
         select=c.select,
-        prom_headers=_prom_headers(c),
+        prom_headers=prom_headers(c),
         sink=ctx.sampled,
         interval_s=c.sample_interval,
     )
@@ -328,39 +311,6 @@ async def _execute(
         finally:
             ctx.rundir.close()
     return result
-
-
-def _sampler(ctx: RunContext) -> ServerSampler | PrometheusSampler:
-    """What reads the server's signals: the target's ``/metrics`` (the default),
-    or Prometheus' queries over ``--select`` (``--prometheus``)."""
-    c = ctx.config
-    if c.prometheus is None:
-        return ServerSampler(
-            ctx.session,
-            ctx.base + "/metrics",
-            ctx.sampled,
-            interval_s=c.sample_interval,
-        )
-    return PrometheusSampler(
-        ctx.session,
-        c.prometheus,
-        signal_queries(c),
-        ctx.sampled,
-        interval_s=c.sample_interval,
-        stale_after_s=2 * (c.scrape_interval or DEFAULT_S),
-        headers=_prom_headers(c),
-    )
-
-
-def _prom_headers(config: LoadConfig) -> dict[str, str]:
-    """The header ``--prometheus-auth-file`` asks for on every Prometheus read."""
-    path = config.prometheus_auth_file
-    return auth_header(load_auth(Path(path)) if path else None)
-
-
-def signal_queries(config: LoadConfig) -> dict[str, SignalQuery]:
-    """The PromQL a ``--prometheus`` run reads its signals with."""
-    return queries(config.select, round(config.signal_window))
 
 
 def _finish(
@@ -406,7 +356,7 @@ def _finish(
             "scrapes": sampler.scrapes,
             "errors": sampler.errors,
             "engine_info": sampler.engine_info or None,
-            **_source(ctx.config),
+            **source_record(ctx.config),
             "scrape_interval": None if scrape is None else scrape.record(),
         },
     )
@@ -437,22 +387,6 @@ def _model_picker(
         of = workload.model_of
         return lambda index: of(index) or model
     return None
-
-
-def _source(config: LoadConfig) -> dict[str, Any]:
-    """Where the server's signals came from, and (Prometheus) the queries."""
-    if config.prometheus is None:
-        return {"source": "target /metrics"}
-    return {
-        "source": "prometheus",
-        "prometheus": config.prometheus,
-        "select": ",".join(config.select) or None,
-        "stale_after_s": 2 * (config.scrape_interval or DEFAULT_S),
-        "queries": {
-            name: {"value": q.value, "age": q.age}
-            for name, q in signal_queries(config).items()
-        },
-    }
 
 
 def _loop_name() -> str:

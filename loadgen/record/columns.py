@@ -275,11 +275,17 @@ def cells(columns: Sequence[Column], rows: Sequence[Row]) -> list[list[str]]:
 
 @dataclass(frozen=True, slots=True)
 class Compared:
-    """A figure ``servemon compare`` lines up across runs."""
+    """A figure ``servemon compare`` lines up across runs: its label, its value in
+    a summary, which way is better, and what it is made of (the latency figure of
+    :data:`~loadgen.record.figures.FIGURES` and the quantile it takes, None for a
+    mean; no figure for a rate), so a comparison can tell whether a difference is
+    real (:mod:`loadgen.reports.significance`)."""
 
     label: str
     value: Callable[[Summary], float | None]
     higher_is_better: bool = False
+    figure: str | None = None
+    quantile: float | None = None
 
 
 def _scaled(key: str, scale: float) -> Callable[[Summary], float | None]:
@@ -290,17 +296,23 @@ def _scaled(key: str, scale: float) -> Callable[[Summary], float | None]:
     return value
 
 
+def _latency(label: str, key: str, scale: float) -> Compared:
+    figure, _, stat = key.rpartition("_")
+    quantile = None if stat == "mean" else int(stat.removeprefix("p")) / 100
+    return Compared(label, _scaled(key, scale), False, figure, quantile)
+
+
 COMPARED: tuple[Compared, ...] = (
     Compared("output tok/s", lambda s: s.output_throughput, True),
     Compared("requests/s", lambda s: s.request_throughput, True),
-    Compared("TTFT mean ms", _scaled("ttft_mean", 1000.0)),
-    Compared("TTFT p95 ms", _scaled("ttft_p95", 1000.0)),
-    Compared("TTFA p95 ms", _scaled("ttfa_p95", 1000.0)),
-    Compared("TPOT mean ms", _scaled("tpot_mean", 1000.0)),
-    Compared("ITL p95 ms", _scaled("itl_p95", 1000.0)),
-    Compared("E2E mean s", _scaled("e2e_mean", 1.0)),
-    Compared("E2E p95 s", _scaled("e2e_p95", 1.0)),
-    Compared("error rate", lambda s: s.error_rate),
+    _latency("TTFT mean ms", "ttft_mean", 1000.0),
+    _latency("TTFT p95 ms", "ttft_p95", 1000.0),
+    _latency("TTFA p95 ms", "ttfa_p95", 1000.0),
+    _latency("TPOT mean ms", "tpot_mean", 1000.0),
+    _latency("ITL p95 ms", "itl_p95", 1000.0),
+    _latency("E2E mean s", "e2e_mean", 1.0),
+    _latency("E2E p95 s", "e2e_p95", 1.0),
+    Compared("error rate", lambda s: s.error_rate, figure="error_rate"),
     Compared("J/token", lambda s: s.value("joules_per_token")),
     Compared("W", lambda s: s.value("watts")),
     Compared("$/Mtok", lambda s: s.value("cost_per_mtok")),

@@ -304,7 +304,7 @@ def _summary_input(data: dict[str, Any]) -> dict[str, Any]:
             for s in stages
         ]
     out = {**data, "stages": stages, "overall": one(data.get("overall"))}
-    for key in ("by_turn", "by_model"):
+    for key in ("by_turn", "by_model", "by_level"):
         groups = data.get(key)
         if isinstance(groups, dict):
             out[key] = {k: one(v) for k, v in groups.items()}

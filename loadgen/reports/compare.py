@@ -13,35 +13,52 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from servemon.core.outcomes import failed, judged
 from servemon.loadgen.record.columns import COMPARED
+from servemon.loadgen.record.figures import FIGURES
+from servemon.loadgen.record.line import timing_from_line
+from servemon.loadgen.record.record import read_jsonl
 from servemon.loadgen.record.runrecord import StageResult
 from servemon.loadgen.record.summary import Summary
 from servemon.loadgen.reports.plots import svg
 from servemon.loadgen.reports.report import CSS, RunData, load_run
+from servemon.loadgen.reports.significance import (
+    Difference,
+    FigureQuestion,
+    Samples,
+    judge,
+)
 from servemon.loadgen.run.plan import parallel_label, rate_label
+from servemon.loadgen.send.timing import Outcome
 
 __all__ = [
     "Comparison",
     "compare",
     "render_compare",
     "run_names",
+    "verdict_notes",
+    "verdict_text",
     "write_compare",
 ]
 
 
 @dataclass(frozen=True, slots=True)
 class Comparison:
-    """Runs compared: per level, per figure, the value of each run."""
+    """Runs compared: per level, per figure, the value of each run (a repeated
+    level's pooled value), and each later run's differences from the first with
+    their intervals and verdicts (:mod:`loadgen.reports.significance`)."""
 
     runs: list[RunData]
     levels: list[str]
     values: dict[str, dict[str, list[float | None]]]
     warnings: list[str]
+    #: Per later run, its differences from the first, keyed by (level, figure).
+    differences: list[dict[tuple[str, str], Difference]] = field(default_factory=list)
 
 
 def _level_key(data: RunData, stage: StageResult) -> str:
@@ -50,22 +67,18 @@ def _level_key(data: RunData, stage: StageResult) -> str:
     return rate_label(stage.target_rate or 0.0)
 
 
-def compare(paths: Sequence[Path]) -> Comparison:
-    """Load and line up the runs."""
+def compare(paths: Sequence[Path], *, confidence: float = 0.95) -> Comparison:
+    """Load and line up the runs, and judge each later run against the first."""
     runs = [load_run(p) for p in paths]
+    repeats = [_repeats(r) for r in runs]
     per_run = [
         {
-            **{
-                _level_key(r, s): summary
-                for s, summary in zip(
-                    r.summary.stages, r.summary.summaries, strict=True
-                )
-            },
+            **{level: pooled for level, (pooled, _) in own.items()},
             # The whole run's requests of each model of a mix, and of each turn.
             **{f"model {m}": v for m, v in (r.summary.by_model or {}).items()},
             **{f"turn {k}": v for k, v in (r.summary.by_turn or {}).items()},
         }
-        for r in runs
+        for r, own in zip(runs, repeats, strict=True)
     ]
     levels = [k for k in per_run[0] if all(k in other for other in per_run[1:])]
     values: dict[str, dict[str, list[float | None]]] = {}
@@ -74,7 +87,128 @@ def compare(paths: Sequence[Path]) -> Comparison:
             figure.label: [figure.value(p[level]) for p in per_run]
             for figure in COMPARED
         }
-    return Comparison(runs, levels, values, _warnings(runs, per_run, levels))
+    shared = [level for level in levels if all(level in own for own in repeats)]
+    differences = [
+        _judged(runs[0], repeats[0], run, own, shared, confidence)
+        for run, own in zip(runs[1:], repeats[1:], strict=True)
+    ]
+    return Comparison(
+        runs, levels, values, _warnings(runs, per_run, levels), differences
+    )
+
+
+def _repeats(data: RunData) -> dict[str, tuple[Summary, list[StageResult]]]:
+    """Each load level of a run: its summary (a repeated level's pooled one) and
+    the stages that ran it (one, or its repeats)."""
+    stages: dict[str, list[StageResult]] = {}
+    for stage in data.summary.stages:
+        if stage.summary is not None:
+            stages.setdefault(_level_key(data, stage), []).append(stage)
+    pooled = data.summary.by_level or {}
+    out = {}
+    for level, own in stages.items():
+        whole = pooled.get(own[0].label) if len(own) > 1 else None
+        out[level] = (
+            whole or own[-1].summary or Summary(0, {}, 0.0, 0.0, 0.0, None, None),
+            own,
+        )
+    return out
+
+
+def _judged(
+    first: RunData,
+    first_levels: dict[str, tuple[Summary, list[StageResult]]],
+    other: RunData,
+    other_levels: dict[str, tuple[Summary, list[StageResult]]],
+    levels: Sequence[str],
+    confidence: float,
+) -> dict[tuple[str, str], Difference]:
+    """``other``'s differences from ``first`` at every level both ran, every
+    figure both have, judged together (one family)."""
+    single = any(
+        len(own[level][1]) == 1
+        for own in (first_levels, other_levels)
+        for level in levels
+    )
+    requests = (
+        [_request_values(first, first_levels), _request_values(other, other_levels)]
+        if single
+        else [{}, {}]
+    )
+    questions = []
+    for level in levels:
+        for figure in COMPARED:
+            sides = []
+            for own, values in zip((first_levels, other_levels), requests, strict=True):
+                pooled, stages = own[level]
+                each = [
+                    v
+                    for s in stages
+                    if s.summary is not None
+                    and (v := figure.value(s.summary)) is not None
+                ]
+                if not each or figure.value(pooled) is None:
+                    break
+                per_request = values.get((level, figure.figure or ""))
+                sides.append(
+                    Samples(
+                        tuple(each),
+                        None if per_request is None else tuple(per_request),
+                        _rests_on(figure.figure, pooled),
+                    )
+                )
+            if len(sides) == 2:
+                questions.append(
+                    FigureQuestion(
+                        level,
+                        figure.label,
+                        figure.higher_is_better,
+                        figure.quantile,
+                        sides[0],
+                        sides[1],
+                    )
+                )
+    return {(d.level, d.figure): d for d in judge(questions, confidence=confidence)}
+
+
+def _rests_on(figure: str | None, summary: Summary) -> int:
+    """How many values a figure rests on: its distribution's count (ITL: every
+    gap), judged requests for the error rate, ok requests for a rate."""
+    if figure == "error_rate":
+        return summary.ok + summary.failed
+    if figure is not None:
+        dist = summary.figure(figure)
+        return 0 if dist is None else dist.count
+    return summary.ok
+
+
+def _request_values(
+    data: RunData, levels: dict[str, tuple[Summary, list[StageResult]]]
+) -> dict[tuple[str, str], list[float]]:
+    """Per level and figure, the values of the run's requests (one pass over
+    ``requests.jsonl``): what one run's interval rests on without repeats."""
+    level_of = {s.stage: level for level, (_, own) in levels.items() for s in own}
+    out: dict[tuple[str, str], list[float]] = {}
+    for line in read_jsonl(data.path / "requests.jsonl"):
+        try:
+            timing = timing_from_line(line)
+        except (KeyError, TypeError, ValueError):
+            continue
+        level = level_of.get(timing.stage)
+        if level is None:
+            continue
+        if judged(timing.outcome):
+            out.setdefault((level, "error_rate"), []).append(
+                1.0 if failed(timing.outcome) else 0.0
+            )
+        if timing.outcome is not Outcome.OK:
+            continue
+        for figure in FIGURES:
+            if figure.values is not None:
+                out.setdefault((level, figure.name), []).extend(figure.values(timing))
+            elif (value := figure.value(timing)) is not None:
+                out.setdefault((level, figure.name), []).append(value)
+    return out
 
 
 def _warnings(
@@ -152,18 +286,66 @@ def _fmt(value: float | None) -> str:
 
 
 def rows(c: Comparison) -> list[list[str]]:
-    """Table rows: level, figure, each run's value, each later run's ratio."""
+    """Table rows: level, figure, each run's value, and each later run's ratio to
+    the first with its interval and verdict."""
     out = []
     for level in c.levels:
         for figure in COMPARED:
             vals = c.values[level][figure.label]
             base = vals[0]
-            ratios = [
-                "-" if base in (None, 0) or v is None else f"{v / base:.2f}x"
-                for v in vals[1:]
-            ]
+            ratios = []
+            for i, v in enumerate(vals[1:]):
+                ratio = "-" if base in (None, 0) or v is None else f"{v / base:.2f}x"
+                found = (
+                    c.differences[i].get((level, figure.label))
+                    if c.differences
+                    else None
+                )
+                ratios.append(
+                    ratio if found is None else f"{ratio} {verdict_text(found)}"
+                )
             out.append([level, figure.label, *(_fmt(v) for v in vals), *ratios])
     return out
+
+
+def verdict_text(d: Difference) -> str:
+    """``[1.18-1.32] slower``: the interval of the ratio and the verdict; a
+    verdict resting on one run each says so."""
+    interval = "" if d.low is None or d.high is None else f"[{d.low:.2f}-{d.high:.2f}] "
+    basis = (
+        " (one run each)"
+        if d.basis == "one run each"
+        and d.verdict in ("faster", "slower", "no difference")
+        else ""
+    )
+    return f"{interval}{d.verdict}{basis}"
+
+
+def verdict_notes(c: Comparison) -> list[str]:
+    """What the verdicts rest on, once per comparison: the confidence, the
+    number of figures judged together, and each figure not judged and why."""
+    notes = []
+    names = run_names(c)
+    for i, found in enumerate(c.differences):
+        judged_ = [d for d in found.values() if d.confidence is not None]
+        bases = sorted({d.basis for d in judged_})
+        if judged_:
+            notes.append(
+                f"{names[i + 1]} vs {names[0]}: {len(judged_)} figures judged "
+                "together, "
+                f"each interval at {judged_[0].confidence:.2%} (95 % for the family); "
+                f"resting on {', '.join(bases)}"
+                + (
+                    ": a verdict from one run each holds the requests' variation only, "
+                    "not the runs' (use --repeats 3 on both)"
+                    if "one run each" in bases
+                    else ""
+                )
+            )
+        for d in found.values():
+            if d.verdict in ("too short", "cannot tell") and d.note:
+                notes.append(f"{names[i + 1]}: {d.level} {d.figure}: {d.note}")
+    return notes
 
 
 def run_names(c: Comparison) -> list[str]:
@@ -219,6 +401,12 @@ def render_compare(c: Comparison) -> str:
             "<h2>Conditions that make a ratio misleading</h2>",
             f"<ul>{notes}</ul>",
             "<h2>Side by side</h2>",
+            "<p>Each later run against the first: the ratio, its confidence "
+            "interval and a verdict (faster, slower, or no difference at this "
+            "confidence); how they are judged: docs/compare.md.</p>",
+            "<ul>"
+            + "".join(f"<li>{html.escape(n)}</li>" for n in verdict_notes(c))
+            + "</ul>",
             f"<table><thead><tr>{table_head}</tr></thead><tbody>{body}</tbody></table>",
             "<h2>Plots</h2>",
             plots,

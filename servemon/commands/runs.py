@@ -35,7 +35,12 @@ def compare(run_dirs: tuple[Path, ...], out: Path) -> None:
     from rich.table import Table
 
     from servemon.load import console_for
-    from servemon.loadgen.reports.compare import header, rows, write_compare
+    from servemon.loadgen.reports.compare import (
+        header,
+        rows,
+        verdict_notes,
+        write_compare,
+    )
 
     if len(run_dirs) < 2:
         raise ConfigError("compare: give at least two run directories")
@@ -49,6 +54,8 @@ def compare(run_dirs: tuple[Path, ...], out: Path) -> None:
         table.add_row(*row)
     console = console_for()
     console.print(table)
+    for note in verdict_notes(result):
+        console.print(f"verdicts: {note}", soft_wrap=True)
     for warning in result.warnings:
         console.print(f"caution: {warning}")
     console.print(f"written: {out}")
