@@ -38,22 +38,25 @@ __all__ = ["DASHBOARDS", "dashboard_json", "main", "write_dashboards"]
 DASHBOARDS = {"servemon-overview": overview, "servemon-ramp": ramp, "servemon-gpu": gpu}
 
 
-def dashboard_json(name: str) -> str:
-    """One dashboard as the JSON text that is committed."""
+def dashboard_json(name: str, *, gpu_hour_cost: float | None = None) -> str:
+    """One dashboard as the JSON text that is committed (without a price per
+    GPU-hour; ``gpu_hour_cost`` adds the GPU dashboard's cost panel)."""
+    board = gpu(gpu_hour_cost) if name == "servemon-gpu" else DASHBOARDS[name]()
     # Through the encoder first: grafanalib's objects become plain JSON values.
-    legacy = json.loads(
-        json.dumps(DASHBOARDS[name]().to_json_data(), cls=DashboardEncoder)
-    )
+    legacy = json.loads(json.dumps(board.to_json_data(), cls=DashboardEncoder))
     return json.dumps(current(legacy), sort_keys=True, indent=2) + "\n"
 
 
-def write_dashboards(out_dir: Path) -> list[Path]:
+def write_dashboards(
+    out_dir: Path, *, gpu_hour_cost: float | None = None
+) -> list[Path]:
     """Write every dashboard to ``out_dir/NAME.json``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for name in DASHBOARDS:
         path = out_dir / f"{name}.json"
-        path.write_text(dashboard_json(name), encoding="utf-8")
+        text = dashboard_json(name, gpu_hour_cost=gpu_hour_cost)
+        path.write_text(text, encoding="utf-8")
         paths.append(path)
     return paths
 

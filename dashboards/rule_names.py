@@ -18,10 +18,23 @@ last:
   (``rate30d``).
 - ``target_model:<metric>:burn_rate<W>{slo="<name>"}``: that ratio over the error
   budget (1 - objective).
+
+The energy rules (:mod:`dashboards.energy`) keep other levels: ``job_instance``, the
+scrape of one exporter and so the host of its GPUs, and ``target_model``:
+
+- ``job_instance:servemon_gpu_power_watts:sum``: the host's power gauge, W;
+- ``job_instance:servemon_gpu_energy_joules:rate5m``: its mean power from the
+  energy counter, W;
+- ``target_model:servemon_gpu_energy_joules:rate5m``: a target's share of it, W;
+- ``target_model:servemon_gpu_energy_joules_per_generation_token:ratio_rate5m``:
+  joules per output token;
+- ``target_model:servemon_gpu_cost_usd_per_million_generation_tokens:ratio_rate5m``
+  (with ``--gpu-hour-cost``): dollars per million output tokens.
 """
 
 from __future__ import annotations
 
+from servemon.core import names
 from servemon.core.names import Series
 from servemon.core.promql import DURATION_REGEX, duration
 from servemon.dashboards.sli import REQUESTS, SourceName, slo_series
@@ -38,12 +51,20 @@ __all__ = [
     "ALERT_QUEUE",
     "ALERT_TARGET_DOWN",
     "BURN_RATE",
+    "ENERGY_PER_TOKEN",
+    "ENERGY_RULES",
     "ERROR_RATIO",
+    "GPU_COST_PER_MTOK",
+    "HOST_ENERGY_RATE",
+    "HOST_POWER",
     "LEVEL",
     "LEVEL_LABELS",
+    "TARGET_ENERGY_RATE",
     "TRAFFIC",
+    "EnergyRule",
     "burn_rate_name",
     "burn_rate_regex",
+    "energy_record_name",
     "error_ratio_name",
     "metric_of",
     "record_name",
@@ -68,6 +89,40 @@ LEVEL = "_".join(LEVEL_LABELS)
 TRAFFIC = "rate"
 ERROR_RATIO = "error_ratio_rate"
 BURN_RATE = "burn_rate"
+
+
+#: An energy rule: its level, its metric (a series' base name, or a name made of
+#: them with ``_per_``) and its operation; a windowed operation ends in ``rate``.
+EnergyRule = tuple[str, str, str]
+_GPU_ENERGY = names.GPU_ENERGY.base
+HOST_POWER: EnergyRule = ("job_instance", names.GPU_POWER.base, "sum")
+HOST_ENERGY_RATE: EnergyRule = ("job_instance", _GPU_ENERGY, "rate")
+TARGET_ENERGY_RATE: EnergyRule = (LEVEL, _GPU_ENERGY, "rate")
+ENERGY_PER_TOKEN: EnergyRule = (
+    LEVEL,
+    "servemon_gpu_energy_joules_per_generation_token",
+    "ratio_rate",
+)
+GPU_COST_PER_MTOK: EnergyRule = (
+    LEVEL,
+    "servemon_gpu_cost_usd_per_million_generation_tokens",
+    "ratio_rate",
+)
+
+#: Every energy rule, in the order of the rule file.
+ENERGY_RULES = (
+    HOST_POWER,
+    HOST_ENERGY_RATE,
+    TARGET_ENERGY_RATE,
+    ENERGY_PER_TOKEN,
+    GPU_COST_PER_MTOK,
+)
+
+
+def energy_record_name(rule: EnergyRule, window: int | None = None) -> str:
+    """``level:metric:operation`` with the window after a rate."""
+    level, metric, operation = rule
+    return f"{level}:{metric}:{operation}{'' if window is None else duration(window)}"
 
 
 def record_name(series: Series, operation: str, window: int) -> str:

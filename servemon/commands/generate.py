@@ -13,6 +13,14 @@ from servemon.core.errors import ConfigError
 
 __all__ = ["dashboards", "rules"]
 
+gpu_hour_cost_option = click.option(
+    "--gpu-hour-cost",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="USD",
+    help="Price of one GPU for one hour, in dollars: adds the cost per million "
+    "output tokens (none without a price).",
+)
+
 
 @click.command()
 @click.option(
@@ -23,12 +31,13 @@ __all__ = ["dashboards", "rules"]
     show_default=True,
     help="Folder for the dashboard JSON files.",
 )
-def dashboards(out_dir: Path) -> None:
+@gpu_hour_cost_option
+def dashboards(out_dir: Path, gpu_hour_cost: float | None) -> None:
     """Generate the Grafana dashboards (serving overview, ramp test, GPU)."""
     from servemon.dashboards.build import write_dashboards
 
     with _writable(out_dir):
-        written = write_dashboards(out_dir)
+        written = write_dashboards(out_dir, gpu_hour_cost=gpu_hour_cost)
     for path in written:
         click.echo(str(path))
 
@@ -48,13 +57,15 @@ def dashboards(out_dir: Path) -> None:
     show_default=True,
     help="Folder for the rule files.",
 )
-def rules(slo_config: Path, out_dir: Path) -> None:
-    """Generate Prometheus recording rules and SLO burn-rate alerts."""
+@gpu_hour_cost_option
+def rules(slo_config: Path, out_dir: Path, gpu_hour_cost: float | None) -> None:
+    """Generate Prometheus recording rules and SLO burn-rate alerts, and GPU power,
+    energy per output token and (given a price) cost per million output tokens."""
     from servemon.dashboards.rules import load_slo_config, write_rules
 
     config = load_slo_config(slo_config)
     with _writable(out_dir):
-        written = write_rules(config, out_dir)
+        written = write_rules(config, out_dir, gpu_hour_cost=gpu_hour_cost)
     for path in written:
         click.echo(str(path))
 

@@ -6,6 +6,7 @@ Skipped where NVML can't start (no library, no driver or no GPU).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -59,10 +60,35 @@ def test_real_read_is_in_base_units(nvml: NvmlReader) -> None:
             assert process.pid > 0
 
 
+def test_real_energy_counter_is_joules_and_grows_with_power(nvml: NvmlReader) -> None:
+    """On Volta and newer NVML counts energy since the driver loaded (mJ): in joules
+    it grows over two seconds by about the power the GPU draws (an idle GPU too)."""
+    first = nvml.read()
+    time.sleep(2.0)
+    second = nvml.read()
+    counted = [
+        (a, b)
+        for a, b in zip(first.gpus, second.gpus, strict=True)
+        if a.energy_joules is not None and b.energy_joules is not None
+    ]
+    if not counted:
+        pytest.skip("no GPU here has an energy counter (before Volta)")
+    for a, b in counted:
+        assert a.energy_joules is not None
+        assert b.energy_joules is not None
+        assert b.energy_joules >= a.energy_joules >= 0
+        mean_watts = (b.energy_joules - a.energy_joules) / (b.taken_s - a.taken_s)
+        assert 1 < mean_watts < 2000, mean_watts  # watts: not mJ/s, not kJ/s
+        if a.power_watts is not None and b.power_watts is not None:
+            low, high = sorted((a.power_watts, b.power_watts))
+            assert low / 3 < mean_watts < high * 3, (mean_watts, low, high)
+
+
 @pytest.mark.asyncio
 async def test_collector_serves_real_gpus(
     nvml: NvmlReader, poll_until: Callable[..., Awaitable[Any]]
 ) -> None:
+    has_energy = any(g.energy_joules is not None for g in nvml.read().gpus)
     nvml.close()  # the collector opens its own
     collector = GpuCollector(NvmlReader(), interval_s=0.1)
     registry = CollectorRegistry()
@@ -77,6 +103,8 @@ async def test_collector_serves_real_gpus(
         families = {family.name for family in registry.collect()}
         assert names.GPU_MEMORY_TOTAL.name in families
         assert names.GPU_SAMPLE_AGE.name in families
+        if has_energy:
+            assert names.GPU_ENERGY.base in families  # a counter: no _total here
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
