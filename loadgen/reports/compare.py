@@ -342,9 +342,18 @@ def verdict_notes(c: Comparison) -> list[str]:
                     else ""
                 )
             )
+        unjudged: dict[str, list[str]] = {}
         for d in found.values():
-            if d.verdict in ("too short", "cannot tell") and d.note:
-                notes.append(f"{names[i + 1]}: {d.level} {d.figure}: {d.note}")
+            if d.verdict in ("too short", "cannot tell"):
+                unjudged.setdefault(d.verdict, []).append(f"{d.figure} at {d.level}")
+        for verdict, which in unjudged.items():
+            why = (
+                "too few requests per run beyond the quantile (a p95 needs 200, a "
+                "p99 1,000)"
+                if verdict == "too short"
+                else "one run each, and nothing shows how much it varies"
+            )
+            notes.append(f"{names[i + 1]}: not judged, {why}: {', '.join(which)}")
     return notes
 
 
