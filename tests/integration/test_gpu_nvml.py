@@ -77,7 +77,8 @@ def test_real_energy_counter_is_joules_and_grows_with_power(nvml: NvmlReader) ->
         assert a.energy_joules is not None
         assert b.energy_joules is not None
         assert b.energy_joules >= a.energy_joules >= 0
-        mean_watts = (b.energy_joules - a.energy_joules) / (b.taken_s - a.taken_s)
+        seconds = second.taken_s - first.taken_s
+        mean_watts = (b.energy_joules - a.energy_joules) / seconds
         assert 1 < mean_watts < 2000, mean_watts  # watts: not mJ/s, not kJ/s
         if a.power_watts is not None and b.power_watts is not None:
             low, high = sorted((a.power_watts, b.power_watts))
