@@ -226,6 +226,7 @@ async def run_load(
                 },
                 arrival=str(arrival) if kind != "sweep" else None,
                 slo=[str(t) for t in slo],
+                slo_terms=list(slo),
                 environment={
                     "python": sys.version.split()[0],
                     "platform": platform.platform(),

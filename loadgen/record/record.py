@@ -39,7 +39,6 @@ from typing import Any
 import orjson
 
 from servemon.core.errors import RecordError
-from servemon.core.slo import parse_slo
 from servemon.loadgen.record.line import request_line, timing_from_line
 from servemon.loadgen.record.runrecord import RunInfo, RunSummary, StageResult
 from servemon.loadgen.record.tally import Tally
@@ -210,7 +209,7 @@ def rebuild_summary(run_dir: Path, info: RunInfo) -> RunSummary:
     divides by the span of each stage's requests, since how far a stage got is
     not known. The status is ``unfinished``.
     """
-    slo = parse_slo(",".join(info.slo)) if info.slo else []
+    slo = info.terms()
     tally = Tally(slo)
     sent: dict[int, int] = {}
     for line in read_jsonl(run_dir / "requests.jsonl"):

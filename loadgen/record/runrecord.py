@@ -29,6 +29,7 @@ from typing import Any
 import pydantic
 
 from servemon.core.errors import ConfigError, RecordError
+from servemon.core.slo import SloTerm, parse_slo
 from servemon.loadgen.record.findings import (
     CapacityResult,
     ClientLimit,
@@ -198,7 +199,10 @@ class RunInfo:
     workload: dict[str, Any] = field(default_factory=dict)
     client: dict[str, Any] = field(default_factory=dict)
     arrival: str | None = None
+    #: The SLO as given (``ttft_p95<=0.5``), and its terms, structured: what a
+    #: reader judges by (a record from before ``slo_terms`` has the text alone).
     slo: list[str] = field(default_factory=list)
+    slo_terms: list[SloTerm] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
     engine_version: str = "none"
     stages: list[StageResult] = field(default_factory=list)
@@ -220,10 +224,18 @@ class RunInfo:
         """The target's ``servemon_engine_info`` labels, if it had a ``/metrics``."""
         return dict((self.server_metrics or {}).get("engine_info") or {})
 
+    def terms(self) -> list[SloTerm]:
+        """The SLO's terms: the structured ones, or (an older record) its text
+        parsed."""
+        if self.slo_terms or not self.slo:
+            return list(self.slo_terms)
+        return parse_slo(",".join(self.slo))
+
     def to_json(self) -> dict[str, Any]:
         """The JSON form (stages without summaries)."""
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["stages"] = [s.to_json(with_summary=False) for s in self.stages]
+        data["slo_terms"] = [asdict(t) for t in self.slo_terms]
         return data
 
 

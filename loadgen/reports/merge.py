@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from servemon.core.errors import ConfigError
-from servemon.core.slo import parse_slo
 from servemon.loadgen.record.line import timing_from_line
 from servemon.loadgen.record.record import RunDirectory, read_jsonl
 from servemon.loadgen.record.runrecord import (
@@ -100,7 +99,7 @@ def merge_runs(dirs: Sequence[Path], out_parent: Path) -> Path:
     rundir = RunDirectory.create(out_parent, "merged")
     # The merged run's clock is the first shard's: its origin, not the new dir's.
     rundir.clock_origin = dict(first.info.clock_origin)
-    slo = parse_slo(",".join(first.info.slo)) if first.info.slo else []
+    slo = first.info.terms()
     tally = Tally(slo)
     stages = _combined(first, shards)
     for data in shards:

@@ -145,3 +145,33 @@ def test_every_figure_reaches_the_json_the_csv_and_back(tmp_path: Path) -> None:
     assert back is not None
     assert back.overall == overall
     assert back.overall.value("server_decode_p50") == pytest.approx(0.2)
+
+
+def test_slo_terms_are_kept_structured_and_an_older_record_still_reads(
+    tmp_path: Path,
+) -> None:
+    """``run.json`` keeps the SLO's terms as fields (a reader judges by them, not
+    by parsing text again); a record written before them is judged by its text."""
+    info, summary = record(tmp_path)
+    terms = parse_slo("ttft_p95<=0.5,error_rate<=0.01")
+    info = RunInfo(
+        kind="ramp",
+        status="completed",
+        clock_origin=info.clock_origin,
+        stages=info.stages,
+        slo=[str(t) for t in terms],
+        slo_terms=terms,
+    )
+    write_record(tmp_path, info, summary)
+    raw = json.loads((tmp_path / "run.json").read_text())
+    assert raw["slo_terms"] == [
+        {"figure": "ttft", "stat": "p95", "threshold": 0.5},
+        {"figure": "error_rate", "stat": "ratio", "threshold": 0.01},
+    ]
+    back, _ = read_record(tmp_path)
+    assert back.terms() == terms
+    del raw["slo_terms"]  # as servemon wrote it before
+    (tmp_path / "run.json").write_text(json.dumps(raw))
+    older, _ = read_record(tmp_path)
+    assert older.slo_terms == []
+    assert older.terms() == terms
