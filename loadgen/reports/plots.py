@@ -30,6 +30,7 @@ from servemon.loadgen.record.scan import CDF_FIGURES, WINDOW_S, RunScan
 __all__ = [
     "plot_by_turn",
     "plot_cdf",
+    "plot_energy_vs_load",
     "plot_timeline",
     "plot_ttft_parts",
     "plot_ttft_scatter",
@@ -110,6 +111,43 @@ def plot_vs_load(info: RunInfo, record: RunSummary) -> str:
     right.set_title("Latency (client)")
     right.legend(fontsize=7)
     for axis in (left, right):
+        axis.grid(alpha=0.3)
+    fig.subplots_adjust(wspace=0.55)
+    return svg(fig)
+
+
+def plot_energy_vs_load(info: RunInfo, record: RunSummary) -> str | None:
+    """What a token cost at each offered load: J per output token and mean power,
+    and (with a price) dollars per million output tokens; None where no stage
+    has its energy."""
+    stages = sorted(
+        (s for s in record.stages if s.summary is not None and s.summary.energy),
+        key=lambda s: _load(info, s),
+    )
+    if not stages:
+        return None
+    label = "concurrency" if info.kind == "sweep" else "offered rate (req/s)"
+    x = [_load(info, s) for s in stages]
+    summaries = [s.summary for s in stages if s.summary is not None]
+
+    def of(key: str) -> list[float]:
+        return [float("nan") if (v := s.value(key)) is None else v for s in summaries]
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
+    left.plot(x, of("joules_per_token"), "o-", label="J/token")
+    left.set_ylabel("J per output token")
+    twin = left.twinx()
+    twin.plot(x, of("watts"), "s--", color="tab:orange", label="W")
+    twin.set_ylabel("mean power (W)")
+    left.set_title("Energy per token")
+    left.legend(loc="upper left")
+    twin.legend(loc="lower right")
+    right.plot(x, of("cost_per_mtok"), "o-", label="$ per million output tokens")
+    right.set_ylabel("$ / Mtok")
+    right.set_title("Cost per token (at the run's price)")
+    right.legend(fontsize=7)
+    for axis in (left, right):
+        axis.set_xlabel(label)
         axis.grid(alpha=0.3)
     fig.subplots_adjust(wspace=0.55)
     return svg(fig)

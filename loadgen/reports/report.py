@@ -22,6 +22,7 @@ from pathlib import Path
 
 from servemon.core.errors import RecordError
 from servemon.loadgen.record.columns import (
+    ENERGY_COLUMNS,
     GROUP_COLUMNS,
     REASONING_COLUMNS,
     SERVER_COLUMNS,
@@ -29,6 +30,7 @@ from servemon.loadgen.record.columns import (
     Column,
     cells,
     group_rows,
+    measured_energy,
     reasons,
     repeat_header,
     repeat_rows,
@@ -46,6 +48,7 @@ from servemon.loadgen.reports.controlplot import plot_control
 from servemon.loadgen.reports.plots import (
     plot_by_turn,
     plot_cdf,
+    plot_energy_vs_load,
     plot_timeline,
     plot_ttft_parts,
     plot_ttft_scatter,
@@ -189,6 +192,18 @@ def render_report(data: RunData) -> str:
         ]
     if record.stages:
         parts += ["<h2>Against offered load</h2>", plot_vs_load(info, record)]
+    if measured_energy(record):
+        parts += [
+            "<h2 id='energy'>Energy and cost per token</h2>",
+            "<p>What the target's GPUs used over each stage's window "
+            f"({html.escape(_energy_source(record))}), per output token and per "
+            "good request (one that met every SLO term), and with a price the cost "
+            "per million output tokens and per thousand good requests.</p>",
+            _columns_table(ENERGY_COLUMNS, record, overall=True),
+        ]
+        plot = plot_energy_vs_load(info, record)
+        if plot:
+            parts.append(plot)
     parts += _groups(record)
     if record.control is not None:
         parts += _control(data.path, record)
@@ -236,6 +251,11 @@ def _control(path: Path, record: RunSummary) -> list[str]:
     if plot:
         parts.append(plot)
     return parts
+
+
+def _energy_source(record: RunSummary) -> str:
+    sources = {s.energy.source for s in record.summaries if s.energy is not None}
+    return ", ".join(sorted(sources)) or "not measured"
 
 
 def _groups(record: RunSummary) -> list[str]:
