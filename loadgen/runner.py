@@ -54,6 +54,7 @@ from servemon.loadgen.run.prefixcache import (
     find_prefix_target,
     prefix_record,
     send_warm,
+    server_hit_rates,
 )
 from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.run.promsource import PrometheusSampler
@@ -328,6 +329,11 @@ def _finish(
     records: list[StageRecord] = ctx.stages
     durations = [r.duration_s() for r in records]
     stages, overall = ctx.tally.results([r.result(origin) for r in records], durations)
+    rates = server_hit_rates(ctx.history, [(r.start_s, r.until_s()) for r in records])
+    stages = [
+        replace(s, server_hit_rate=None if rate is None else round(rate, 6))
+        for s, rate in zip(stages, rates, strict=True)
+    ]
     if energy is not None:
         prices = (ctx.config.gpu_hour_cost, ctx.config.node_hour_cost)
         stages, overall = energy.annotate(records, stages, overall, prices)

@@ -23,6 +23,7 @@ from servemon.loadgen.record.columns import (
     energy_text,
     group_rows,
     measured_energy,
+    prefix_lines,
     repeat_header,
     repeat_rows,
     table_rows,
@@ -122,6 +123,11 @@ async def run_command(
         if rows:
             console.print(_table(f"by {key}", GROUP_COLUMNS, rows))
     for line in limit_lines(result.stages):
+        console.print(f"warning: {line}", soft_wrap=True)
+    shown, missed = prefix_lines(result.info.workload, result.record)
+    for line in shown:
+        console.print(line, soft_wrap=True)
+    for line in missed:
         console.print(f"warning: {line}", soft_wrap=True)
     if result.stop_reason:
         console.print(f"stopped early: {result.stop_reason}")

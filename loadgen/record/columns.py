@@ -8,8 +8,9 @@ table, add a column here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from servemon.loadgen.record.runrecord import RunSummary
 from servemon.loadgen.record.summary import Summary
@@ -18,6 +19,7 @@ __all__ = [
     "COMPARED",
     "ENERGY_COLUMNS",
     "GROUP_COLUMNS",
+    "HIT_MARGIN",
     "REASONING_COLUMNS",
     "SERVER_COLUMNS",
     "STAGE_COLUMNS",
@@ -28,6 +30,7 @@ __all__ = [
     "energy_text",
     "group_rows",
     "measured_energy",
+    "prefix_lines",
     "reasons",
     "repeat_header",
     "repeat_rows",
@@ -235,6 +238,45 @@ def energy_text(summary: Summary) -> str | None:
         if value is not None:
             parts.append(f"${value:.3g} {what}")
     return ", ".join(parts) or None
+
+
+#: How far a stage's prefix-cache hit rate by the server's counters may be from
+#: the one a ``prefix:`` workload asked for before its end lines say so.
+HIT_MARGIN = 0.03
+
+
+def prefix_lines(
+    workload: Mapping[str, Any], record: RunSummary
+) -> tuple[list[str], list[str]]:
+    """A run's prefix-cache hit rates by the server's counters, per stage: lines
+    to show, and warnings where a ``prefix:`` workload's stage missed the rate it
+    asked for by more than :data:`HIT_MARGIN`. Nothing where the server counted
+    none."""
+    measured = [(s, s.server_hit_rate) for s in record.stages]
+    if all(rate is None for _, rate in measured):
+        return [], []
+    shown = ", ".join(
+        f"{'-' if rate is None else f'{rate:.3f}'} ({s.load_label}"
+        + ("" if s.repeat is None else f" #{s.repeat}")
+        + ")"
+        for s, rate in measured
+    )
+    asked = workload.get("asked_hit")
+    if not isinstance(asked, (int, float)):
+        return [f"prefix cache (the server's counters): {shown}"], []
+    planned = workload.get("expected_hit")
+    lines = [
+        f"prefix cache: asked {asked:g} of prompt tokens ({planned:.3f} with whole "
+        f"{workload.get('block_size')}-token blocks); the server's counters: {shown}"
+    ]
+    missed = [
+        f"prefix cache: stage {s.stage + 1} ({s.load_label}) hit {rate:.3f}, asked "
+        f"{asked:g} (more than {HIT_MARGIN:g} off: evictions, or requests of a "
+        "group arriving before its prefix was computed)"
+        for s, rate in measured
+        if rate is not None and abs(rate - asked) > HIT_MARGIN
+    ]
+    return lines, missed
 
 
 def reasons(record: RunSummary) -> bool:

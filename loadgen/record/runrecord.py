@@ -84,6 +84,9 @@ class StageResult:
     sessions_cut: int | None = None
     #: Which run of its level this stage is (1..N), with ``--repeats N`` > 1.
     repeat: int | None = None
+    #: The share of prompt tokens the server's prefix cache served over the
+    #: stage, by its own counters (hits over queries); None where it counts none.
+    server_hit_rate: float | None = None
 
     @property
     def load_label(self) -> str:

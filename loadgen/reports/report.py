@@ -31,6 +31,7 @@ from servemon.loadgen.record.columns import (
     cells,
     group_rows,
     measured_energy,
+    prefix_lines,
     reasons,
     repeat_header,
     repeat_rows,
@@ -192,6 +193,15 @@ def render_report(data: RunData) -> str:
         ]
     if record.stages:
         parts += ["<h2>Against offered load</h2>", plot_vs_load(info, record)]
+    shown, missed = prefix_lines(info.workload, record)
+    if shown:
+        parts += [
+            "<h2 id='prefix-cache'>Prefix cache</h2>",
+            "<ul>"
+            + "".join(f"<li>{html.escape(x)}</li>" for x in shown)
+            + "".join(f"<li><b>{html.escape(x)}</b></li>" for x in missed)
+            + "</ul>",
+        ]
     if measured_energy(record):
         parts += [
             "<h2 id='energy'>Energy and cost per token</h2>",

@@ -65,6 +65,9 @@ HISTORY_SERIES = frozenset(
         names.ENGINE_REQUESTS_RUNNING.name,
         names.ENGINE_KV_CACHE_USAGE.name,
         names.ENGINE_PREEMPTIONS.name,
+        # each stage's prefix-cache hit rate by the server's counters
+        names.ENGINE_PREFIX_HITS.name,
+        names.ENGINE_PREFIX_QUERIES.name,
     }
 )
 #: Something that takes each finished request.

@@ -153,23 +153,14 @@ class EnergySampler:
         end."""
         out = []
         for record, stage in zip(records, stages, strict=True):
-            window = self.window(record.start_s, _end(record), prices)
+            window = self.window(record.start_s, record.until_s(), prices)
             if window is not None and stage.summary is not None:
                 stage = replace(stage, summary=replace(stage.summary, energy=window))
             out.append(stage)
         began = [r.start_s for r in records if r.start_s is not None]
-        ended = [e for r in records if (e := _end(r)) is not None]
+        ended = [e for r in records if (e := r.until_s()) is not None]
         whole = self.window(min(began, default=None), max(ended, default=None), prices)
         return out, replace(overall, energy=whole)
-
-
-def _end(record: StageRecord) -> float | None:
-    """A stage's end: when it ended, else its planned end."""
-    if record.end_s is not None:
-        return record.end_s
-    if record.start_s is None or record.planned_s is None:
-        return None
-    return record.start_s + record.planned_s
 
 
 async def open_energy(

@@ -93,6 +93,13 @@ class StageRecord:
             return self.planned_s
         return min(self.planned_s, self.end_s - self.start_s)
 
+    def until_s(self) -> float | None:
+        """Its window's end: when it ended, else its planned end (None if it
+        never started)."""
+        if self.end_s is not None or self.start_s is None:
+            return self.end_s
+        return None if self.planned_s is None else self.start_s + self.planned_s
+
     def result(self, origin_s: float) -> StageResult:
         """The record's form, times relative to ``origin_s``."""
         return StageResult(

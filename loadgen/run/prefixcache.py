@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import aiohttp
 
+from servemon.core import names
 from servemon.core.errors import TargetError
 from servemon.core.wire.http import NotAnswered, post
 from servemon.core.wire.limits import ResponseTooLarge, read_body
@@ -34,8 +35,11 @@ __all__ = [
     "find_prefix_target",
     "prefix_record",
     "send_warm",
+    "server_hit_rates",
 ]
 
+_HITS = names.ENGINE_PREFIX_HITS.name
+_QUERIES = names.ENGINE_PREFIX_QUERIES.name
 #: vLLM's block size when the engine does not say its own.
 DEFAULT_BLOCK_SIZE = 16
 _PROBE_TIMEOUT = aiohttp.ClientTimeout(total=10)
@@ -134,6 +138,34 @@ def prefix_record(workload: Workload, prefix: PrefixTarget | None) -> dict[str, 
         "groups": workload.groups,
         **asdict(prefix),
     }
+
+
+def server_hit_rates(
+    history: Sequence[tuple[float, Sequence[Sequence[Any]]]],
+    windows: Sequence[tuple[float | None, float | None]],
+) -> list[float | None]:
+    """Each window's prefix-cache hit rate by the server's own counters: the rise
+    of its prefix-cache hits over the rise of its queries (tokens; every rank
+    summed) between the samples around the window's start and end. None where the
+    target does not count them, the window has no samples around it, or nothing
+    was asked of the cache."""
+    counters = []
+    for mono_s, samples in history:
+        hits = [v for n, _l, v in samples if n == _HITS]
+        queries = [v for n, _l, v in samples if n == _QUERIES]
+        if queries:
+            counters.append((mono_s, sum(hits), sum(queries)))
+    out: list[float | None] = []
+    for start, end in windows:
+        if start is None or end is None or not counters:
+            out.append(None)
+            continue
+        before = [c for c in counters if c[0] <= start] or counters[:1]
+        after = [c for c in counters if c[0] >= end] or counters[-1:]
+        first, last = before[-1], after[0]
+        asked = last[2] - first[2]
+        out.append((last[1] - first[1]) / asked if asked > 0 else None)
+    return out
 
 
 async def _get_text(
