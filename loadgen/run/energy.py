@@ -75,8 +75,16 @@ class EnergySampler:
         except (EnergyUnavailable, aiohttp.ClientError, TimeoutError, ValueError):
             return
         now = time.monotonic() - max(0.0, age)
-        if self.times and now <= self.times[-1]:
-            return  # the same snapshot again
+        if self.times and (
+            now <= self.times[-1]
+            or (
+                joules == self.joules[-1] and now - self.times[-1] < self.interval_s / 2
+            )
+        ):
+            # The same snapshot again: its age moves its time by the jitter of
+            # the read (milliseconds), and a second point that close with the same
+            # total would make the counter look flat around it.
+            return
         if self.joules and joules < self.joules[-1]:  # a reset: start over
             self.times.clear()
             self.joules.clear()
