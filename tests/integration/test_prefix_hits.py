@@ -22,6 +22,7 @@ import pytest
 from aiohttp import web
 from rich.console import Console
 
+from servemon.loadgen.record.columns import HIT_MARGIN, prefix_lines
 from servemon.loadgen.run.config import LoadConfig
 from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.run.prefixcache import PrefixTarget, find_prefix_target
@@ -148,6 +149,14 @@ async def test_a_ramp_reads_the_engine_warms_the_groups_and_meets_the_rate(
     measured = hits / (REQUESTS * 516)
     assert measured == pytest.approx(recorded["expected_hit"], abs=1e-6)
     assert abs(measured - 0.5) <= 0.03
+    # The run measured it too, from the samples of the server's counters around
+    # the stage, and its end lines say so without a warning.
+    (stage,) = result.record.stages
+    assert stage.server_hit_rate is not None
+    assert abs(stage.server_hit_rate - 0.5) <= HIT_MARGIN
+    shown, missed = prefix_lines(result.info.workload, result.record)
+    assert "asked 0.5" in shown[0]
+    assert missed == []
 
 
 async def test_an_engine_that_says_nothing_gets_vllms_block_and_no_overhead(

@@ -239,6 +239,9 @@ def test_vllm_meets_an_asked_prefix_hit_rate_on_its_own_counters(
     measured = hits / (len(rows) * server_tokens)
     assert abs(measured - hit) <= 0.03, (measured, recorded)
     assert measured == pytest.approx(recorded["expected_hit"], abs=1e-6)
+    # The run read the same counters around its stage, and recorded the rate.
+    (stage,) = json.loads((ramp / "summary.json").read_text())["stages"]
+    assert abs(stage["server_hit_rate"] - hit) <= 0.03, stage["server_hit_rate"]
 
 
 def test_vllm_trace_replay_and_sessions_hits_agree_with_its_counters(
