@@ -193,7 +193,9 @@ def capacity_lines(found: CapacityResult, record: RunSummary | None = None) -> s
     """The capacity search's answer, in a few lines (with ``record``: what a
     token cost at the capacity found, where energy was measured)."""
     low, high = found.bracket
-    if found.capacity_rps is None and any(s.blind for s in found.steps):
+    if not found.steps:
+        head = f"capacity: unknown (no step was judged: {found.ended_because})"
+    elif found.capacity_rps is None and any(s.blind for s in found.steps):
         head = "capacity: unknown (blind before any rate was judged good)"
     elif found.capacity_rps is None:
         head = "capacity: below --rps-min (no rate met the SLO)"

@@ -50,6 +50,7 @@ from servemon.loadgen.run.context import Driven, RunContext
 from servemon.loadgen.run.plan import (
     LOOPBACK_RPS_MAX,
     StageRecord,
+    capacity_step_s,
     rate_label,
     step_seconds,
 )
@@ -63,8 +64,6 @@ WAITING = names.ENGINE_REQUESTS_WAITING.name
 RUNNING = names.ENGINE_REQUESTS_RUNNING.name
 KV = names.ENGINE_KV_CACHE_USAGE.name
 PREEMPTIONS = names.ENGINE_PREEMPTIONS.name
-#: A step lasts long enough for about this many judged requests.
-MIN_REQUESTS = 10
 History = Iterable[tuple[float, list[list[Any]]]]
 
 
@@ -241,8 +240,7 @@ async def drive_capacity(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dr
         if time.monotonic() + step_s > deadline:
             ended = "--max-duration reached"
             break
-        # Long enough for MIN_REQUESTS judged requests even at a low rate.
-        duration = max(step_s, c.settle + MIN_REQUESTS / rate)
+        duration = capacity_step_s(c, rate)
         if time.monotonic() + duration > deadline:
             ended = "--max-duration reached"
             break

@@ -31,11 +31,13 @@ __all__ = [
     "DEFAULT_STAGES",
     "DEFAULT_STEP_S",
     "LOOPBACK_RPS_MAX",
+    "MIN_REQUESTS",
     "RAMP_RPS_STEP",
     "RAMP_STEP_S",
     "Kind",
     "Plan",
     "StageRecord",
+    "capacity_step_s",
     "check_rate_bound",
     "make_plan",
     "parallel_label",
@@ -158,6 +160,14 @@ def _check(kind: Kind, config: LoadConfig) -> None:
             raise ConfigError(
                 f"--settle {config.settle:g}: must be shorter than the step"
             )
+        first = capacity_step_s(config, min(config.rps_min, config.rps_max or 1e9))
+        if first > config.max_duration:
+            raise ConfigError(
+                f"--max-duration {config.max_duration:g}: the first step, at "
+                f"--rps-min {config.rps_min:g} req/s, takes {first:.0f} s "
+                f"({MIN_REQUESTS} judged requests after --settle "
+                f"{config.settle:g}); raise --max-duration or --rps-min"
+            )
     if config.cancel_fraction > 0 and (
         config.cancel_after is None and config.cancel_after_tokens is None
     ):
@@ -217,6 +227,16 @@ def check_energy(value: str) -> None:
         f"--energy {value!r}: expected auto, off, nvml or the http(s) URL of an "
         "exporter's /metrics"
     )
+
+
+#: A capacity step lasts long enough for about this many judged requests.
+MIN_REQUESTS = 10
+
+
+def capacity_step_s(config: LoadConfig, rate: float) -> float:
+    """A capacity step's length at ``rate``: the step, or longer at a low rate,
+    for :data:`MIN_REQUESTS` judged requests after the settle time."""
+    return max(step_seconds(config), config.settle + MIN_REQUESTS / rate)
 
 
 def step_seconds(config: LoadConfig) -> float:

@@ -1,0 +1,36 @@
+"""A capacity search's settings are checked before anything starts: a first step
+that cannot fit in ``--max-duration`` is a one-line error, not a search that runs
+no step and reports that no rate met the SLO."""
+
+from __future__ import annotations
+
+import pytest
+
+from servemon.core.errors import ConfigError
+from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.plan import MIN_REQUESTS, capacity_step_s, make_plan
+
+
+def config(**changes: object) -> LoadConfig:
+    base: dict[str, object] = {
+        "slo": "ttft_p95<=0.5",
+        "step_seconds": 3.0,
+        "settle": 1.0,
+    }
+    return LoadConfig(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_a_low_rate_step_lasts_long_enough_for_its_judged_requests() -> None:
+    c = config()
+    assert capacity_step_s(c, 100.0) == 3.0
+    assert capacity_step_s(c, 0.5) == 1.0 + MIN_REQUESTS / 0.5
+
+
+def test_a_first_step_longer_than_max_duration_is_refused_before_the_run() -> None:
+    with pytest.raises(ConfigError) as found:
+        make_plan("capacity", config(max_duration=14.0))
+    message = str(found.value)
+    assert message.startswith("--max-duration 14: the first step")
+    assert "--rps-min 0.5" in message
+    assert "\n" not in message
+    make_plan("capacity", config(max_duration=14.0, rps_min=2.0))  # 6 s: fits
