@@ -24,6 +24,8 @@ def test_the_history_keeps_only_the_series_the_drivers_read() -> None:
         + family("gauge", "vllm:num_requests_waiting", [2.0, 3.0])
         + family("gauge", "vllm:kv_cache_usage_perc", [0.5, 0.5])
         + family("counter", "vllm:num_preemptions", [1.0, 1.0])
+        + family("counter", "vllm:prefix_cache_hits", [30.0, 30.0])
+        + family("counter", "vllm:prefix_cache_queries", [90.0, 90.0])
         + family("counter", "vllm:prompt_tokens", [100.0, 100.0])
         + family("counter", "vllm:generation_tokens", [50.0, 50.0])
     )
