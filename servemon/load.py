@@ -240,12 +240,12 @@ def auto_workers(config: LoadConfig, plan: Plan) -> WorkerChoice:
 
 
 async def _run_workers(config: LoadConfig, console: Console) -> RunResult:
-    from servemon.loadgen.reports.merge import load_result
+    from servemon.loadgen.record.record import read_run
     from servemon.workers import run_workers
 
     async with _target(config, console) as (url, _embedded):
         merged = await run_workers(config, url, console)
-    result = load_result(merged)
+    result = read_run(merged)
     console.print(summary_table("ramp", result))
     for line in limit_lines(result.stages):
         console.print(f"warning: {line}", soft_wrap=True)

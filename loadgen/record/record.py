@@ -32,6 +32,7 @@ import json
 import os
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,14 @@ import orjson
 
 from servemon.core.errors import RecordError
 from servemon.loadgen.record.line import request_line, timing_from_line
-from servemon.loadgen.record.runrecord import RunInfo, RunSummary, StageResult
+from servemon.loadgen.record.runrecord import (
+    RunInfo,
+    RunResult,
+    RunSummary,
+    StageResult,
+    read_record,
+    write_record,
+)
 from servemon.loadgen.record.tally import Tally
 from servemon.loadgen.send.timing import RequestTiming
 
@@ -49,6 +57,7 @@ __all__ = [
     "RunDirectory",
     "encode_line",
     "read_jsonl",
+    "read_run",
     "rebuild_summary",
 ]
 
@@ -246,3 +255,21 @@ def rebuild_summary(run_dir: Path, info: RunInfo) -> RunSummary:
         rebuilt_from="requests.jsonl",
         **tally.groups(stages, durations),
     )
+
+
+def read_run(path: Path) -> RunResult:
+    """A run directory, read: what every reader of a finished, killed or merged
+    run uses (report, compare, merge, the workers' merged run). One-line
+    :class:`ConfigError` if it is not one. A run that never wrote ``summary.json``
+    (killed, crashed) gets one rebuilt from ``requests.jsonl`` and written beside
+    it, and its status says it did not finish."""
+    info, summary = read_record(path)
+    if summary is None:
+        summary = rebuild_summary(path, info)
+        # Kept for the next reader; a directory that cannot take it (a full disk)
+        # is still read.
+        with contextlib.suppress(RecordError):
+            write_record(path, info, summary)
+    if summary.status == "unfinished":
+        info = replace(info, status=f"unfinished: {UNFINISHED}")
+    return RunResult(path, info, summary)

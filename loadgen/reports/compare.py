@@ -22,11 +22,11 @@ from servemon.core.outcomes import failed, judged
 from servemon.loadgen.record.columns import COMPARED
 from servemon.loadgen.record.figures import FIGURES
 from servemon.loadgen.record.line import timing_from_line
-from servemon.loadgen.record.record import read_jsonl
-from servemon.loadgen.record.runrecord import StageResult
+from servemon.loadgen.record.record import read_jsonl, read_run
+from servemon.loadgen.record.runrecord import RunResult, StageResult
 from servemon.loadgen.record.summary import Summary
 from servemon.loadgen.reports.plots import svg
-from servemon.loadgen.reports.report import CSS, RunData, load_run
+from servemon.loadgen.reports.report import CSS
 from servemon.loadgen.reports.significance import (
     Difference,
     FigureQuestion,
@@ -53,7 +53,7 @@ class Comparison:
     level's pooled value), and each later run's differences from the first with
     their intervals and verdicts (:mod:`loadgen.reports.significance`)."""
 
-    runs: list[RunData]
+    runs: list[RunResult]
     levels: list[str]
     values: dict[str, dict[str, list[float | None]]]
     warnings: list[str]
@@ -61,7 +61,7 @@ class Comparison:
     differences: list[dict[tuple[str, str], Difference]] = field(default_factory=list)
 
 
-def _level_key(data: RunData, stage: StageResult) -> str:
+def _level_key(data: RunResult, stage: StageResult) -> str:
     if data.info.kind == "sweep":
         return parallel_label(stage.parallel or 0)
     return rate_label(stage.target_rate or 0.0)
@@ -69,14 +69,14 @@ def _level_key(data: RunData, stage: StageResult) -> str:
 
 def compare(paths: Sequence[Path], *, confidence: float = 0.95) -> Comparison:
     """Load and line up the runs, and judge each later run against the first."""
-    runs = [load_run(p) for p in paths]
+    runs = [read_run(p) for p in paths]
     repeats = [_repeats(r) for r in runs]
     per_run = [
         {
             **{level: pooled for level, (pooled, _) in own.items()},
             # The whole run's requests of each model of a mix, and of each turn.
-            **{f"model {m}": v for m, v in (r.summary.by_model or {}).items()},
-            **{f"turn {k}": v for k, v in (r.summary.by_turn or {}).items()},
+            **{f"model {m}": v for m, v in (r.record.by_model or {}).items()},
+            **{f"turn {k}": v for k, v in (r.record.by_turn or {}).items()},
         }
         for r, own in zip(runs, repeats, strict=True)
     ]
@@ -97,14 +97,14 @@ def compare(paths: Sequence[Path], *, confidence: float = 0.95) -> Comparison:
     )
 
 
-def _repeats(data: RunData) -> dict[str, tuple[Summary, list[StageResult]]]:
+def _repeats(data: RunResult) -> dict[str, tuple[Summary, list[StageResult]]]:
     """Each load level of a run: its summary (a repeated level's pooled one) and
     the stages that ran it (one, or its repeats)."""
     stages: dict[str, list[StageResult]] = {}
-    for stage in data.summary.stages:
+    for stage in data.record.stages:
         if stage.summary is not None:
             stages.setdefault(_level_key(data, stage), []).append(stage)
-    pooled = data.summary.by_level or {}
+    pooled = data.record.by_level or {}
     out = {}
     for level, own in stages.items():
         whole = pooled.get(own[0].label) if len(own) > 1 else None
@@ -116,9 +116,9 @@ def _repeats(data: RunData) -> dict[str, tuple[Summary, list[StageResult]]]:
 
 
 def _judged(
-    first: RunData,
+    first: RunResult,
     first_levels: dict[str, tuple[Summary, list[StageResult]]],
-    other: RunData,
+    other: RunResult,
     other_levels: dict[str, tuple[Summary, list[StageResult]]],
     levels: Sequence[str],
     confidence: float,
@@ -183,7 +183,7 @@ def _rests_on(figure: str | None, summary: Summary) -> int:
 
 
 def _request_values(
-    data: RunData, levels: dict[str, tuple[Summary, list[StageResult]]]
+    data: RunResult, levels: dict[str, tuple[Summary, list[StageResult]]]
 ) -> dict[tuple[str, str], list[float]]:
     """Per level and figure, the values of the run's requests (one pass over
     ``requests.jsonl``): what one run's interval rests on without repeats."""
@@ -212,7 +212,7 @@ def _request_values(
 
 
 def _warnings(
-    runs: list[RunData], per_run: list[dict[str, Summary]], levels: list[str]
+    runs: list[RunResult], per_run: list[dict[str, Summary]], levels: list[str]
 ) -> list[str]:
     notes: list[str] = []
     names = [r.path.name for r in runs]

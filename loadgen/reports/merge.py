@@ -20,30 +20,29 @@ from typing import Any
 
 from servemon.core.errors import ConfigError
 from servemon.loadgen.record.line import timing_from_line
-from servemon.loadgen.record.record import RunDirectory, read_jsonl
+from servemon.loadgen.record.record import RunDirectory, read_jsonl, read_run
 from servemon.loadgen.record.runrecord import (
     RunInfo,
     RunResult,
     RunSummary,
     StageResult,
-    read_record,
     write_record,
 )
 from servemon.loadgen.record.tally import Tally
-from servemon.loadgen.reports.report import RunData, load_run, write_report
+from servemon.loadgen.reports.report import write_report
 
-__all__ = ["load_result", "merge_runs"]
+__all__ = ["merge_runs"]
 
 
 def _utc(info: RunInfo) -> float:
     return datetime.fromisoformat(str(info.clock_origin["utc"])).timestamp()
 
 
-def _plan(data: RunData) -> list[tuple[Any, Any]]:
-    return [(s.target_rate, s.planned_s) for s in data.summary.stages]
+def _plan(data: RunResult) -> list[tuple[Any, Any]]:
+    return [(s.target_rate, s.planned_s) for s in data.record.stages]
 
 
-def _combined(first: RunData, shards: Sequence[RunData]) -> list[StageResult]:
+def _combined(first: RunResult, shards: Sequence[RunResult]) -> list[StageResult]:
     """The stages of the whole load: counts summed, the earliest start, the latest
     end, every shard's client limits (on the first shard's clock)."""
     origin_utc = _utc(first.info)
@@ -57,11 +56,11 @@ def _combined(first: RunData, shards: Sequence[RunData]) -> list[StageResult]:
             achieved_rate=None,
             client_limits=[],
         )
-        for s in first.summary.stages
+        for s in first.record.stages
     ]
     for number, data in enumerate(shards):
         offset = _utc(data.info) - origin_utc
-        for stage, own in zip(stages, data.summary.stages, strict=True):
+        for stage, own in zip(stages, data.record.stages, strict=True):
             # Each worker watched its own health: its limits say which one.
             stage.client_limits += [
                 replace(
@@ -87,7 +86,7 @@ def _combined(first: RunData, shards: Sequence[RunData]) -> list[StageResult]:
 
 def merge_runs(dirs: Sequence[Path], out_parent: Path) -> Path:
     """Merge shard run directories into a new one under ``out_parent``."""
-    shards = [load_run(d) for d in dirs]
+    shards = [read_run(d) for d in dirs]
     first = shards[0]
     for data in shards[1:]:
         if _plan(data) != _plan(first):
@@ -142,14 +141,6 @@ def merge_runs(dirs: Sequence[Path], out_parent: Path) -> Path:
     return rundir.path
 
 
-def _status(shards: Sequence[RunData]) -> str:
+def _status(shards: Sequence[RunResult]) -> str:
     states = {d.info.status for d in shards}
     return "completed" if states == {"completed"} else "+".join(sorted(states))
-
-
-def load_result(path: Path) -> RunResult:
-    """A finished run directory as the :class:`RunResult` a run returns."""
-    info, summary = read_record(path)
-    if summary is None:
-        raise ConfigError(f"{path / 'summary.json'}: missing: the run did not finish")
-    return RunResult(path, info, summary)

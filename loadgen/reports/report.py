@@ -14,10 +14,8 @@ did not finish.
 
 from __future__ import annotations
 
-import contextlib
 import html
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 from servemon.core.errors import RecordError
@@ -37,13 +35,8 @@ from servemon.loadgen.record.columns import (
     repeat_rows,
     table_rows,
 )
-from servemon.loadgen.record.record import UNFINISHED, rebuild_summary
-from servemon.loadgen.record.runrecord import (
-    RunInfo,
-    RunSummary,
-    read_record,
-    write_record,
-)
+from servemon.loadgen.record.record import UNFINISHED, read_run
+from servemon.loadgen.record.runrecord import RunResult, RunSummary
 from servemon.loadgen.record.scan import RunScan, scan
 from servemon.loadgen.reports.controlplot import plot_control
 from servemon.loadgen.reports.plots import (
@@ -58,33 +51,7 @@ from servemon.loadgen.reports.plots import (
 )
 from servemon.loadgen.run.clientwatch import limit_lines
 
-__all__ = ["CSS", "RunData", "load_run", "render_report", "svg", "write_report"]
-
-
-@dataclass(slots=True)
-class RunData:
-    """A run directory, read: its record, and (for the report) one scan of it."""
-
-    path: Path
-    info: RunInfo
-    summary: RunSummary
-    scan: RunScan | None = None
-
-
-def load_run(path: Path, *, with_scan: bool = False) -> RunData:
-    """Read a run directory (one-line ConfigError if it is not one), rebuilding and
-    writing ``summary.json`` if the run never wrote it."""
-    info, summary = read_record(path)
-    if summary is None:
-        summary = rebuild_summary(path, info)
-        # Kept for the next reader; a directory that cannot take it (a full disk)
-        # is still read.
-        with contextlib.suppress(RecordError):
-            write_record(path, info, summary)
-    if summary.status == "unfinished":
-        info = replace(info, status=f"unfinished: {UNFINISHED}")
-    found = scan(path, info.origin_s) if with_scan else None
-    return RunData(path, info, summary, found)
+__all__ = ["CSS", "render_report", "svg", "write_report"]
 
 
 def _table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
@@ -110,11 +77,11 @@ def _has_server_facts(record: RunSummary) -> bool:
     )
 
 
-def _conditions(data: RunData) -> list[tuple[str, str]]:
+def _conditions(data: RunResult) -> list[tuple[str, str]]:
     info = data.info
     target, env, workload = info.target, info.environment, info.workload
     engine = info.engine_info
-    reason = data.summary.stop_reason
+    reason = data.record.stop_reason
     stopped = [("stopped because", reason)] if reason and reason != UNFINISHED else []
     return [
         ("status", info.status),
@@ -163,10 +130,11 @@ dt{font-weight:600} dd{margin:0;word-break:break-all} svg{max-width:100%;height:
 """
 
 
-def render_report(data: RunData) -> str:
+def render_report(data: RunResult, found: RunScan | None = None) -> str:
     """The report as one HTML document (``data`` loaded with its scan)."""
-    found = data.scan if data.scan is not None else scan(data.path, data.info.origin_s)
-    info, record = data.info, data.summary
+    if found is None:
+        found = scan(data.path, data.info.origin_s)
+    info, record = data.info, data.record
     kind = info.kind
     conditions = "".join(
         f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>"
@@ -317,7 +285,7 @@ def _groups(record: RunSummary) -> list[str]:
 
 def write_report(run_dir: Path) -> Path:
     """Write ``RUN_DIR/report.html``; return its path."""
-    page = render_report(load_run(run_dir, with_scan=True))
+    page = render_report(read_run(run_dir))
     path = run_dir / "report.html"
     try:
         path.write_text(page, encoding="utf-8")

@@ -4,7 +4,7 @@ A small real run directory is written by the record's own writers
 (:class:`RunDirectory` for ``requests.jsonl``, :func:`write_record` for ``run.json``
 and ``summary.json``), with text from a server that is not ASCII in it; then one of
 its files is cut at a drawn byte. Properties: :func:`rebuild_summary` and
-:func:`load_run` (what ``servemon report`` reads) count every request up to the last
+:func:`read_run` (what ``servemon report`` reads) count every request up to the last
 complete line of ``requests.jsonl``; a cut ``run.json`` or ``summary.json`` is
 either still whole JSON or a one-line :class:`ConfigError` naming the file, never a
 traceback.
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from servemon.core.errors import ConfigError
 from servemon.core.slo import parse_slo
-from servemon.loadgen.record.record import RunDirectory, rebuild_summary
+from servemon.loadgen.record.record import RunDirectory, read_run, rebuild_summary
 from servemon.loadgen.record.runrecord import (
     RunInfo,
     RunSummary,
@@ -29,7 +29,6 @@ from servemon.loadgen.record.runrecord import (
     write_record,
 )
 from servemon.loadgen.record.tally import Tally
-from servemon.loadgen.reports.report import load_run
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 pytestmark = pytest.mark.fuzz
@@ -117,9 +116,9 @@ def test_a_cut_requests_file_keeps_every_complete_line(at: int) -> None:
         # A last line cut just before its newline is still whole JSON: read too.
         whole = complete + (complete < N and at == ends[complete] - 1)
         (run_dir / "summary.json").unlink()  # as a run killed before writing it
-        data = load_run(run_dir)
-        assert data.summary.overall.requests == whole
-        assert data.summary.status == "unfinished"
+        data = read_run(run_dir)
+        assert data.record.overall.requests == whole
+        assert data.record.status == "unfinished"
         info = data.info
         assert rebuild_summary(run_dir, info).overall.requests == whole
 
@@ -134,9 +133,9 @@ def test_a_cut_record_file_reads_whole_or_is_one_line(name: str, at: int) -> Non
         size = len(path.read_bytes())
         at = _cut(path, at)
         try:
-            data = load_run(run_dir)
+            data = read_run(run_dir)
         except ConfigError as exc:
             assert at < size - 1  # all but the final newline: still whole JSON
             _assert_one_line(exc, name)
             return
-        assert data.summary.overall.requests == N
+        assert data.record.overall.requests == N
