@@ -20,6 +20,8 @@ from servemon.loadgen.record.runrecord import (
     write_record,
 )
 from servemon.loadgen.record.tally import Tally
+from servemon.loadgen.reports.compare import verdict_text
+from servemon.loadgen.reports.significance import Difference, Verdict
 from servemon.loadgen.run.config import LoadConfig
 from servemon.loadgen.run.plan import make_plan, stage_numbers
 from servemon.loadgen.send.timing import Outcome, RequestTiming
@@ -222,3 +224,38 @@ def test_a_killed_runs_rebuilt_summary_keeps_its_repeats(tmp_path: Path) -> None
         "1 rps": 10,
         "2 rps": 10,
     }
+
+
+# -- how a verdict reads ----------------------------------------------------------
+
+
+def difference(low: float, high: float, verdict: Verdict) -> Difference:
+    return Difference(
+        "1 rps",
+        "TPOT mean ms",
+        1.0,
+        1.0,
+        1.0,
+        low,
+        high,
+        verdict,
+        "repeats",
+        0.99,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "verdict", "text"),
+    [
+        (1.174, 1.318, "slower", "[1.17-1.32] slower"),
+        (0.951, 1.047, "no difference", "[0.95-1.05] no difference"),
+        # A narrow interval next to 1 keeps the digits that show it excludes 1.
+        (0.9936, 0.9979, "faster", "[0.994-0.998] faster"),
+        (1.0004, 1.0042, "slower", "[1.0004-1.0042] slower"),
+    ],
+)
+def test_a_verdicts_interval_shows_which_side_of_1_it_lies(
+    low: float, high: float, verdict: Verdict, text: str
+) -> None:
+    assert verdict_text(difference(low, high, verdict)) == text
