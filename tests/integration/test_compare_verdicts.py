@@ -46,7 +46,7 @@ from servemon.loadgen.reports.compare import (
 from servemon.loadgen.reports.report import write_report
 from servemon.simulator.config import SimConfig
 from servemon.simulator.server import SimServer
-from tests.support.runs import config_for, run
+from tests.support.runs import config_for, requests_of, run
 
 pytestmark = pytest.mark.integration
 
@@ -179,3 +179,30 @@ def test_the_reports_show_the_pooled_repeats_and_the_verdicts(
     assert tpot.endswith("slower")
     assert tpot in text
     assert "figures judged together" in text
+
+
+def test_a_sweep_runs_each_levels_number_on_every_repeat(tmp_path: Path) -> None:
+    async def go() -> RunResult:
+        sim = SimConfig(host="127.0.0.1", port=0, profile="tiny")
+        async with SimServer(sim) as server:
+            config = config_for(
+                server, tmp_path, parallel=(1, 2), number=(3, 5), repeats=2
+            )
+            return await run("sweep", config)
+
+    result = asyncio.run(go())
+    stages = result.record.stages
+    assert [(s.label, s.repeat, s.sent) for s in stages] == [
+        ("parallel 1", 1, 3),
+        ("parallel 1", 2, 3),
+        ("parallel 2", 1, 5),
+        ("parallel 2", 2, 5),
+    ]
+    ids = [t.request_id for t in requests_of(result.path, stage=3)]
+    assert len(ids) == 5
+    assert all("-p2r2-" in i for i in ids), ids
+    assert result.record.by_level is not None
+    assert {k: v.requests for k, v in result.record.by_level.items()} == {
+        "parallel 1": 6,
+        "parallel 2": 10,
+    }
