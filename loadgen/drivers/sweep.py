@@ -13,6 +13,7 @@ from typing import Any
 
 from servemon.loadgen.drivers.conversation import run_users
 from servemon.loadgen.run.context import Driven, RunContext
+from servemon.loadgen.run.plan import stage_numbers
 from servemon.loadgen.send.arrivals import Arrival
 from servemon.loadgen.send.closedloop import run_closed_loop
 from servemon.loadgen.send.stopping import Stopper, grace, until_stopped
@@ -25,14 +26,7 @@ async def drive_sweep(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Drive
     """Run the levels in order (``arrival`` is not used: a closed loop sends when a
     request finishes)."""
     c = ctx.config
-    # One --number for every level, or one per level (each repeat of a level
-    # runs its level's).
-    per_level = len(ctx.stages) // c.repeats
-    numbers = [
-        n
-        for n in list(c.number) * (per_level if len(c.number) == 1 else 1)
-        for _ in range(c.repeats)
-    ]
+    numbers = stage_numbers(c, len(ctx.stages))
     first = 0  # each level's prompts follow the last level's: none sent twice
     sessions = itertools.count()  # and so do its sessions
     for record, number in zip(ctx.stages, numbers, strict=True):

@@ -310,8 +310,16 @@ def rows(c: Comparison) -> list[list[str]]:
 
 def verdict_text(d: Difference) -> str:
     """``[1.18-1.32] slower``: the interval of the ratio and the verdict; a
-    verdict resting on one run each says so."""
-    interval = "" if d.low is None or d.high is None else f"[{d.low:.2f}-{d.high:.2f}] "
+    verdict resting on one run each says so. An interval that excludes 1 is
+    shown with the digits it takes to see that (``[0.994-0.998] faster``, not
+    ``[0.99-1.00]``)."""
+    interval = ""
+    if d.low is not None and d.high is not None:
+        digits = 2
+        if d.verdict in ("faster", "slower"):
+            while digits < 4 and "1" in (_round(d.low, digits), _round(d.high, digits)):
+                digits += 1
+        interval = f"[{d.low:.{digits}f}-{d.high:.{digits}f}] "
     basis = (
         " (one run each)"
         if d.basis == "one run each"
@@ -319,6 +327,12 @@ def verdict_text(d: Difference) -> str:
         else ""
     )
     return f"{interval}{d.verdict}{basis}"
+
+
+def _round(value: float, digits: int) -> str:
+    """``value`` with ``digits`` decimals, or "1" where that shows 1."""
+    shown = f"{value:.{digits}f}"
+    return "1" if float(shown) == 1.0 else shown
 
 
 def verdict_notes(c: Comparison) -> list[str]:

@@ -2,14 +2,15 @@
 confidence interval and a verdict (faster, slower, no difference), for ``compare``.
 
 The interval rests on the variation *between runs* wherever a stage was repeated
-(``--repeats N``): Welch's t interval on the logs of the per-repeat values, so it is an
-interval of the ratio. A run of thousands of requests has a narrow interval within
-itself, yet the same configuration run again lands a few per cent elsewhere; only
-repeats see that. Where one side has a single run, its spread between runs is taken
-to be the other side's; where both do, the interval comes from the requests of each
-run (a seeded bootstrap) and says so. Every interval is widened for the number of
-figures judged together (Bonferroni), so a verdict is "different" exactly when its
-interval excludes 1. A quantile from too few requests is not judged ("too short").
+(``--repeats N``): a t interval on the logs of the per-repeat values (Student's with
+as many repeats on each side, Welch's otherwise), so it is an interval of the ratio.
+A run of thousands of requests has a narrow interval within itself, yet the same
+configuration run again lands a few per cent elsewhere; only repeats see that. Where
+one side has a single run, its spread between runs is taken to be the other side's;
+where both do, the interval comes from the requests of each run (a seeded bootstrap)
+and says so. Every interval is widened for the number of figures judged together
+(Bonferroni), so a verdict is "different" exactly when its interval excludes 1. A
+quantile from too few requests is not judged ("too short").
 The method and why: ``docs/compare.md``.
 """
 

@@ -157,9 +157,10 @@ class LoadConfig:
     #: (:mod:`core.wire.webconfig`).
     web_config_file: str | None = None
     seed: int = 0
-    #: Each stage (a ramp's stage, a sweep's level, a replay's trace) this many
-    #: times in a row, each with new draws: what ``compare`` judges a difference
-    #: by (the spread between runs, not only between requests of one run).
+    #: Each stage (a ramp's stage, a sweep's level) this many times in a row,
+    #: each with new draws: what ``compare`` judges a difference by (the spread
+    #: between runs, not only between requests of one run). Capacity, control
+    #: and replay refuse it (:func:`loadgen.run.plan.make_plan`).
     repeats: Annotated[int, Ge(1), Le(100)] = 1
     #: Where the target's GPU energy is read (:mod:`loadgen.run.energy`): auto,
     #: off, nvml, or the URL of an exporter's /metrics.

@@ -45,6 +45,7 @@ __all__ = [
     "recorded_config",
     "redact_argv",
     "replay_plan_of",
+    "stage_numbers",
     "step_seconds",
 ]
 
@@ -143,8 +144,9 @@ def make_plan(kind: Kind, config: LoadConfig) -> Plan:
     settings fit together, and the files they name (a trace or prompt file, read
     whole to check every line, once). Run before anything is started, so a bad flag
     costs nothing; call it off the loop (it reads files)."""
+    _refuse_repeats(kind, config.repeats)  # before a replay reads its trace
     replay = _replay_of(config) if kind == "replay" else None
-    stages = _repeated(_stages(kind, config, replay), config.repeats, kind)
+    stages = _repeated(_stages(kind, config, replay), config.repeats)
     _check(kind, config)
     mix = parse_model(config.model) if config.model else None
     return Plan(kind, stages, replay, mix)
@@ -205,13 +207,16 @@ _NOT_REPEATED = {
 }
 
 
-def _repeated(stages: list[StageRecord], repeats: int, kind: Kind) -> list[StageRecord]:
+def _refuse_repeats(kind: Kind, repeats: int) -> None:
+    if repeats > 1 and kind in _NOT_REPEATED:
+        raise ConfigError(f"--repeats {repeats}: not for {kind}: {_NOT_REPEATED[kind]}")
+
+
+def _repeated(stages: list[StageRecord], repeats: int) -> list[StageRecord]:
     """Each stage ``repeats`` times in a row (indices renumbered, each copy
     numbered 1..N); the stages as they are for one."""
     if repeats == 1:
         return stages
-    if kind in _NOT_REPEATED:
-        raise ConfigError(f"--repeats {repeats}: not for {kind}: {_NOT_REPEATED[kind]}")
     return [
         replace(stage, index=i * repeats + r, repeat=r + 1)
         for i, stage in enumerate(stages)
@@ -285,6 +290,15 @@ def _stages(
         StageRecord(i, parallel_label(p, users=users), None, p, None)
         for i, p in enumerate(levels)
     ]
+
+
+def stage_numbers(config: LoadConfig, count: int) -> list[int]:
+    """Each of a sweep's ``count`` stages' ``--number``, in stage order: one value
+    for every level, or one per level, each repeat of a level running its
+    level's (the plan has checked that the values fit the levels)."""
+    levels = count // config.repeats
+    per_level = list(config.number) * (levels if len(config.number) == 1 else 1)
+    return [n for n in per_level for _ in range(config.repeats)]
 
 
 def rate_label(rate: float, unit: str = "rps") -> str:

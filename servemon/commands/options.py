@@ -371,9 +371,10 @@ def load_options() -> Callable[[F], F]:
         _option(
             "--repeats",
             type=int,
-            help="Run each stage (a sweep's level, a replay's trace) this many "
-            "times in a row with new draws; the report shows the spread between "
-            "repeats and compare judges differences by it.",
+            help="Run each stage of a ramp (a sweep's level) this many times in "
+            "a row with new draws; the report pools them and shows the spread "
+            "between repeats, and compare judges differences by it (capacity, "
+            "control and replay refuse it).",
         ),
         _option(
             "--energy",
