@@ -34,6 +34,8 @@ from servemon.loadgen.workloads.workload import parse_workload
 __all__ = ["DEMO_SLO", "run_demo"]
 
 DEMO_SLO = "ttft_p95<=0.5,itl_p95<=0.05,error_rate<=0.01"
+#: The made-up GPU's price per hour: the demo's cost per token (a round figure).
+DEMO_GPU_HOUR_COST = 2.0
 
 
 def prometheus_config(exporter_url: str, client_port: int) -> dict[str, object]:
@@ -72,9 +74,13 @@ async def run_demo(
             f"simulator ({profile}, --max-num-seqs {max_num_seqs}): {sim_url}"
         )
         async with embedded_exporter(
-            [f"sim={sim_url}"], ["--probe-interval", "5"]
+            [f"sim={sim_url}"], ["--probe-interval", "5", "--fake-gpu"]
         ) as exp:
-            console.print(f"exporter: {exp}/metrics")
+            console.print(
+                f"exporter: {exp}/metrics (with one made-up GPU at a steady 300 W "
+                f"and ${DEMO_GPU_HOUR_COST:g} an hour: the energy and cost per token "
+                "below are the demo's arithmetic, not a real GPU's)"
+            )
             client_port = free_port()
             prom_dir = out / "demo-prometheus"
             prom_dir.mkdir(parents=True, exist_ok=True)
@@ -102,6 +108,8 @@ async def run_demo(
                     max_duration=max_duration,
                     workload=parse_workload("random:prompt=128,output=64"),
                     metrics_port=client_port,
+                    energy=f"{exp}/metrics",
+                    gpu_hour_cost=DEMO_GPU_HOUR_COST,
                     out=str(out),
                     seed=seed,
                     grace=3.0,
