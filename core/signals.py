@@ -26,6 +26,7 @@ __all__ = [
     "BURN_RATE_RECORDS",
     "SIGNALS",
     "SignalQuery",
+    "freshness",
     "parse_selector",
     "queries",
 ]
@@ -52,13 +53,15 @@ class SignalQuery:
     age: str
 
 
-def _age(samples: str) -> str:
+def freshness(samples: str) -> str:
+    """Seconds since the newest sample of ``samples`` (a signal's freshness
+    query; a sampler of its own, the energy meter's, reads it too)."""
     return f"time() - {promql.aggregate('max', f'timestamp({samples})')}"
 
 
 def _gauge(series: Series, agg: str, matchers: tuple[str, ...]) -> tuple[str, str]:
     samples = promql.selector(series, *matchers)
-    return promql.aggregate(agg, samples), _age(samples)
+    return promql.aggregate(agg, samples), freshness(samples)
 
 
 def _queries(matchers: tuple[str, ...], window: str) -> list[SignalQuery]:
@@ -86,7 +89,7 @@ def _queries(matchers: tuple[str, ...], window: str) -> list[SignalQuery]:
             "ttft_p95",
             f"the servers' TTFT p95 over {window}",
             ttft,
-            _age(ttft_count),
+            freshness(ttft_count),
         ),
         SignalQuery(
             "error_rate",
@@ -95,14 +98,14 @@ def _queries(matchers: tuple[str, ...], window: str) -> list[SignalQuery]:
             # outcome's series at its first request): 0, not missing.
             f"({promql.aggregate('sum', failed)} or vector(0)) / "
             f"{promql.aggregate('sum', judged)}",
-            _age(promql.selector(requests, *matchers)),
+            freshness(promql.selector(requests, *matchers)),
         ),
         SignalQuery("gpu_utilization", "GPU utilization, averaged", *gpu),
         SignalQuery(
             "burn_rate",
             "the highest error-budget burn of the generated SLO rules",
             promql.aggregate("max", burn),
-            _age(named_burn),
+            freshness(named_burn),
         ),
     ]
 

@@ -33,14 +33,14 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from servemon.core import names, promql
-from servemon.core.signals import SignalQuery
+from servemon.core.signals import SignalQuery, freshness
 from servemon.core.wire.limits import read_body
 from servemon.loadgen.record.energy import Energy
 from servemon.loadgen.record.runrecord import StageResult
 from servemon.loadgen.record.summary import Summary
 from servemon.loadgen.run.plan import StageRecord
 from servemon.loadgen.run.promsource import PrometheusSampler
-from servemon.monitor.gpu import GpuReader, GpuUnavailable, one_line
+from servemon.monitor.gpu import GpuReader, GpuSnapshot, GpuUnavailable, one_line
 
 __all__ = ["EnergySampler", "Reading", "open_energy"]
 
@@ -235,7 +235,11 @@ async def _open(
         reader = await _nvml_reader(nvml)
 
         async def read_nvml() -> Reading:
-            return _sum_nvml(await asyncio.to_thread(reader.read))
+            try:
+                snapshot = await asyncio.to_thread(reader.read)
+            except GpuUnavailable as exc:  # the driver's: a reading skipped
+                raise EnergyUnavailable(one_line(exc)) from None
+            return _sum_nvml(snapshot)
 
         async def close() -> None:
             await asyncio.to_thread(reader.close)
@@ -275,11 +279,12 @@ async def _nvml_reader(make: Callable[[], GpuReader] | None) -> GpuReader:
     return reader
 
 
-def _sum_nvml(snapshot: Any) -> Reading:
+def _sum_nvml(snapshot: GpuSnapshot) -> Reading:
     values = [g.energy_joules for g in snapshot.gpus]
-    if not values or any(v is None for v in values):
+    known = [v for v in values if v is not None]
+    if not known or len(known) < len(values):
         raise EnergyUnavailable("NVML gives no energy counter for these GPUs")
-    return float(sum(values)), len(values), 0.0
+    return float(sum(known)), len(known), 0.0
 
 
 def _exporter_reader(
@@ -318,7 +323,7 @@ def _prometheus_reader(
     headers: Mapping[str, str],
 ) -> Callable[[], Awaitable[Reading]]:
     samples = promql.selector(names.GPU_ENERGY, *select)
-    age = f"time() - {promql.aggregate('max', f'timestamp({samples})')}"
+    age = freshness(samples)
     # The reading's age: since Prometheus scraped it, plus the exporter's NVML
     # snapshot's age at that scrape.
     snapshot = promql.aggregate("max", promql.selector(names.GPU_SAMPLE_AGE, *select))

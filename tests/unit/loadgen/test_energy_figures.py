@@ -8,14 +8,16 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
 import pytest
 
 from servemon.core.errors import ConfigError
 from servemon.loadgen.record.energy import ENERGY_KEYS, Energy
 from servemon.loadgen.record.summary import Summary
 from servemon.loadgen.run.config import LoadConfig
-from servemon.loadgen.run.energy import EnergySampler, Reading
+from servemon.loadgen.run.energy import EnergySampler, Reading, open_energy
 from servemon.loadgen.run.plan import make_plan
+from servemon.monitor.fakegpu import FakeGpuReader
 
 NO_PRICE = (None, None)
 
@@ -272,3 +274,38 @@ async def test_a_counter_that_stands_still_for_an_interval_is_a_new_reading() ->
     for _ in range(2):
         await s.sample_once()
     assert s.joules == [1000.0, 1000.0]
+
+
+async def _nvml_energy(reader: FakeGpuReader) -> tuple[EnergySampler | None, str]:
+    async with aiohttp.ClientSession() as session:
+        return await open_energy(
+            "nvml",
+            session=session,
+            target_is_local=True,
+            prometheus=None,
+            select=(),
+            prom_headers={},
+            sink=lambda line: None,
+            interval_s=1.0,
+            nvml=lambda: reader,
+        )
+
+
+@pytest.mark.asyncio
+async def test_an_nvml_read_that_fails_is_said_once_and_never_ends_the_run() -> None:
+    """NVML that opens but cannot read (a driver gone away) is the one line at the
+    start, and a read failing later is a skipped reading, not an exception out of
+    the run."""
+    broken = FakeGpuReader(power_watts=300.0, fail_read="driver gone")
+    found, said = await _nvml_energy(broken)
+    assert found is None
+    assert said == "energy: not measured (nvml: driver gone)"
+
+    flaky = FakeGpuReader(power_watts=300.0)
+    found, said = await _nvml_energy(flaky)
+    assert found is not None
+    assert said == "energy: the target's GPU energy counters from nvml"
+    kept = len(found.times)
+    flaky.fail_read = "driver gone"
+    await found.sample_once()
+    assert len(found.times) == kept
