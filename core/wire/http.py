@@ -17,6 +17,7 @@ with another connector get no resends.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import json
 import weakref
@@ -27,7 +28,10 @@ import aiohttp
 import orjson
 from aiohttp.client_proto import ResponseHandler
 
-__all__ = ["NotAnswered", "PoolConnector", "encode_json", "post"]
+from servemon.core.errors import TargetError
+from servemon.core.wire.limits import read_body
+
+__all__ = ["NotAnswered", "PoolConnector", "encode_json", "post", "post_json"]
 
 #: The connections a request in flight was given, True for each one from the pool.
 _GIVEN: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
@@ -121,3 +125,26 @@ async def post(
             count[0] += 1
         finally:
             _GIVEN.reset(token)
+
+
+async def post_json(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    timeout_s: float,
+) -> object:
+    """``POST`` a JSON body and decode the JSON answer (a ``/tokenize`` call).
+    Anything but a 200 with JSON within ``timeout_s``, or a body past the client's
+    bounds, is a one-line :class:`TargetError`. Resent on a new connection if the
+    server had closed the pooled one (llama-server closes after every answer)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            resp = await post(session, url, body=dict(body), headers=headers)
+            async with resp:
+                if resp.status != 200:
+                    raise TargetError(f"POST {url}: HTTP {resp.status}")
+                answer: object = json.loads(await read_body(resp))
+    except (aiohttp.ClientError, NotAnswered, TimeoutError, ValueError) as exc:
+        raise TargetError(f"POST {url}: {type(exc).__name__}: {exc}") from exc
+    return answer

@@ -14,7 +14,6 @@ otherwise) counts as adding nothing.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -23,7 +22,7 @@ import aiohttp
 
 from servemon.core import names
 from servemon.core.errors import TargetError
-from servemon.core.wire.http import NotAnswered, post
+from servemon.core.wire.http import NotAnswered, post, post_json
 from servemon.core.wire.limits import ResponseTooLarge, read_body
 from servemon.loadgen.run.sampler import parse_engine_samples
 from servemon.loadgen.workloads.prefix import PrefixWorkload
@@ -244,19 +243,10 @@ async def _tokenize(
     headers: Mapping[str, str],
 ) -> list[Any] | None:
     try:
-        async with asyncio.timeout(_PROBE_TIMEOUT.total or 10):
-            resp = await post(session, url, body=body, headers=headers)
-            async with resp:
-                if resp.status != 200:
-                    return None
-                answer = json.loads(await read_body(resp))
-    except (
-        aiohttp.ClientError,
-        NotAnswered,
-        TimeoutError,
-        ValueError,
-        ResponseTooLarge,
-    ):
+        answer = await post_json(
+            session, url, body, headers, _PROBE_TIMEOUT.total or 10.0
+        )
+    except TargetError:
         return None
     tokens = answer.get("tokens") if isinstance(answer, dict) else None
     return tokens if isinstance(tokens, list) else None

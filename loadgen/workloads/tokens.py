@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import json
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -31,8 +30,7 @@ from typing import Any, Protocol, TypeVar
 import aiohttp
 
 from servemon.core.errors import ConfigError, TargetError
-from servemon.core.wire.http import NotAnswered, post
-from servemon.core.wire.limits import read_body
+from servemon.core.wire.http import post_json
 
 __all__ = [
     "WORDS",
@@ -173,17 +171,7 @@ class ServerTokenizer:
             "content": text,
             "add_special_tokens": False,
         }
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                # Resent on a new connection if the server closed the pooled one
-                # (llama-server closes after every answer).
-                resp = await post(self.session, self.url, body=body, headers={})
-                async with resp:
-                    if resp.status != 200:
-                        raise TargetError(f"POST {self.url}: HTTP {resp.status}")
-                    answer = json.loads(await read_body(resp))
-        except (aiohttp.ClientError, NotAnswered, TimeoutError, ValueError) as exc:
-            raise TargetError(f"POST {self.url}: {type(exc).__name__}: {exc}") from exc
+        answer = await post_json(self.session, self.url, body, {}, self.timeout_s)
         count = _count_of(answer)
         if count is None:
             raise TargetError(f"POST {self.url}: no 'count' or 'tokens' in the answer")
