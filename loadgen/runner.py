@@ -32,7 +32,6 @@ from servemon.loadgen.drivers.replay import drive_replay
 from servemon.loadgen.drivers.sweep import drive_sweep
 from servemon.loadgen.record.record import RunDirectory
 from servemon.loadgen.record.runrecord import (
-    CapacityResult,
     RunInfo,
     RunResult,
     RunSummary,
@@ -94,7 +93,7 @@ __all__ = [
     "run_load",
 ]
 
-Driver = Callable[[RunContext, Stopper, Arrival], Awaitable[Driven]]
+Driver = Callable[[RunContext, Stopper, Arrival, Driven], Awaitable[None]]
 #: The driver of each kind of load run.
 DRIVERS: dict[Kind, Driver] = {
     "ramp": drive_ramp,
@@ -288,10 +287,10 @@ async def _execute(
     ctx.progress.growing = ctx.kind == "capacity"
     ctx.progress.start(ctx.stages)
     status = "failed"
-    driven = Driven(interrupted=False)
+    found = Driven()
     try:
-        driven = await DRIVERS[ctx.kind](ctx, stop, arrival)
-        status = "interrupted" if driven.interrupted else "completed"
+        await DRIVERS[ctx.kind](ctx, stop, arrival, found)
+        status = "interrupted" if found.interrupted else "completed"
         if ctx.stop_reason is not None:
             status = "aborted"
     except asyncio.CancelledError:
@@ -307,9 +306,7 @@ async def _execute(
         ctx.live.stage(-1, 0.0)
         ctx.progress.stop()
         try:
-            result = _finish(
-                ctx, info, status, sampler, driven.capacity, scrape, energy
-            )
+            result = _finish(ctx, info, status, sampler, found, scrape, energy)
         finally:
             ctx.rundir.close()
     return result
@@ -320,7 +317,7 @@ def _finish(
     info: RunInfo,
     status: str,
     sampler: ServerSampler | PrometheusSampler,
-    capacity: CapacityResult | None,
+    found: Driven,
     scrape: ScrapeInterval | None,
     energy: EnergySampler | None,
 ) -> RunResult:
@@ -329,7 +326,7 @@ def _finish(
     records: list[StageRecord] = ctx.stages
     durations = [r.duration_s() for r in records]
     stages, overall = ctx.tally.results([r.result(origin) for r in records], durations)
-    rates = server_hit_rates(ctx.history, [(r.start_s, r.until_s()) for r in records])
+    rates = server_hit_rates(ctx.readings, [(r.start_s, r.until_s()) for r in records])
     stages = [
         replace(s, server_hit_rate=None if rate is None else round(rate, 6))
         for s, rate in zip(stages, rates, strict=True)
@@ -344,8 +341,8 @@ def _finish(
         overall=overall,
         slo=[str(t) for t in ctx.slo],
         stop_reason=ctx.stop_reason,
-        capacity=capacity,
-        control=ctx.control,
+        capacity=found.capacity,
+        control=found.control,
         **ctx.tally.groups(stages, durations),
     )
     info = replace(
@@ -356,7 +353,7 @@ def _finish(
         start_at=None
         if ctx.config.start_at is None
         else ctx.config.start_at.isoformat(),
-        start_late_s=ctx.start_late_s,
+        start_late_s=found.start_late_s,
         ended_utc=datetime.now(UTC).isoformat(timespec="milliseconds"),
         stages=stages,
         server_metrics={

@@ -33,9 +33,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
 
-from servemon.core import names
 from servemon.core.slo import SloTerm
 from servemon.loadgen.drivers.ramp import open_loop
 from servemon.loadgen.record.runrecord import CapacityResult, StepVerdict
@@ -54,17 +52,12 @@ from servemon.loadgen.run.plan import (
     rate_label,
     step_seconds,
 )
+from servemon.loadgen.run.reading import Reading
 from servemon.loadgen.send.arrivals import Arrival, Stage
 from servemon.loadgen.send.stopping import Stopper
 from servemon.loadgen.send.timing import RequestTiming
 
 __all__ = ["CapacityResult", "StepVerdict", "drive_capacity"]
-
-WAITING = names.ENGINE_REQUESTS_WAITING.name
-RUNNING = names.ENGINE_REQUESTS_RUNNING.name
-KV = names.ENGINE_KV_CACHE_USAGE.name
-PREEMPTIONS = names.ENGINE_PREEMPTIONS.name
-History = Iterable[tuple[float, list[list[Any]]]]
 
 
 class _Step:
@@ -94,30 +87,25 @@ class _Step:
         return own.summary()
 
 
-def _window(history: History, start: float, end: float) -> list[dict[str, float]]:
-    """The target's samples between ``start`` and ``end``, summed over ranks."""
-    out = []
-    for at, samples in history:
-        if start <= at <= end:
-            sums: dict[str, float] = {}
-            for name, _labels, value in samples:
-                if name in (WAITING, RUNNING, PREEMPTIONS):
-                    sums[name] = sums.get(name, 0.0) + value
-                elif name == KV:
-                    sums[name] = max(sums.get(name, 0.0), value)
-            out.append(sums)
-    return out
+def _window(readings: Iterable[Reading], start: float, end: float) -> list[Reading]:
+    """The server's readings between ``start`` and ``end`` that carry any of the
+    engine's four signals (waiting, running, KV-cache usage, preemptions)."""
+    return [
+        r
+        for r in readings
+        if start <= r.at <= end and (r.judged() or r.running is not None)
+    ]
 
 
-def _server_signal(window: list[dict[str, float]]) -> tuple[str, str] | None:
+def _server_signal(window: list[Reading]) -> tuple[str, str] | None:
     """(what saturated, why) if the target plainly cannot sustain the step."""
     if len(window) < 4:
         return None
     recent = window[-4:]
-    waiting = [s.get(WAITING, 0.0) for s in recent]
-    running = max(s.get(RUNNING, 0.0) for s in recent)
-    kv = [s.get(KV, 0.0) for s in recent]
-    pre = [s.get(PREEMPTIONS, 0.0) for s in recent]
+    waiting = [r.waiting or 0.0 for r in recent]
+    running = max(r.running or 0.0 for r in recent)
+    kv = [r.kv_cache_usage or 0.0 for r in recent]
+    pre = [r.preemptions or 0.0 for r in recent]
     if pre[-1] > pre[0] and all(b >= a for a, b in itertools.pairwise(pre)):
         return "kv_cache", f"preemptions climbing ({pre[0]:.0f} -> {pre[-1]:.0f})"
     if min(kv) >= 0.98 and waiting[-1] > 0:
@@ -128,15 +116,18 @@ def _server_signal(window: list[dict[str, float]]) -> tuple[str, str] | None:
     return None
 
 
-def _attribute(history: History, record: StageRecord, summary: Summary) -> str:
+def _attribute(
+    readings: Iterable[Reading], record: StageRecord, summary: Summary
+) -> str:
     """What gave out first during a bad step."""
-    window = _window(history, record.start_s or 0.0, record.end_s or time.monotonic())
+    end = record.end_s or time.monotonic()
+    window = _window(readings, record.start_s or 0.0, end)
     if window:
-        kv = max(s.get(KV, 0.0) for s in window)
-        preempted = window[-1].get(PREEMPTIONS, 0.0) - window[0].get(PREEMPTIONS, 0.0)
+        kv = max(r.kv_cache_usage or 0.0 for r in window)
+        preempted = (window[-1].preemptions or 0.0) - (window[0].preemptions or 0.0)
         if kv >= 0.95 or preempted > 0:
             return "kv_cache"
-        queued = sum(1 for s in window if s.get(WAITING, 0.0) > 0)
+        queued = sum(1 for r in window if (r.waiting or 0.0) > 0)
         if queued >= max(1, len(window) // 5):
             return "queue"  # requests waited for a batch slot in a fifth of samples
     lag = summary.figure("dispatch_lag")
@@ -146,7 +137,7 @@ def _attribute(history: History, record: StageRecord, summary: Summary) -> str:
 
 
 async def _watch(
-    history: History,
+    readings: Iterable[Reading],
     step: _Step,
     halt: asyncio.Event,
     verdict: dict[str, str],
@@ -157,7 +148,7 @@ async def _watch(
         await asyncio.sleep(1.0)
         if record.start_s is None or time.monotonic() < record.start_s + step.settle_s:
             continue
-        signal = _server_signal(_window(history, record.start_s, time.monotonic()))
+        signal = _server_signal(_window(readings, record.start_s, time.monotonic()))
         # The client is behind when its recent lag stays high (the median of the
         # last requests), not when one stall of the process shows in a p99; by the
         # client watch's one definition.
@@ -169,23 +160,15 @@ async def _watch(
             return
 
 
-#: The signals a step is judged on, by their names in Prometheus lines.
-_JUDGED_SIGNALS = ("waiting", "kv_cache_usage", "preemptions")
-
-
-def blind(
-    signal_history: Iterable[tuple[float, dict[str, float | None]]],
-    start: float,
-    end: float,
-) -> str | None:
+def blind(readings: Iterable[Reading], start: float, end: float) -> str | None:
     """Why a step between ``start`` and ``end`` had too few fresh server signals
     from Prometheus to be judged on them (None: it had enough): fewer than half of
     its reads carried any of the signals a step is judged on."""
     reads = fresh = 0
-    for at, signals in signal_history:
-        if start <= at <= end:
+    for r in readings:
+        if start <= r.at <= end:
             reads += 1
-            fresh += any(signals.get(k) is not None for k in _JUDGED_SIGNALS)
+            fresh += r.judged()
     if reads == 0:
         return "blind: no answer from Prometheus during the step"
     if fresh * 2 < reads:
@@ -197,7 +180,7 @@ def blind(
 
 
 def _judge(
-    history: History, step: _Step, slo: list[SloTerm], early: dict[str, str]
+    readings: Iterable[Reading], step: _Step, slo: list[SloTerm], early: dict[str, str]
 ) -> StepVerdict:
     summary = step.summary()
     breaches = []
@@ -210,7 +193,7 @@ def _judge(
     saturated = (
         None
         if good
-        else (early.get("saturated") or _attribute(history, step.record, summary))
+        else (early.get("saturated") or _attribute(readings, step.record, summary))
     )
     return StepVerdict(
         step.record.index,
@@ -223,7 +206,9 @@ def _judge(
     )
 
 
-async def drive_capacity(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
+async def drive_capacity(
+    ctx: RunContext, stop: Stopper, arrival: Arrival, found: Driven
+) -> None:
     """Run the search (see the module docstring)."""
     c = ctx.config
     step_s = step_seconds(c)
@@ -250,7 +235,7 @@ async def drive_capacity(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dr
         ctx.sinks.append(step)
         halt = asyncio.Event()
         early: dict[str, str] = {}
-        watcher = asyncio.create_task(_watch(ctx.history, step, halt, early))
+        watcher = asyncio.create_task(_watch(ctx.readings, step, halt, early))
         try:
             interrupted = await open_loop(
                 ctx,
@@ -266,10 +251,10 @@ async def drive_capacity(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dr
             await asyncio.gather(watcher, return_exceptions=True)
             ctx.sinks.remove(step)
         first_index += record.sent + record.skipped
-        verdict = _judge(ctx.history, step, ctx.slo, early)
+        verdict = _judge(ctx.readings, step, ctx.slo, early)
         unseen = None
         if c.prometheus is not None and verdict.good and record.start_s is not None:
-            unseen = blind(ctx.signal_history, record.start_s, time.monotonic())
+            unseen = blind(ctx.readings, record.start_s, time.monotonic())
         if unseen is not None:
             verdict.good, verdict.blind, verdict.early_stop = False, True, unseen
         steps.append(verdict)
@@ -310,7 +295,8 @@ async def drive_capacity(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dr
         else:
             rate = (good + bad) / 2
     first_bad = next((s for s in steps if not s.good and not s.blind), None)
-    found = CapacityResult(
+    found.interrupted = interrupted
+    found.capacity = CapacityResult(
         capacity_rps=good,
         bracket=(good, bad),
         first_breach=(
@@ -324,4 +310,3 @@ async def drive_capacity(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dr
         ended_because=ended,
         steps=steps,
     )
-    return Driven(interrupted, found)

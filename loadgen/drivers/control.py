@@ -162,7 +162,9 @@ def _arrivals(
         yield Due(index, 0, offset)
 
 
-async def drive_control(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
+async def drive_control(
+    ctx: RunContext, stop: Stopper, arrival: Arrival, found: Driven
+) -> None:
     """Hold the signal for ``--duration`` (see the module docstring)."""
     c = ctx.config
     assert c.hold is not None
@@ -192,9 +194,10 @@ async def drive_control(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dri
         ctx.first_tokens.append(backlog.first_token)
         ctx.sinks.append(backlog)
     record = ctx.stages[0]
-    start = await wait_for_start(ctx, stop)
+    start = await wait_for_start(ctx, stop, found)
     if start is None:
-        return Driven(interrupted=True)
+        found.interrupted = True
+        return
     gauges = ctx.live.control(signal)
     gauges.setpoint.set(setpoint)
     result = ControlResult(
@@ -204,12 +207,12 @@ async def drive_control(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dri
         source="prometheus" if c.prometheus else "direct",
         settle_s=min(c.duration / 3, max(30.0, 10 * interval)),
     )
-    ctx.control = result
+    found.control = result
     ticking = asyncio.create_task(
         _ticks(ctx, law, signal, interval, start, window, held, backlog, result, gauges)
     )
     try:
-        interrupted = await open_loop(
+        found.interrupted = await open_loop(
             ctx,
             [Stage(0, law.rate, c.duration, 0.0)],
             stop,
@@ -225,7 +228,6 @@ async def drive_control(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Dri
         await asyncio.gather(ticking, return_exceptions=True)
     mean = result.mean_offered_rps()
     record.target_rate = None if mean is None else round(mean, 2)
-    return Driven(interrupted)
 
 
 async def _ticks(

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from servemon.core import names
 from servemon.loadgen.drivers.controllaw import HORIZON_LIFETIMES
 from servemon.loadgen.drivers.heldtokens import Forecast, HeldTokens
 from servemon.loadgen.record.figures import exact_quantile
@@ -73,25 +72,12 @@ def measure(
     if signal == "ttft_p95" and ctx.config.prometheus is None:
         return window.p95(now)
     values = []
-    if ctx.config.prometheus is not None:
-        for at, signals in reversed(ctx.signal_history):
-            if at < since:
-                break
-            value = signals.get(signal)
-            if value is not None:
-                values.append(value)
-        return sum(values) / len(values) if values else None
-    key = {
-        "waiting": names.ENGINE_REQUESTS_WAITING.name,
-        "kv_cache_usage": names.ENGINE_KV_CACHE_USAGE.name,
-    }[signal]
-    for at, samples in reversed(ctx.history):
-        if at < since:
+    for reading in reversed(ctx.readings):
+        if reading.at < since:
             break
-        found = [value for name, _labels, value in samples if name == key]
-        if found:
-            kv = signal == "kv_cache_usage"
-            values.append(max(found) if kv else sum(found))
+        value = reading.signal(signal)
+        if value is not None:
+            values.append(value)
     return sum(values) / len(values) if values else None
 
 

@@ -28,14 +28,14 @@ from servemon.loadgen.workloads.sessions import SessionWorkload
 
 __all__ = ["drive_ramp", "open_loop", "wait_for_start"]
 
-#: A request made ready ahead of its time: its body, its options of
-#: :func:`~loadgen.send.client.send_request` and its prompt tokens (where known).
 #: A request made ready ahead of its time: its body, that body encoded, its send
 #: options, its prompt tokens.
 Ready = tuple[dict[str, Any], bytes, dict[str, Any], int | None]
 
 
-async def drive_ramp(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
+async def drive_ramp(
+    ctx: RunContext, stop: Stopper, arrival: Arrival, found: Driven
+) -> None:
     """Send the planned stages open loop, from ``--start-at`` or now."""
     plan: list[Stage] = []
     offset = 0.0
@@ -45,10 +45,11 @@ async def drive_ramp(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven
         offset += duration
     c = ctx.config
     shard = c.shard
-    start = await wait_for_start(ctx, stop)
+    start = await wait_for_start(ctx, stop, found)
     if start is None:
-        return Driven(interrupted=True)
-    interrupted = await open_loop(
+        found.interrupted = True
+        return
+    found.interrupted = await open_loop(
         ctx,
         plan,
         stop,
@@ -58,17 +59,16 @@ async def drive_ramp(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven
         shard=shard,
         start_s=start,
     )
-    return Driven(interrupted)
 
 
-async def wait_for_start(ctx: RunContext, stop: Stopper) -> float | None:
+async def wait_for_start(ctx: RunContext, stop: Stopper, found: Driven) -> float | None:
     """The monotonic start of the schedule: ``--start-at`` (shared by shards) or
     now; None if the run was stopped while waiting."""
     c = ctx.config
     if c.start_at is None:
         return time.monotonic() + 0.05
     delay = (c.start_at - datetime.now(UTC)).total_seconds()
-    ctx.start_late_s = max(0.0, -delay)
+    found.start_late_s = max(0.0, -delay)
     if delay > 0:
         ctx.progress.console.print(
             f"servemon: waiting {delay:.1f} s for --start-at {c.start_at.isoformat()}"

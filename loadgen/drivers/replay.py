@@ -19,7 +19,9 @@ from servemon.loadgen.send.stopping import Stopper
 __all__ = ["drive_replay"]
 
 
-async def drive_replay(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
+async def drive_replay(
+    ctx: RunContext, stop: Stopper, arrival: Arrival, found: Driven
+) -> None:
     """Send the trace's requests at their (scaled) times."""
     c = ctx.config
     plan = ctx.replay
@@ -29,11 +31,12 @@ async def drive_replay(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driv
     shard = c.shard
     if shard is not None:  # every N-th entry, as a ramp's shards split arrivals
         sends = tuple(s for s in sends if s[0] % shard.count == shard.index)
-    start = await wait_for_start(ctx, stop)
+    start = await wait_for_start(ctx, stop, found)
     if start is None:
-        return Driven(interrupted=True)
+        found.interrupted = True
+        return
     stage = Stage(0, plan.rate, plan.duration_s, 0.0)
-    interrupted = await open_loop(
+    found.interrupted = await open_loop(
         ctx,
         [stage],
         stop,
@@ -42,4 +45,3 @@ async def drive_replay(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driv
         start_s=start,
         sends=(Due(index, 0, offset) for index, offset in sends),
     )
-    return Driven(interrupted)

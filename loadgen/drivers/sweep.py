@@ -22,7 +22,9 @@ from servemon.loadgen.workloads.sessions import SessionWorkload
 __all__ = ["drive_sweep"]
 
 
-async def drive_sweep(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Driven:
+async def drive_sweep(
+    ctx: RunContext, stop: Stopper, arrival: Arrival, found: Driven
+) -> None:
     """Run the levels in order (``arrival`` is not used: a closed loop sends when a
     request finishes)."""
     c = ctx.config
@@ -31,7 +33,8 @@ async def drive_sweep(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Drive
     sessions = itertools.count()  # and so do its sessions
     for record, number in zip(ctx.stages, numbers, strict=True):
         if stop.requested.is_set():
-            return Driven(interrupted=True)
+            found.interrupted = True
+            return
         offset = first
         first += c.warmup + number
         assert record.parallel is not None
@@ -49,7 +52,8 @@ async def drive_sweep(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Drive
             if running.done() and not running.cancelled() and not running.exception():
                 record.sessions, record.sessions_cut = running.result()
             if interrupted:
-                return Driven(interrupted=True)
+                found.interrupted = True
+                return
             continue
 
         def body(index: int, offset: int = offset) -> dict[str, Any]:
@@ -81,8 +85,8 @@ async def drive_sweep(ctx: RunContext, stop: Stopper, arrival: Arrival) -> Drive
         record.end_s = time.monotonic()
         record.sent = ctx.tally.finished(record.index)
         if interrupted:
-            return Driven(interrupted=True)
-    return Driven(interrupted=False)
+            found.interrupted = True
+            return
 
 
 async def _level(ctx: RunContext, level: asyncio.Task[Any], stop: Stopper) -> bool:

@@ -1,17 +1,16 @@
 """What a load driver gets: one narrow context for the run it drives.
 
 A driver (:mod:`loadgen.drivers.ramp`, :mod:`loadgen.drivers.sweep`,
-:mod:`loadgen.drivers.capacity`) is an async function ``drive(ctx, stop, arrival) ->
-Driven``. Through the :class:`RunContext` it builds request bodies, sends on the shared
-session to
+:mod:`loadgen.drivers.capacity`, ...) is an async function ``drive(ctx, stop, arrival,
+found)``. What it finds goes into ``found``, its :class:`Driven`, and nowhere else.
+Through the :class:`RunContext` it builds request bodies, sends on the shared session to
 ``ctx.url``, appends the stages it runs to ``ctx.stages`` and reads the target's
 recent samples; every finished request goes to :meth:`RunContext.finished`, which
 hands it to the sinks: the run directory, the live metrics, the run's
 :class:`~loadgen.record.tally.Tally`, the progress display, the guard rail, the
 watch on the client's own health (:mod:`loadgen.run.clientwatch`), and any
 sink a driver adds for itself (a capacity step judging its own requests). A driver
-keeps its own state and returns what it found; nothing reaches into another
-driver.
+keeps its own state; nothing reaches into another driver.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from servemon.core import names
 from servemon.core.slo import SloTerm
 from servemon.loadgen.record.record import RunDirectory
 from servemon.loadgen.record.runrecord import CapacityResult, ControlResult
@@ -38,6 +36,7 @@ from servemon.loadgen.run.guard import GuardRail
 from servemon.loadgen.run.live import LiveMetrics
 from servemon.loadgen.run.plan import Kind, StageRecord
 from servemon.loadgen.run.progress import Progress
+from servemon.loadgen.run.reading import Reading, reading_of
 from servemon.loadgen.send.client import RequestTags
 from servemon.loadgen.send.stopping import Stopper
 from servemon.loadgen.send.timing import RequestTiming
@@ -45,31 +44,13 @@ from servemon.loadgen.workloads.replayplan import ReplayPlan
 from servemon.loadgen.workloads.workload import Prompt, Workload, request_body
 
 __all__ = [
-    "HISTORY_SERIES",
     "Driven",
     "FirstToken",
     "RunContext",
     "Sink",
     "Starter",
-    "history_samples",
 ]
 
-ENGINE_WAITING = names.ENGINE_REQUESTS_WAITING.name
-#: The series the drivers read back from :attr:`RunContext.history` (the capacity
-#: search's saturation signals, ``servemon control``'s direct signals). Only these
-#: are kept there: a whole sample of a target is about 15 kB in memory, an hour of
-#: them at one a second 54 MB (measured by benchmarks/loadgen_soak.py).
-HISTORY_SERIES = frozenset(
-    {
-        ENGINE_WAITING,
-        names.ENGINE_REQUESTS_RUNNING.name,
-        names.ENGINE_KV_CACHE_USAGE.name,
-        names.ENGINE_PREEMPTIONS.name,
-        # each stage's prefix-cache hit rate by the server's counters
-        names.ENGINE_PREFIX_HITS.name,
-        names.ENGINE_PREFIX_QUERIES.name,
-    }
-)
 #: Something that takes each finished request.
 Sink = Callable[[RequestTiming], None]
 #: Something told of each measured request as it goes out.
@@ -79,13 +60,24 @@ Starter = Callable[[str, float, int | None], None]
 FirstToken = Callable[[str, float], None]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Driven:
-    """What a driver returns: whether the run was stopped from outside while it
-    drove, and what a capacity search found."""
+    """What a driver found, filled in as it drives.
 
-    interrupted: bool
+    The runner makes one and reads it however the driver ends. A driver cancelled
+    midway (a second Ctrl-C, a crash beside it) returns nothing, so what it found
+    until then (the ticks ``servemon control`` held, how late a ``--start-at`` run
+    started) is kept here rather than in a return value.
+    """
+
+    #: Whether the run was stopped from outside (Ctrl-C, SIGTERM) while it drove.
+    interrupted: bool = False
+    #: What a capacity search found.
     capacity: CapacityResult | None = None
+    #: What ``servemon control`` held, tick by tick.
+    control: ControlResult | None = None
+    #: How late a ``--start-at`` run started.
+    start_late_s: float | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -120,28 +112,19 @@ class RunContext:
     tag: str = field(default_factory=lambda: secrets.token_hex(3))
     #: Why a guard rail stopped the run, if one did.
     stop_reason: str | None = None
-    #: How late a ``--start-at`` run started (its driver sets it).
-    start_late_s: float | None = None
-    #: (monotonic time, normalized samples of :data:`HISTORY_SERIES`) of the
-    #: target, newest last.
-    history: deque[tuple[float, list[list[Any]]]] = field(
-        default_factory=lambda: deque(maxlen=3600)
-    )
+    #: The server's signals, newest last (:mod:`loadgen.run.reading`: either
+    #: sampler's line, read once). A reading is a few floats where a whole sample
+    #: of a target is about 15 kB: an hour of whole samples at one a second grew
+    #: the load generator by 54 MB (benchmarks/loadgen_soak.py).
+    readings: deque[Reading] = field(default_factory=lambda: deque(maxlen=3600))
     sinks: list[Sink] = field(default_factory=list)
     #: Told of every measured request as it goes out: (request id, monotonic
     #: time, prompt tokens where the workload knows them).
     starters: list[Starter] = field(default_factory=list)
     #: Told as a measured request's first token arrives (streams only).
     first_tokens: list[FirstToken] = field(default_factory=list)
-    #: (monotonic time, signals) read from Prometheus (``--prometheus``), newest
-    #: last; a missing signal is None.
-    signal_history: deque[tuple[float, dict[str, float | None]]] = field(
-        default_factory=lambda: deque(maxlen=3600)
-    )
     #: Measured requests sent so far.
     sent: int = 0
-    #: What ``servemon control`` held, tick by tick (its driver sets it).
-    control: ControlResult | None = None
     #: A sessions workload's turns sent and sessions cut short, by stage.
     turns_sent: Counter[int] = field(default_factory=Counter)
     sessions_cut: Counter[int] = field(default_factory=Counter)
@@ -271,17 +254,12 @@ class RunContext:
         it, watch the queue."""
         self.rundir.append_server_sample(sample)
         self.abort(self.rundir.failure)
-        signals = sample.get("signals")
-        if isinstance(signals, dict):
-            self.signal_history.append((float(sample["mono_s"]), signals))
-        elif sample.get("source") == "prometheus":  # an error line: blind, no signal
-            self.signal_history.append((float(sample["mono_s"]), {}))
-        values = sample.get("samples")
-        if values:
-            kept = history_samples(values)
-            self.history.append((float(sample["mono_s"]), kept))
-            waiting = sum(v for n, _l, v in kept if n == ENGINE_WAITING)
-            self.abort(self.guard.observe_waiting(waiting))
+        reading = reading_of(sample)
+        if reading is None:
+            return
+        self.readings.append(reading)
+        if reading.waiting is not None:
+            self.abort(self.guard.observe_waiting(reading.waiting))
 
     def abort(self, reason: str | None) -> None:
         """Stop the run at once for ``reason`` (a guard rail tripped)."""
@@ -291,8 +269,3 @@ class RunContext:
         self.progress.console.print(f"servemon: stopping: {reason}")
         self.stopper.requested.set()
         self.stopper.hurry.set()
-
-
-def history_samples(values: list[list[Any]]) -> list[list[Any]]:
-    """The samples of one scrape that :attr:`RunContext.history` keeps."""
-    return [sample for sample in values if sample[0] in HISTORY_SERIES]

@@ -14,16 +14,16 @@ otherwise) counts as adding nothing.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 import aiohttp
 
-from servemon.core import names
 from servemon.core.errors import TargetError
 from servemon.core.wire.http import NotAnswered, post, post_json
 from servemon.core.wire.limits import ResponseTooLarge, read_body
+from servemon.loadgen.run.reading import Reading
 from servemon.loadgen.run.sampler import parse_engine_samples
 from servemon.loadgen.workloads.prefix import PrefixWorkload
 from servemon.loadgen.workloads.prompts import Workload
@@ -37,8 +37,6 @@ __all__ = [
     "server_hit_rates",
 ]
 
-_HITS = names.ENGINE_PREFIX_HITS.name
-_QUERIES = names.ENGINE_PREFIX_QUERIES.name
 #: vLLM's block size when the engine does not say its own.
 DEFAULT_BLOCK_SIZE = 16
 _PROBE_TIMEOUT = aiohttp.ClientTimeout(total=10)
@@ -140,20 +138,19 @@ def prefix_record(workload: Workload, prefix: PrefixTarget | None) -> dict[str, 
 
 
 def server_hit_rates(
-    history: Sequence[tuple[float, Sequence[Sequence[Any]]]],
+    readings: Iterable[Reading],
     windows: Sequence[tuple[float | None, float | None]],
 ) -> list[float | None]:
     """Each window's prefix-cache hit rate by the server's own counters: the rise
     of its prefix-cache hits over the rise of its queries (tokens; every rank
-    summed) between the samples around the window's start and end. None where the
-    target does not count them, the window has no samples around it, or nothing
+    summed) between the readings around the window's start and end. None where the
+    target does not count them, the window has no readings around it, or nothing
     was asked of the cache."""
-    counters = []
-    for mono_s, samples in history:
-        hits = [v for n, _l, v in samples if n == _HITS]
-        queries = [v for n, _l, v in samples if n == _QUERIES]
-        if queries:
-            counters.append((mono_s, sum(hits), sum(queries)))
+    counters = [
+        (r.at, r.prefix_hits or 0.0, r.prefix_queries)
+        for r in readings
+        if r.prefix_queries is not None
+    ]
     out: list[float | None] = []
     for start, end in windows:
         if start is None or end is None or not counters:

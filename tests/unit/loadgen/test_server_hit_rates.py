@@ -10,6 +10,7 @@ from servemon.loadgen.record.columns import prefix_lines
 from servemon.loadgen.record.runrecord import RunSummary, StageResult
 from servemon.loadgen.record.summary import Summarizer
 from servemon.loadgen.run.prefixcache import server_hit_rates
+from servemon.loadgen.run.reading import Reading, reading_of
 
 HITS, QUERIES = names.ENGINE_PREFIX_HITS.name, names.ENGINE_PREFIX_QUERIES.name
 
@@ -24,21 +25,28 @@ def sample(hits: float, queries: float) -> list[list[Any]]:
     ]
 
 
+def read(*lines: tuple[float, list[list[Any]]]) -> list[Reading]:
+    """The readings of ``/metrics`` lines of these samples (an empty one is
+    none)."""
+    readings = (reading_of({"mono_s": at, "samples": s}) for at, s in lines)
+    return [r for r in readings if r is not None]
+
+
 def test_a_stage_rate_is_the_rise_of_hits_over_the_rise_of_queries() -> None:
-    history = [
+    history = read(
         (0.0, sample(0, 0)),
         (1.0, sample(100, 1000)),  # warm prompts and an earlier stage
         (2.0, sample(700, 2000)),
         (3.0, sample(1300, 3000)),
         (4.0, sample(1500, 4000)),
-    ]
+    )
     rates = server_hit_rates(history, [(1.0, 3.0), (3.0, 4.0), (None, 2.0)])
     assert rates == [1200 / 2000, 200 / 1000, None]
 
 
 def test_no_counters_or_no_queries_is_none_never_zero() -> None:
-    assert server_hit_rates([(0.0, [])], [(0.0, 1.0)]) == [None]
-    flat = [(0.0, sample(5, 50)), (1.0, sample(5, 50))]
+    assert server_hit_rates(read((0.0, [])), [(0.0, 1.0)]) == [None]
+    flat = read((0.0, sample(5, 50)), (1.0, sample(5, 50)))
     assert server_hit_rates(flat, [(0.0, 1.0)]) == [None]
 
 

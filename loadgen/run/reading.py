@@ -1,0 +1,100 @@
+"""One reading of the server's signals, whichever sampler took it.
+
+A run reads the server either from the target's ``/metrics``
+(:mod:`loadgen.run.sampler`: samples per rank and model) or from Prometheus
+(:mod:`loadgen.run.promsource`: one value per signal of :mod:`core.signals`). Both
+lines go to ``server_metrics.jsonl`` as they are; what the drivers and the summary
+read back is a :class:`Reading` of either, built by :func:`reading_of`, with the
+sums and maxima over ranks made once, here: waiting, running and preemptions are
+summed, KV-cache usage is the fullest engine's.
+
+A signal the line did not carry is None, never 0. A Prometheus line that failed is a
+reading with nothing in it (a blind moment the capacity search counts); a failed
+scrape of ``/metrics`` is no reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from servemon.core import names
+
+__all__ = ["JUDGED", "Reading", "reading_of"]
+
+#: The signals a capacity step is judged on, and whose absence makes it blind.
+JUDGED = ("waiting", "kv_cache_usage", "preemptions")
+
+#: Each series of the target's ``/metrics`` a reading keeps, and how its ranks
+#: combine (the fields of :class:`Reading`).
+_DIRECT: dict[str, tuple[str, str]] = {
+    names.ENGINE_REQUESTS_WAITING.name: ("waiting", "sum"),
+    names.ENGINE_REQUESTS_RUNNING.name: ("running", "sum"),
+    names.ENGINE_KV_CACHE_USAGE.name: ("kv_cache_usage", "max"),
+    names.ENGINE_PREEMPTIONS.name: ("preemptions", "sum"),
+    names.ENGINE_PREFIX_HITS.name: ("prefix_hits", "sum"),
+    names.ENGINE_PREFIX_QUERIES.name: ("prefix_queries", "sum"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """The server's signals at one moment (monotonic ``at``); None: not read.
+
+    The first eight fields are :data:`core.signals.SIGNALS`, by the same names
+    (Prometheus answers each; ``/metrics`` gives the engine's four). The prefix
+    cache's counters (tokens, every rank summed) come from ``/metrics`` only.
+    """
+
+    at: float
+    waiting: float | None = None
+    running: float | None = None
+    kv_cache_usage: float | None = None
+    preemptions: float | None = None
+    ttft_p95: float | None = None
+    error_rate: float | None = None
+    gpu_utilization: float | None = None
+    burn_rate: float | None = None
+    prefix_hits: float | None = None
+    prefix_queries: float | None = None
+
+    def signal(self, name: str) -> float | None:
+        """The signal called ``name`` (a name of :data:`core.signals.SIGNALS`)."""
+        value: float | None = getattr(self, name)
+        return value
+
+    def judged(self) -> bool:
+        """Whether it carries any signal a capacity step is judged on."""
+        return any(getattr(self, k) is not None for k in JUDGED)
+
+
+_FIELDS = frozenset(f.name for f in fields(Reading)) - {"at"}
+
+
+def reading_of(line: Mapping[str, Any]) -> Reading | None:
+    """The reading of one line of ``server_metrics.jsonl`` (None: a failed scrape
+    of ``/metrics``, or a line of another kind)."""
+    at = float(line["mono_s"])
+    signals = line.get("signals")
+    if isinstance(signals, Mapping):  # Prometheus
+        return Reading(at, **{k: v for k, v in signals.items() if k in _FIELDS})
+    if line.get("source") == "prometheus" and "error" in line:
+        return Reading(at)  # blind: Prometheus did not answer
+    samples: Sequence[Sequence[Any]] | None = line.get("samples")
+    if not samples:
+        return None
+    values: dict[str, float] = {}
+    for name, _labels, value in samples:
+        kept = _DIRECT.get(name)
+        if kept is None:
+            continue
+        key, how = kept
+        seen = values.get(key)
+        if seen is None:
+            values[key] = float(value)
+        elif how == "sum":
+            values[key] = seen + value
+        else:
+            values[key] = max(seen, value)
+    return Reading(at, **values)
