@@ -66,9 +66,14 @@ def assert_measured_honestly(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         assert row["token_source"] == "usage"
         assert row["output_tokens"] >= 1
+        assert row["prompt_tokens"] > 0
+        if row["ttft_s"] is None:
+            # A random model's first token was its end of sequence (seen on vLLM,
+            # one answer in 64): nothing was shown, so there is no first token.
+            assert (row["output_tokens"], row["finish_reason"]) == (1, "stop"), row
+            continue
         # TTFT is to the first content; the role-only chunk, when sent, is before.
         assert row["ttft_s"] >= row["ttfc_s"]
-        assert row["prompt_tokens"] > 0
 
 
 def metric(url: str, name: str) -> float | None:
@@ -302,12 +307,15 @@ async def probe_until_ok(url: str, name: str) -> dict[tuple[str, Any], float]:
         listen="127.0.0.1:0",
         gpu=False,
         probe_interval=0.5,
+        # Transformers Serve's first answer with continuous batching took over
+        # 30 s (the default) while other tests shared the 2 cores.
+        probe_timeout=60.0,
     )
     async with (
         Exporter(config, env={}) as exp,
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http,
     ):
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90
         while True:
             async with http.get(exp.url + "/metrics") as resp:
                 text = await resp.text()
