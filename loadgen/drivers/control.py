@@ -196,7 +196,6 @@ async def drive_control(
     record = ctx.stages[0]
     start = await wait_for_start(ctx, stop, found)
     if start is None:
-        found.interrupted = True
         return
     gauges = ctx.live.control(signal)
     gauges.setpoint.set(setpoint)

@@ -47,7 +47,6 @@ async def drive_ramp(
     shard = c.shard
     start = await wait_for_start(ctx, stop, found)
     if start is None:
-        found.interrupted = True
         return
     found.interrupted = await open_loop(
         ctx,
@@ -63,7 +62,7 @@ async def drive_ramp(
 
 async def wait_for_start(ctx: RunContext, stop: Stopper, found: Driven) -> float | None:
     """The monotonic start of the schedule: ``--start-at`` (shared by shards) or
-    now; None if the run was stopped while waiting."""
+    now; None if the run was stopped while waiting (``found`` then says so)."""
     c = ctx.config
     if c.start_at is None:
         return time.monotonic() + 0.05
@@ -74,6 +73,7 @@ async def wait_for_start(ctx: RunContext, stop: Stopper, found: Driven) -> float
             f"servemon: waiting {delay:.1f} s for --start-at {c.start_at.isoformat()}"
         )
         if await until_stopped(asyncio.sleep(delay), stop.requested):
+            found.interrupted = True
             return None
     return time.monotonic()
 

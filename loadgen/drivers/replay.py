@@ -33,7 +33,6 @@ async def drive_replay(
         sends = tuple(s for s in sends if s[0] % shard.count == shard.index)
     start = await wait_for_start(ctx, stop, found)
     if start is None:
-        found.interrupted = True
         return
     stage = Stage(0, plan.rate, plan.duration_s, 0.0)
     found.interrupted = await open_loop(

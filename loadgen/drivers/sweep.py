@@ -27,14 +27,18 @@ async def drive_sweep(
 ) -> None:
     """Run the levels in order (``arrival`` is not used: a closed loop sends when a
     request finishes)."""
+    found.interrupted = await _levels(ctx, stop)
+
+
+async def _levels(ctx: RunContext, stop: Stopper) -> bool:
+    """Each level in turn; True if the run was stopped before the last ended."""
     c = ctx.config
     numbers = stage_numbers(c, len(ctx.stages))
     first = 0  # each level's prompts follow the last level's: none sent twice
     sessions = itertools.count()  # and so do its sessions
     for record, number in zip(ctx.stages, numbers, strict=True):
         if stop.requested.is_set():
-            found.interrupted = True
-            return
+            return True
         offset = first
         first += c.warmup + number
         assert record.parallel is not None
@@ -52,8 +56,7 @@ async def drive_sweep(
             if running.done() and not running.cancelled() and not running.exception():
                 record.sessions, record.sessions_cut = running.result()
             if interrupted:
-                found.interrupted = True
-                return
+                return True
             continue
 
         def body(index: int, offset: int = offset) -> dict[str, Any]:
@@ -85,8 +88,8 @@ async def drive_sweep(
         record.end_s = time.monotonic()
         record.sent = ctx.tally.finished(record.index)
         if interrupted:
-            found.interrupted = True
-            return
+            return True
+    return False
 
 
 async def _level(ctx: RunContext, level: asyncio.Task[Any], stop: Stopper) -> bool:

@@ -42,12 +42,12 @@ from servemon.loadgen.run.plan import StageRecord
 from servemon.loadgen.run.promsource import PrometheusSampler
 from servemon.monitor.gpu import GpuReader, GpuSnapshot, GpuUnavailable, one_line
 
-__all__ = ["EnergySampler", "Reading", "open_energy"]
+__all__ = ["EnergyReading", "EnergySampler", "open_energy"]
 
 #: The joules of every GPU summed, how many GPUs they are, and how old the
 #: reading is (seconds: an exporter serves its last NVML read; Prometheus its
 #: last scrape of it).
-Reading = tuple[float, int, float]
+EnergyReading = tuple[float, int, float]
 
 
 class EnergyUnavailable(Exception):
@@ -58,7 +58,7 @@ class EnergyUnavailable(Exception):
 class EnergySampler:
     """Reads the counters every ``interval_s`` into memory and ``sink``."""
 
-    read: Callable[[], Awaitable[Reading]]
+    read: Callable[[], Awaitable[EnergyReading]]
     source: str
     sink: Callable[[Mapping[str, Any]], None]
     interval_s: float = 1.0
@@ -234,7 +234,7 @@ async def _open(
     if option == "nvml":
         reader = await _nvml_reader(nvml)
 
-        async def read_nvml() -> Reading:
+        async def read_nvml() -> EnergyReading:
             try:
                 snapshot = await asyncio.to_thread(reader.read)
             except GpuUnavailable as exc:  # the driver's: a reading skipped
@@ -279,7 +279,7 @@ async def _nvml_reader(make: Callable[[], GpuReader] | None) -> GpuReader:
     return reader
 
 
-def _sum_nvml(snapshot: GpuSnapshot) -> Reading:
+def _sum_nvml(snapshot: GpuSnapshot) -> EnergyReading:
     values = [g.energy_joules for g in snapshot.gpus]
     known = [v for v in values if v is not None]
     if not known or len(known) < len(values):
@@ -289,10 +289,10 @@ def _sum_nvml(snapshot: GpuSnapshot) -> Reading:
 
 def _exporter_reader(
     session: aiohttp.ClientSession, url: str
-) -> Callable[[], Awaitable[Reading]]:
+) -> Callable[[], Awaitable[EnergyReading]]:
     timeout = aiohttp.ClientTimeout(total=2.0)
 
-    async def read() -> Reading:
+    async def read() -> EnergyReading:
         async with session.get(url, timeout=timeout) as resp:
             if resp.status != 200:
                 raise EnergyUnavailable(f"HTTP {resp.status}")
@@ -302,7 +302,7 @@ def _exporter_reader(
     return read
 
 
-def _sum_exposition(text: str) -> Reading:
+def _sum_exposition(text: str) -> EnergyReading:
     wanted, age_name = names.GPU_ENERGY.name, names.GPU_SAMPLE_AGE.name
     values, ages = [], []
     for family in text_string_to_metric_families(text):
@@ -321,7 +321,7 @@ def _prometheus_reader(
     url: str,
     select: tuple[str, ...],
     headers: Mapping[str, str],
-) -> Callable[[], Awaitable[Reading]]:
+) -> Callable[[], Awaitable[EnergyReading]]:
     samples = promql.selector(names.GPU_ENERGY, *select)
     age = freshness(samples)
     # The reading's age: since Prometheus scraped it, plus the exporter's NVML
@@ -336,7 +336,7 @@ def _prometheus_reader(
         session, url, queries, lambda line: None, headers=headers, stale_after_s=60.0
     )
 
-    async def read() -> Reading:
+    async def read() -> EnergyReading:
         await prom.sample_once()
         joules, gpus = prom.signals.get("joules"), prom.signals.get("gpus")
         if joules is None or not gpus:

@@ -15,7 +15,7 @@ from servemon.core.errors import ConfigError
 from servemon.loadgen.record.energy import ENERGY_KEYS, Energy
 from servemon.loadgen.record.summary import Summary
 from servemon.loadgen.run.config import LoadConfig
-from servemon.loadgen.run.energy import EnergySampler, Reading, open_energy
+from servemon.loadgen.run.energy import EnergyReading, EnergySampler, open_energy
 from servemon.loadgen.run.plan import make_plan
 from servemon.monitor.fakegpu import FakeGpuReader
 
@@ -23,7 +23,7 @@ NO_PRICE = (None, None)
 
 
 def sampler(times: list[float], joules: list[float], gpus: int = 2) -> EnergySampler:
-    async def never() -> Reading:
+    async def never() -> EnergyReading:
         raise AssertionError("these tests give the readings themselves")
 
     return EnergySampler(
@@ -72,9 +72,9 @@ def test_one_reading_is_not_enough() -> None:
 @pytest.mark.asyncio
 async def test_a_counter_reset_starts_the_readings_over() -> None:
     # Each reading a second younger than the last, so their times rise.
-    queue: list[Reading] = [(1000.0, 2, 2.0), (1600.0, 2, 1.0), (50.0, 2, 0.0)]
+    queue: list[EnergyReading] = [(1000.0, 2, 2.0), (1600.0, 2, 1.0), (50.0, 2, 0.0)]
 
-    async def read() -> Reading:
+    async def read() -> EnergyReading:
         return queue.pop(0)
 
     s = EnergySampler(read, "test", lambda line: None)
@@ -94,9 +94,9 @@ async def test_a_readings_age_moves_it_back_in_time_and_a_repeat_is_dropped() ->
     # An exporter's snapshot 3 s old was true 3 s ago; the same snapshot served
     # again (older by as much as time has passed) adds nothing.
     lines: list[Mapping[str, Any]] = []
-    answers: list[Reading] = [(500.0, 4, 3.0)]
+    answers: list[EnergyReading] = [(500.0, 4, 3.0)]
 
-    async def read() -> Reading:
+    async def read() -> EnergyReading:
         return answers[0]
 
     s = EnergySampler(read, "test", lines.append)
@@ -119,7 +119,7 @@ async def test_a_readings_age_moves_it_back_in_time_and_a_repeat_is_dropped() ->
 
 @pytest.mark.asyncio
 async def test_a_failed_reading_is_skipped() -> None:
-    async def read() -> Reading:
+    async def read() -> EnergyReading:
         raise TimeoutError
 
     s = EnergySampler(read, "test", lambda line: None)
@@ -247,9 +247,13 @@ async def test_the_same_snapshot_read_later_does_not_flatten_the_counter() -> No
     # An exporter's snapshot read twice: the second time its age, measured a few
     # milliseconds apart from the read, puts it a little later. Kept, it would
     # make the counter flat there and the end of a stage past it read low.
-    answers: list[Reading] = [(1000.0, 2, 2.0), (1600.0, 2, 1.0), (1600.0, 2, 0.995)]
+    answers: list[EnergyReading] = [
+        (1000.0, 2, 2.0),
+        (1600.0, 2, 1.0),
+        (1600.0, 2, 0.995),
+    ]
 
-    async def read() -> Reading:
+    async def read() -> EnergyReading:
         return answers.pop(0)
 
     s = EnergySampler(read, "test", lambda line: None)
@@ -265,9 +269,9 @@ async def test_the_same_snapshot_read_later_does_not_flatten_the_counter() -> No
 @pytest.mark.asyncio
 async def test_a_counter_that_stands_still_for_an_interval_is_a_new_reading() -> None:
     # A GPU at 0 W: the same total a whole interval later is news.
-    answers: list[Reading] = [(1000.0, 1, 2.0), (1000.0, 1, 1.0)]
+    answers: list[EnergyReading] = [(1000.0, 1, 2.0), (1000.0, 1, 1.0)]
 
-    async def read() -> Reading:
+    async def read() -> EnergyReading:
         return answers.pop(0)
 
     s = EnergySampler(read, "test", lambda line: None, interval_s=1.0)
