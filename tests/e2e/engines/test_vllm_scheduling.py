@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import random
 import time
@@ -73,11 +74,17 @@ def ids(n: int, seed: int) -> list[int]:
 
 @dataclass
 class Answer:
-    """One streamed completion: when each token came, what usage said."""
+    """One streamed completion: when each chunk of output came and how many tokens
+    it carried (vLLM says, with ``return_token_ids``; 1 where a server does not),
+    what usage said."""
 
-    tokens_at: list[float]
+    chunks: list[tuple[float, int]]
     prompt_tokens: int
     cached_tokens: int
+
+    @property
+    def tokens_at(self) -> list[float]:
+        return [at for at, _ in self.chunks]
 
     @property
     def first_s(self) -> float:
@@ -154,8 +161,9 @@ class Server:
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
+            "return_token_ids": True,
         }
-        tokens_at: list[float] = []
+        chunks: list[tuple[float, int]] = []
         usage: dict[str, Any] = {}
         async with self.session.post(
             self.url + "/v1/completions", json=body, timeout=LONG_TIMEOUT
@@ -168,12 +176,20 @@ class Server:
                 chunk = json.loads(line.removeprefix("data: "))
                 if chunk.get("usage"):
                     usage = chunk["usage"]
-                if any(c.get("text") for c in chunk.get("choices", [])):
-                    tokens_at.append(time.monotonic())
+                # A token may have no text of its own (a special token, part of a
+                # character): vLLM still sends its chunk, with its id.
+                made = sum(
+                    len(c["token_ids"])
+                    if c.get("token_ids") is not None
+                    else int(bool(c.get("text")))
+                    for c in chunk.get("choices", [])
+                )
+                if made:
+                    chunks.append((time.monotonic(), made))
                     if first is not None:
                         first.set()
         details = usage.get("prompt_tokens_details") or {}
-        return Answer(tokens_at, usage["prompt_tokens"], details["cached_tokens"])
+        return Answer(chunks, usage["prompt_tokens"], details["cached_tokens"])
 
 
 @contextlib.asynccontextmanager
@@ -328,6 +344,22 @@ async def test_a_long_prompt_waits_until_its_whole_prompt_fits(
 # --- preemption: the newest goes first ------------------------------------------
 
 
+def engine_stall(answer: Answer) -> tuple[float, float]:
+    """The longest gap between two chunks of ``answer`` in which the engine made
+    none of its tokens: one closed by a chunk of one token. vLLM's API server merges
+    the outputs a stream has not sent yet into its next chunk, so a gap closed by
+    several tokens was the stream running late, not the engine stopping. (In a run
+    of 2026-12-04 that counted chunks with text, the oldest request's longest gap
+    held 1,449 of the others' tokens while vLLM counted one preemption; why was not
+    found, and a late stream is what this rules out.)"""
+    gaps = [
+        (start, end)
+        for (start, _), (end, made) in itertools.pairwise(answer.chunks)
+        if made == 1
+    ]
+    return max(gaps, key=lambda g: g[1] - g[0], default=(0.0, 0.0))
+
+
 def stalled(during_gap: list[int]) -> int | None:
     """Which request stalled while the others produced 100 tokens or more."""
     most = max(range(len(during_gap)), key=during_gap.__getitem__)
@@ -349,17 +381,17 @@ async def test_the_newest_request_is_preempted_and_recomputes_later(
         answers = [await t for t in tasks]
         after = await server.idle()
         # The preempted request stalls: count the tokens the others produced inside
-        # each one's longest gap between two of its own tokens.
+        # each one's longest stall (engine_stall).
         during_gap = []
         for i, answer in enumerate(answers):
-            gaps = zip(answer.tokens_at, answer.tokens_at[1:], strict=False)
-            start, end = max(gaps, key=lambda g: g[1] - g[0])
+            start, end = engine_stall(answer)
             during_gap.append(
                 sum(
-                    start < t < end
+                    made
                     for j, other in enumerate(answers)
                     if j != i
-                    for t in other.tokens_at
+                    for at, made in other.chunks
+                    if start < at < end
                 )
             )
         return (
