@@ -54,7 +54,12 @@ class ServemonProcess:
     """One ``python -m servemon ARGS`` process; stdout and stderr go to files."""
 
     def __init__(
-        self, args: tuple[str, ...], workdir: Path, env: Mapping[str, str]
+        self,
+        args: tuple[str, ...],
+        workdir: Path,
+        env: Mapping[str, str],
+        *,
+        own_session: bool = True,
     ) -> None:
         n = len(list(workdir.glob("servemon-*.stdout")))
         self.stdout_path = workdir / f"servemon-{n}.stdout"
@@ -70,7 +75,10 @@ class ServemonProcess:
                 stdin=subprocess.DEVNULL,
                 cwd=workdir,
                 env=dict(env),
-                start_new_session=True,  # its own process group, as a shell job
+                # Its own process group, as a shell job, and its own session unless
+                # told (see ``servemon``).
+                start_new_session=own_session,
+                process_group=None if own_session else 0,
             )
         self.pid = self.proc.pid
         self._seen: set[ProcId] = set()
@@ -114,17 +122,29 @@ class ServemonProcess:
 
 @pytest.fixture
 def servemon(
-    tmp_path: Path,
+    tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[Callable[..., ServemonProcess]]:
     """``servemon("ramp", "--stages", "1:1", env={...})`` starts the console script
     in ``tmp_path``; ``env`` is added to this process's environment. Every process
-    started, and every child of it seen, is killed when the test ends."""
+    started, and every child of it seen, is killed when the test ends.
+
+    Each runs in a session of its own, except in the real vLLM's tests
+    (``-m vllm``), where it stays in pytest's session, as that vLLM does
+    (``tests/e2e/engines/conftest.py``): Linux shares the CPU between sessions
+    first (autogroups) and between processes within one second, and on two cores
+    the vLLM CPU build then starved: with the engine and servemon in two sessions,
+    ``control --hold waiting=96`` saw vLLM's queue pass 300 at 2 req/s and the
+    client's loop stall for 4-21 s (4 runs of 4); in one session, 93-100 % of ticks
+    within +-15 % (3 of 3; docs/testing.md)."""
     if not Path("/proc/self/stat").exists():
         pytest.skip("needs /proc (Linux)")
     started: list[ServemonProcess] = []
+    own_session = request.node.get_closest_marker("vllm") is None
 
     def start(*args: str, env: Mapping[str, str] | None = None) -> ServemonProcess:
-        proc = ServemonProcess(args, tmp_path, {**os.environ, **(env or {})})
+        proc = ServemonProcess(
+            args, tmp_path, {**os.environ, **(env or {})}, own_session=own_session
+        )
         started.append(proc)
         return proc
 

@@ -124,8 +124,10 @@ def run_engine(
     *,
     env: dict[str, str] | None = None,
     start_timeout_s: float = START_TIMEOUT_S,
+    own_session: bool = True,
 ) -> Iterator[Engine]:
-    """Start ``argv``, wait for ``/health`` (or fail with its log), kill it after."""
+    """Start ``argv`` in its own process group (and session, unless told), wait for
+    ``/health`` (or fail with its log), kill the group after."""
     url = f"http://127.0.0.1:{port}"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -133,7 +135,8 @@ def run_engine(
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=own_session,
+            process_group=None if own_session else 0,
             env={
                 **os.environ,
                 "HF_HUB_OFFLINE": "1",
@@ -297,5 +300,8 @@ def vllm_server(
         port,
         env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"},
         start_timeout_s=VLLM_START_TIMEOUT_S,
+        # In pytest's session, with the servemon runs of its tests: the CPU is
+        # shared between sessions first (tests/e2e/conftest.py, ``servemon``).
+        own_session=False,
     ) as engine:
         yield engine

@@ -23,7 +23,6 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from statistics import mean
 from typing import Any
 
 import pytest
@@ -444,18 +443,25 @@ def test_control_holds_vllms_queue(
     vllm_server: Engine, vllm_model: VllmModel, servemon: Callable[..., Any]
 ) -> None:
     wait_idle(vllm_server.url)
-    setpoint = 4.0
+    # A queue that is a signal: 16 slots always busy, no preemption (64 + 300
+    # tokens hold 3 of the 64 blocks, 48 for 16), and a setpoint large beside a
+    # tick's arrivals (about 28 req/s are served: 28 +- 5 a 1-s tick against a
+    # band of +-14). A setpoint of 4 with 512 + 128 tokens (the KV cache full at
+    # 12 requests, preempting) swung from 0 to 46 between ticks at a steady rate.
+    setpoint = 96.0
     control, _ = run(
         servemon,
         "control",
         "--target",
         vllm_server.url,
         "--hold",
-        f"waiting={setpoint}",
+        f"waiting={setpoint:g}",
         "--duration",
-        "90",
+        "60",
+        "--sample-interval",
+        "0.5",
         "--workload",
-        "random:prompt=512,output=128",
+        "random:prompt=64,output=300",
         "--ignore-eos",
         *tok(vllm_model),
     )
@@ -464,23 +470,18 @@ def test_control_holds_vllms_queue(
         for line in (control / "control.jsonl").read_text().splitlines()
         if line.strip()
     ]
-    # The cold start doubles until the first queue. The goal is 30 s; reached at
-    # 8-30 s in the runs of 2026-12-03/04 (30.06 s once), so the test allows 45 s,
-    # as the simulator's cold-start test does (tests/e2e/test_control_cold_start.py).
-    reached = [t["t_s"] for t in ticks if (t.get("measured") or 0) >= setpoint / 2]
+
+    def within(tick: dict[str, Any]) -> bool:
+        measured = tick.get("measured")
+        return measured is not None and abs(measured - setpoint) <= 0.15 * setpoint
+
+    # Issue 27's goal: the setpoint within 30 s of the start, then within +-15 %
+    # in at least 80 % of the ticks (reached at 8-10 s, then 96-97 % on 2026-12-05).
+    reached = [i for i, t in enumerate(ticks) if within(t)]
     assert reached, ticks
-    assert reached[0] <= 45, ticks
-    late = [t["measured"] for t in ticks if t.get("measured") is not None][
-        len(ticks) // 2 :
-    ]
-    # Then neither left empty nor run away. Holding it near the setpoint is issue
-    # 27's open goal, not met on this machine: at a steady 20-29 req/s vLLM's queue
-    # of 2-s requests swings from 0 to 46 between two-second ticks, with a blind
-    # tick about every 20 s, and the mean of the second half has been 0.7x to 4.5x
-    # the setpoint (2.19x and 4.5x on 2026-12-04, vLLM alone on the machine). A
-    # controller that ran away would pile up hundreds (the guard rail stops at
-    # --abort-waiting, 5,000); 8x is the bound for that, not a claim that it holds.
-    assert 0.4 * setpoint <= mean(late) <= 8.0 * setpoint, late
+    assert ticks[reached[0]]["t_s"] <= 30, ticks
+    after = ticks[reached[0] :]
+    assert sum(map(within, after)) >= 0.8 * len(after), ticks
 
 
 # --- the exporter and the probe on the live engine -------------------------------
