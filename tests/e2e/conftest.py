@@ -134,7 +134,7 @@ def servemon(
     first (autogroups) and between processes within one second, and on two cores
     the vLLM CPU build then starved: with the engine and servemon in two sessions,
     ``control --hold waiting=96`` saw vLLM's queue pass 300 at 2 req/s and the
-    client's loop stall for 4-21 s (4 runs of 4); in one session, 93-100 % of ticks
+    client's loop stall for 4-21 s (8 runs of 8); in one session, 93-100 % of ticks
     within +-15 % (3 of 3; docs/testing.md)."""
     if not Path("/proc/self/stat").exists():
         pytest.skip("needs /proc (Linux)")
