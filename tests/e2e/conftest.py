@@ -131,7 +131,7 @@ def servemon(
     Each runs in a session of its own, except in the real vLLM's tests
     (``-m vllm``), where it stays in pytest's session, as that vLLM does
     (``tests/e2e/engines/conftest.py``): Linux shares the CPU between sessions
-    first (autogroups) and between processes within one second, and on two cores
+    first (autogroups) and between the processes of a session second, and on two cores
     the vLLM CPU build then starved: with the engine and servemon in two sessions,
     ``control --hold waiting=96`` saw vLLM's queue pass 300 at 2 req/s and the
     client's loop stall for 4-21 s (8 runs of 8); in one session, 93-100 % of ticks
