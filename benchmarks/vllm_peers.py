@@ -13,14 +13,18 @@ One vLLM CPU server, started as the test suite starts it (``vllm_calibration``'s
    mean, output tokens/s, and each client's send lag against its own schedule
    (the peer's rebuilt from its seed, :mod:`_vllm_peer`, a lower bound). Medians
    of the repeats, and servemon/peer ratios.
-2. **The cost of watching.** The same servemon load at the highest level, with and
+2. **Closed loop, side by side.** At each ``--concurrency`` level, ``--number``
+   requests of the same shape with that many in flight: ``servemon sweep
+   --parallel C`` and ``vllm bench serve --max-concurrency C --request-rate inf``,
+   alternating, ``--repeats`` times: TTFT p50/p99, TPOT mean, output tokens/s.
+3. **The cost of watching.** The same servemon load at the highest level, with and
    without ``servemon exporter`` beside it (scraped every second by this script,
    as a Prometheus at a 1 s interval would, with its canary probe every
    ``--probe-interval`` seconds), alternating, ``--repeats`` times each: TTFT
    p50/p99 and output tokens/s, medians with their spread (min-max).
 
     .venv/bin/python benchmarks/vllm_peers.py [--rates 4 12] [--seconds 20]
-        [--repeats 3] [--json out.json]
+        [--concurrency 1 4 16] [--number 96] [--repeats 3] [--json out.json]
 
 Needs ``scripts/vllm`` (``.venv-vllm``). Runs on the machine's cores as they are:
 client, API server and engine share them, as on a user's 2-core box.
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import re
@@ -96,6 +101,76 @@ def ours(
     }
 
 
+def ours_closed(
+    url: str, tokenizer: str, out: Path, level: int, number: int
+) -> dict[str, Any]:
+    """One ``servemon sweep`` level; its figures in seconds."""
+    run = servemon(
+        url,
+        tokenizer,
+        out,
+        "sweep",
+        *("--workload", WORKLOAD, "--parallel", str(level)),
+        *("--number", str(number), "--warmup", "0"),
+    )
+    o = run.summary["overall"]
+    return {
+        "ok": o["outcomes"].get("ok", 0),
+        "requests": o["requests"],
+        "ttft_p50": o["ttft"]["p50"],
+        "ttft_p99": o["ttft"]["p99"],
+        "tpot_mean": o["tpot"]["mean"],
+        "out_tok_s": o["output_throughput"],
+    }
+
+
+def theirs_closed(
+    url: str, tokenizer_dir: Path, out: Path, level: int, number: int, seed: int
+) -> dict[str, Any]:
+    """``vllm bench serve --max-concurrency`` of the same shape; seconds."""
+    result_dir = out / f"peer-c{level}-{seed}"
+    argv = peer.command(
+        VLLM_PYTHON.parent.parent,
+        url,
+        tokenizer_dir,
+        rate=math.inf,
+        count=number,
+        burstiness=1.0,
+        seed=seed,
+        prompt_tokens=PROMPT,
+        output_tokens=OUTPUT,
+        result_dir=result_dir,
+    )
+    argv[argv.index("--model") + 1] = MODEL
+    argv += ["--max-concurrency", str(level)]
+    data = run_peer(argv, url, result_dir)
+    return {
+        "ok": data["completed"],
+        "requests": number,
+        "ttft_p50": data["median_ttft_ms"] / 1000,
+        "ttft_p99": data["p99_ttft_ms"] / 1000,
+        "tpot_mean": data["mean_tpot_ms"] / 1000,
+        "out_tok_s": data["output_throughput"],
+    }
+
+
+def run_peer(argv: list[str], url: str, result_dir: Path) -> dict[str, Any]:
+    """Run ``vllm bench serve`` between two idle servers; its result.json."""
+    wait_idle(url)
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"vllm bench serve: {done.stderr[-2000:]}")
+    wait_idle(url)
+    data: dict[str, Any] = json.loads((result_dir / "result.json").read_text())
+    return data
+
+
 def theirs(
     url: str, tokenizer_dir: Path, out: Path, rate: float, seconds: float, seed: int
 ) -> dict[str, Any]:
@@ -115,19 +190,8 @@ def theirs(
         result_dir=result_dir,
     )
     argv[argv.index("--model") + 1] = MODEL
-    wait_idle(url)
-    done = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"vllm bench serve: {done.stderr[-2000:]}")
-    wait_idle(url)
+    data = run_peer(argv, url, result_dir)
     result = result_dir / "result.json"
-    data = json.loads(result.read_text())
     lags = [
         r["sent_s"] - r["scheduled_s"] for r in peer.records(result, rate, 1.0, seed)
     ]
@@ -203,6 +267,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", type=float, nargs="+", default=[4.0, 12.0])
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--number", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--probe-interval", type=float, default=5.0)
     parser.add_argument("--json", type=Path, help="write every figure here")
@@ -212,7 +278,7 @@ def main() -> None:
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         flush=True,
     )
-    got: dict[str, Any] = {"peer": {}, "watch": {"off": [], "on": []}}
+    got: dict[str, Any] = {"peer": {}, "closed": {}, "watch": {"off": [], "on": []}}
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         url, _log = stack.enter_context(vllm_process(work))
@@ -234,6 +300,21 @@ def main() -> None:
                         flush=True,
                     )
             got["peer"][f"{rate:g}"] = pair
+        for level in args.concurrency:
+            pair = {"servemon": [], "vllm": []}
+            for seed in range(args.repeats):
+                order = ["servemon", "vllm"] if seed % 2 == 0 else ["vllm", "servemon"]
+                for who in order:
+                    if who == "servemon":
+                        fig = ours_closed(url, tokenizer, runs, level, args.number)
+                    else:
+                        fig = theirs_closed(url, hf, runs, level, args.number, seed)
+                    pair[who].append(fig)
+                    print(
+                        f"concurrency {level} seed {seed} {who}: {json.dumps(fig)}",
+                        flush=True,
+                    )
+            got["closed"][str(level)] = pair
         top = max(args.rates)
         for seed in range(args.repeats):
             order = ["off", "on"] if seed % 2 == 0 else ["on", "off"]
@@ -277,6 +358,33 @@ def main() -> None:
             y = med([r[key] for r in pair["vllm"]])
             ratios.append(f"{x / y:.2f}" if x and y else "-")
         print(f"| {rate} | servemon / vllm | | {' | '.join(ratios)} | |")
+    print()
+    print(
+        "| in flight | client | ok/sent | TTFT p50 ms | TTFT p99 ms | TPOT mean ms "
+        "| out tok/s |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for level, pair in got["closed"].items():
+        for who, runs_of in pair.items():
+            out_tok = med([r["out_tok_s"] for r in runs_of])
+            ok = sum(r["ok"] for r in runs_of)
+            sent = sum(r["requests"] for r in runs_of)
+            cells = [
+                level,
+                who,
+                f"{ok}/{sent}",
+                ms(med([r["ttft_p50"] for r in runs_of])),
+                ms(med([r["ttft_p99"] for r in runs_of])),
+                ms(med([r["tpot_mean"] for r in runs_of])),
+                "-" if out_tok is None else f"{out_tok:.0f}",
+            ]
+            print("| " + " | ".join(cells) + " |")
+        ratios = []
+        for key in ("ttft_p50", "ttft_p99", "tpot_mean", "out_tok_s"):
+            x = med([r[key] for r in pair["servemon"]])
+            y = med([r[key] for r in pair["vllm"]])
+            ratios.append(f"{x / y:.2f}" if x and y else "-")
+        print(f"| {level} | servemon / vllm | | {' | '.join(ratios)} |")
     print()
     print("| exporter + probe | TTFT p50 ms | TTFT p99 ms | out tok/s | scrapes |")
     print("| --- | --- | --- | --- | --- |")
