@@ -90,14 +90,21 @@ def ours(
     )
     o = run.summary["overall"]
     return {
-        "ok": o["outcomes"].get("ok", 0),
-        "requests": o["requests"],
-        "ttft_p50": o["ttft"]["p50"],
-        "ttft_p99": o["ttft"]["p99"],
-        "tpot_mean": o["tpot"]["mean"],
-        "out_tok_s": o["output_throughput"],
+        **figures(o),
         "lag_p50": o["dispatch_lag"]["p50"],
         "lag_p99": o["dispatch_lag"]["p99"],
+    }
+
+
+def figures(overall: dict[str, Any]) -> dict[str, Any]:
+    """What both loops compare, from a servemon summary's ``overall``."""
+    return {
+        "ok": overall["outcomes"].get("ok", 0),
+        "requests": overall["requests"],
+        "ttft_p50": overall["ttft"]["p50"],
+        "ttft_p99": overall["ttft"]["p99"],
+        "tpot_mean": overall["tpot"]["mean"],
+        "out_tok_s": overall["output_throughput"],
     }
 
 
@@ -113,15 +120,7 @@ def ours_closed(
         *("--workload", WORKLOAD, "--parallel", str(level)),
         *("--number", str(number), "--warmup", "0"),
     )
-    o = run.summary["overall"]
-    return {
-        "ok": o["outcomes"].get("ok", 0),
-        "requests": o["requests"],
-        "ttft_p50": o["ttft"]["p50"],
-        "ttft_p99": o["ttft"]["p99"],
-        "tpot_mean": o["tpot"]["mean"],
-        "out_tok_s": o["output_throughput"],
-    }
+    return figures(run.summary["overall"])
 
 
 def theirs_closed(
@@ -263,6 +262,47 @@ def watched(url: str, probe_interval: float) -> Iterator[dict[str, int]]:
         proc.wait(timeout=30)
 
 
+def print_pairs(
+    pairs: dict[str, dict[str, list[dict[str, Any]]]], level: str, *, lags: bool
+) -> None:
+    """One markdown table of servemon beside the peer at each level, medians of the
+    repeats, and their ratios."""
+    print()
+    head = f"| {level} | client | ok/sent | TTFT p50 ms | TTFT p99 ms | TPOT mean ms "
+    head += "| out tok/s |" + (" send lag p50 / p99 ms |" if lags else "")
+    print(head)
+    print("|" + " --- |" * (8 if lags else 7))
+    for at, pair in pairs.items():
+        for who, runs_of in pair.items():
+            out_tok = med([r["out_tok_s"] for r in runs_of])
+            ok = sum(r["ok"] for r in runs_of)
+            sent = sum(r["requests"] for r in runs_of)
+            cells = [
+                at,
+                who,
+                f"{ok}/{sent}",
+                ms(med([r["ttft_p50"] for r in runs_of])),
+                ms(med([r["ttft_p99"] for r in runs_of])),
+                ms(med([r["tpot_mean"] for r in runs_of])),
+                "-" if out_tok is None else f"{out_tok:.0f}",
+            ]
+            if lags:
+                cells.append(
+                    f"{ms(med([r['lag_p50'] for r in runs_of]))} / "
+                    f"{ms(med([r['lag_p99'] for r in runs_of]))}"
+                )
+            print("| " + " | ".join(cells) + " |")
+        ratios = []
+        for key in ("ttft_p50", "ttft_p99", "tpot_mean", "out_tok_s"):
+            x = med([r[key] for r in pair["servemon"]])
+            y = med([r[key] for r in pair["vllm"]])
+            ratios.append(f"{x / y:.2f}" if x and y else "-")
+        print(
+            f"| {at} | servemon / vllm | | {' | '.join(ratios)} |"
+            + (" |" if lags else "")
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", type=float, nargs="+", default=[4.0, 12.0])
@@ -329,62 +369,8 @@ def main() -> None:
                 fig["scrapes"] = counts
                 got["watch"][mode].append(fig)
                 print(f"watch {mode} seed {100 + seed}: {json.dumps(fig)}", flush=True)
-    print()
-    print(
-        "| rate | client | ok/sent | TTFT p50 ms | TTFT p99 ms | TPOT mean ms "
-        "| out tok/s | send lag p50 / p99 ms |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for rate, pair in got["peer"].items():
-        for who, runs_of in pair.items():
-            ok = sum(r["ok"] for r in runs_of)
-            sent = sum(r["requests"] for r in runs_of)
-            out_tok = med([r["out_tok_s"] for r in runs_of])
-            cells = [
-                rate,
-                who,
-                f"{ok}/{sent}",
-                ms(med([r["ttft_p50"] for r in runs_of])),
-                ms(med([r["ttft_p99"] for r in runs_of])),
-                ms(med([r["tpot_mean"] for r in runs_of])),
-                "-" if out_tok is None else f"{out_tok:.0f}",
-                f"{ms(med([r['lag_p50'] for r in runs_of]))} / "
-                f"{ms(med([r['lag_p99'] for r in runs_of]))}",
-            ]
-            print("| " + " | ".join(cells) + " |")
-        ratios = []
-        for key in ("ttft_p50", "ttft_p99", "tpot_mean", "out_tok_s"):
-            x = med([r[key] for r in pair["servemon"]])
-            y = med([r[key] for r in pair["vllm"]])
-            ratios.append(f"{x / y:.2f}" if x and y else "-")
-        print(f"| {rate} | servemon / vllm | | {' | '.join(ratios)} | |")
-    print()
-    print(
-        "| in flight | client | ok/sent | TTFT p50 ms | TTFT p99 ms | TPOT mean ms "
-        "| out tok/s |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for level, pair in got["closed"].items():
-        for who, runs_of in pair.items():
-            out_tok = med([r["out_tok_s"] for r in runs_of])
-            ok = sum(r["ok"] for r in runs_of)
-            sent = sum(r["requests"] for r in runs_of)
-            cells = [
-                level,
-                who,
-                f"{ok}/{sent}",
-                ms(med([r["ttft_p50"] for r in runs_of])),
-                ms(med([r["ttft_p99"] for r in runs_of])),
-                ms(med([r["tpot_mean"] for r in runs_of])),
-                "-" if out_tok is None else f"{out_tok:.0f}",
-            ]
-            print("| " + " | ".join(cells) + " |")
-        ratios = []
-        for key in ("ttft_p50", "ttft_p99", "tpot_mean", "out_tok_s"):
-            x = med([r[key] for r in pair["servemon"]])
-            y = med([r[key] for r in pair["vllm"]])
-            ratios.append(f"{x / y:.2f}" if x and y else "-")
-        print(f"| {level} | servemon / vllm | | {' | '.join(ratios)} |")
+    print_pairs(got["peer"], "rate", lags=True)
+    print_pairs(got["closed"], "in flight", lags=False)
     print()
     print("| exporter + probe | TTFT p50 ms | TTFT p99 ms | out tok/s | scrapes |")
     print("| --- | --- | --- | --- | --- |")
