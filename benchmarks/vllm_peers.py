@@ -127,55 +127,54 @@ def theirs_closed(
     url: str, tokenizer_dir: Path, out: Path, level: int, number: int, seed: int
 ) -> dict[str, Any]:
     """``vllm bench serve --max-concurrency`` of the same shape; seconds."""
-    result_dir = out / f"peer-c{level}-{seed}"
-    argv = peer.command(
-        VLLM_PYTHON.parent.parent,
+    return run_peer(
         url,
         tokenizer_dir,
+        out / f"peer-c{level}-{seed}",
         rate=math.inf,
         count=number,
-        burstiness=1.0,
         seed=seed,
-        prompt_tokens=PROMPT,
-        output_tokens=OUTPUT,
-        result_dir=result_dir,
+        extra=("--max-concurrency", str(level)),
     )
-    argv[argv.index("--model") + 1] = MODEL
-    argv += ["--max-concurrency", str(level)]
-    data = run_peer(argv, url, result_dir)
-    return {
-        "ok": data["completed"],
-        "requests": number,
-        "ttft_p50": data["median_ttft_ms"] / 1000,
-        "ttft_p99": data["p99_ttft_ms"] / 1000,
-        "tpot_mean": data["mean_tpot_ms"] / 1000,
-        "out_tok_s": data["output_throughput"],
-    }
-
-
-def run_peer(argv: list[str], url: str, result_dir: Path) -> dict[str, Any]:
-    """Run ``vllm bench serve`` between two idle servers; its result.json."""
-    wait_idle(url)
-    done = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"vllm bench serve: {done.stderr[-2000:]}")
-    wait_idle(url)
-    data: dict[str, Any] = json.loads((result_dir / "result.json").read_text())
-    return data
 
 
 def theirs(
     url: str, tokenizer_dir: Path, out: Path, rate: float, seconds: float, seed: int
 ) -> dict[str, Any]:
     """One ``vllm bench serve`` run of the same shape; its figures in seconds."""
-    count = round(rate * seconds)
     result_dir = out / f"peer-{rate:g}-{seed}"
+    fig = run_peer(
+        url,
+        tokenizer_dir,
+        result_dir,
+        rate=rate,
+        count=round(rate * seconds),
+        seed=seed,
+    )
+    lags = sorted(
+        r["sent_s"] - r["scheduled_s"]
+        for r in peer.records(result_dir / "result.json", rate, 1.0, seed)
+    )
+    return {
+        **fig,
+        "lag_p50": lags[len(lags) // 2] if lags else None,
+        "lag_p99": lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else None,
+        "rebuild": peer.rebuild_check(lags, rate),
+    }
+
+
+def run_peer(
+    url: str,
+    tokenizer_dir: Path,
+    result_dir: Path,
+    *,
+    rate: float,
+    count: int,
+    seed: int,
+    extra: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Run ``vllm bench serve`` (``count`` requests at ``rate``, then ``extra``)
+    between two idle servers; the figures both loops compare, in seconds."""
     argv = peer.command(
         VLLM_PYTHON.parent.parent,
         url,
@@ -189,12 +188,18 @@ def theirs(
         result_dir=result_dir,
     )
     argv[argv.index("--model") + 1] = MODEL
-    data = run_peer(argv, url, result_dir)
-    result = result_dir / "result.json"
-    lags = [
-        r["sent_s"] - r["scheduled_s"] for r in peer.records(result, rate, 1.0, seed)
-    ]
-    lags.sort()
+    wait_idle(url)
+    done = subprocess.run(
+        [*argv, *extra],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"vllm bench serve: {done.stderr[-2000:]}")
+    wait_idle(url)
+    data = json.loads((result_dir / "result.json").read_text())
     return {
         "ok": data["completed"],
         "requests": count,
@@ -202,9 +207,6 @@ def theirs(
         "ttft_p99": data["p99_ttft_ms"] / 1000,
         "tpot_mean": data["mean_tpot_ms"] / 1000,
         "out_tok_s": data["output_throughput"],
-        "lag_p50": lags[len(lags) // 2] if lags else None,
-        "lag_p99": lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else None,
-        "rebuild": peer.rebuild_check(lags, rate),
     }
 
 
