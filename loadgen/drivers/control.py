@@ -39,15 +39,31 @@ Why this shape:
   least 1 s), so each step is judged on a signal that saw the previous one. The
   scrape interval is Prometheus' own, read from its targets API
   (:mod:`loadgen.run.promtargets`): assumed at 15 s, a Prometheus scraping every
-  second got a change every 32 s.
+  second got a change every 32 s. A queue read from Prometheus and KV usage are
+  steered on counts of the client's own instead, which have no delay (below):
+  every two samples, at least 2 s.
+- **A queue through Prometheus: the client's count, calibrated.** A queued request
+  has no first token yet, so the client's prompts with no answer are the server's
+  queue (plus those in prefill) without the scrape's delay
+  (:class:`~loadgen.drivers.controlsignal.QueueEstimate`). The gauge, a scrape
+  late, only gives the offset between them (other clients' traffic, requests in
+  prefill, answers not streamed), averaged over intervals; the queue law steers
+  the count plus the offset, which each tick records as ``steered``. On the real
+  vLLM with a 1-s scrape, the gauge alone at 4-s intervals swung a queue of 96
+  from 78 to 130 (59-71 % of ticks within ±15 %); the count at 2-s intervals held
+  it at 94-97 %.
 - **A cold start doubles (``waiting``, ``kv_cache_usage``).** From 1 req/s the
   careful step (x1.25 an interval) needs 14 intervals to reach 16 req/s: a
   minute at 4-s intervals, which is a user's whole first run. A queue and a cache
   fill stay near 0 until the rate is near what the server takes, so while the
   signal is under half the setpoint nothing is lost by doubling the rate each
-  interval (``phase: start`` in each tick); the first reading at half the setpoint
-  or more (a queue: the first of a mean of one, the server taking no more)
-  hands over to the careful law for good (``hold``), which may undo the last
+  tick (``phase: start`` in each tick); the first reading at half the setpoint
+  or more (a queue: the first of a mean of one, the server taking no more; or a
+  mean of one of the client's own prompts with no answer yet, which shows the
+  queue without the scrape's delay) hands over to the careful law for good
+  (``hold``). The start's ticks are two samples long (at least 1 s) whatever the
+  interval, since the client's count ends it in time. The careful law may undo
+  the last
   doubling at once (down is safe), and ``--rps-max`` and the guard rails
   bound both. Doubling was chosen over a start from Little's law (the rate that
   would make the queue, from the measured service rate) because the service rate
@@ -64,22 +80,31 @@ Why this shape:
   the rate is, so the queue law (towards no queue) sets an upper bound, and the
   integral step takes over from that rate when the ratio comes off its ceiling
   (the state is the rate, so the hand-over has no bump).
-- **The lifetime's lag (KV usage): a model, not a gain.** KV usage is what the
-  running requests hold, so it answers a change of rate only as they are replaced,
-  over about their lifetime, and a new request holds little until it decodes: a
-  change of rate reaches the gauge as a ramp over a lifetime, with the noise of how
-  many requests happen to be in flight on top. No gain on the gauge alone cancels
-  that (a proportional gain for a single lag and a cascade on the count in flight
-  were both measured and fell short, ``benchmarks/RESULTS.md``). The client knows
-  the population without lag (:mod:`loadgen.drivers.heldtokens`): what each request in
-  flight holds now and will hold ``max(T, L / 2)`` ahead, at the decode speed of
-  the last seconds of recent streams. The law scales that model to the gauge (an
-  average of their ratio) and offers the rate whose forecast is the setpoint: a
-  receding-horizon predictor. Looking half a lifetime ahead is the measured middle
-  (one interval ahead over-reacts, since new requests keep growing after it; a whole
-  lifetime ahead sees none of the requests now in flight, which is a fixed rate).
-  Until a few requests have finished, the integral step with the proportional gain
-  ``kp = ki * a / (1 - a)``, ``a = exp(-T / L)``, stands in.
+- **KV usage: the count in flight that holds it, held like a queue.** KV usage
+  is what the running requests hold, so it answers a change of rate only as they
+  are replaced, over about their lifetime, with the noise of how many happen to be
+  in flight on top; and where the server's speed falls with its batch (a CPU, a
+  GPU past its knee), each request sent makes the others live longer, so the usage
+  a rate gives has no fixed gain: on vLLM's CPU build a law that predicted from the
+  rate swung between an empty and a full cache (17 % of ticks within ±15 %,
+  ``benchmarks/RESULTS.md``). The client knows the population without lag
+  (:mod:`loadgen.drivers.heldtokens`): what each request in flight holds now, at
+  the decode speed of the last seconds of recent streams. The law scales that
+  model to the gauge (an average of their ratio), turns the setpoint into the
+  number of requests in flight that holds it (each holding its prompt and half its
+  output), and holds that number with the queue law: what the server served (its
+  mean over about a lifetime, since completions echo the sends of a lifetime ago)
+  plus the count's error spread over two intervals or half a lifetime, whichever
+  is longer (faster re-forms cohorts of requests of one age). The count has no
+  delay and the gauge only weighs it, so the interval is two of servemon's
+  samples (at least 2 s) even through Prometheus, and the rate may double an
+  interval, as in the start. Until a few requests have finished, the
+  integral step with the proportional gain ``kp = ki * a / (1 - a)``,
+  ``a = exp(-T / L)``, stands in. Tried before and measured short of it (on the
+  simulator): a proportional gain for a single lag; a cascade whose outer loop
+  integrated the gauge's error into the count's target (the count then overshot
+  while the young requests' usage lagged); a receding-horizon predictor of the
+  usage half a lifetime ahead (94 % on the simulator, 17 % on vLLM's CPU build).
 - **TTFT far over: a backlog to drain.** Past twice the setpoint the p95 is a
   backlog of prompts that grows faster than the clamped integral step cuts (a
   server that got slower). The client knows that backlog without lag
@@ -124,7 +149,13 @@ from typing import Any
 
 from servemon.loadgen.drivers.backlog import PrefillBacklog
 from servemon.loadgen.drivers.controllaw import SATURATING, ControlLaw, control_interval
-from servemon.loadgen.drivers.controlsignal import ClientWindow, held_model, measure
+from servemon.loadgen.drivers.controlsignal import (
+    ClientWindow,
+    QueueEstimate,
+    held_model,
+    measure,
+    window_mean,
+)
 from servemon.loadgen.drivers.heldtokens import HeldTokens
 from servemon.loadgen.drivers.ramp import open_loop, wait_for_start
 from servemon.loadgen.record.runrecord import ControlResult
@@ -188,7 +219,7 @@ async def drive_control(
         ctx.sinks.append(held)
         ctx.starters.append(held.started)
     backlog = None
-    if signal == "ttft_p95":
+    if signal in ("ttft_p95", "waiting"):
         backlog = PrefillBacklog(tau_s=interval)
         ctx.starters.append(backlog.started)
         ctx.first_tokens.append(backlog.first_token)
@@ -245,7 +276,14 @@ async def _ticks(
     # The model of what the requests hold, sampled as often as the gauge, over the
     # window the gauge's samples of an interval describe (Prometheus: a scrape ago).
     modelled: deque[tuple[float, float]] = deque(maxlen=4096)
-    every = min(c.sample_interval, interval / 4)
+    # The start steps every two samples (at least 1 s), sooner than an interval
+    # through Prometheus: it ends on the client's own count of unanswered prompts
+    # too, which has no delay.
+    start_every = min(interval, max(1.0, 2.0 * c.sample_interval))
+    every = min(c.sample_interval, start_every / 4)
+    # The client's prompts with no answer yet, sampled like the model.
+    unanswered: deque[tuple[float, float]] = deque(maxlen=4096)
+    estimate = QueueEstimate() if signal == "waiting" and c.prometheus else None
     # A value read from Prometheus was scraped half a scrape interval ago, on
     # average (a whole one biased the model's scale high while the gauge rose).
     scrape = c.scrape_interval or SCRAPE_DEFAULT_S
@@ -254,22 +292,26 @@ async def _ticks(
     warned = False
     tick_start = start
     sent_before = served_before = 0
-    for tick in itertools.count(1):
-        due = start + tick * interval
+    due = start
+    for _ in itertools.count(1):
+        due += start_every if law.starting else interval
         if due > start + c.duration + 1e-6:
             return  # the schedule is over: the requests in flight drain unsteered
         while (now := time.monotonic()) < due:
             if held is not None and (tokens := held.held(now)) is not None:
                 modelled.append((now, tokens))
+            if backlog is not None:
+                unanswered.append((now, backlog.count()))
             await asyncio.sleep(min(every, due - now))
         sent, served = ctx.sent, window.served
         span = max(now - tick_start, 1e-9)
         achieved = (sent - sent_before) / span
         served_rps = (served - served_before) / span
         sent_before, served_before, tick_start = sent, served, now
-        measured = measure(ctx, signal, now - interval, now, window)
+        measured = measure(ctx, signal, now - span, now, window)
         lifetime = window.lifetime()
         offered = law.rate
+        steered: float | None = None  # what the law steered, where not measured
         if measured is None:
             blind_since = blind_since if blind_since is not None else now
             state = "blind"
@@ -283,12 +325,21 @@ async def _ticks(
             queue = None
             if signal in SATURATING:
                 queue = measure(ctx, "waiting", now - interval, now, window)
+            elif signal == "waiting":
+                # The client's prompts with no answer yet, over the tick: a
+                # queue the server's gauge shows a scrape later (ends the start).
+                queue = window_mean(unanswered, now - span, now)
             elif backlog is not None:
                 queue = backlog.count()  # the client's prompts with no answer yet
             model = None
             if held is not None:
                 model = held_model(held, modelled, now, interval, lag)
-            offered = law.update(measured, served_rps, queue, lifetime, model)
+            seen = window_mean(unanswered, now - span - lag, now - lag)
+            value = measured
+            if estimate is not None and seen is not None and queue is not None:
+                # Through Prometheus the law steers the queue now, not a scrape ago.
+                value = steered = estimate.update(measured, seen, queue)
+            offered = law.update(value, served_rps, queue, lifetime, model)
             state = "unreachable" if law.unreachable else "tracking"
             state = "draining" if law.draining else state
             if law.unreachable and not warned:
@@ -318,6 +369,9 @@ async def _ticks(
             "lifetime_s": lifetime,
             "gain": law.gain,
             "scale": law.scale,
+            "in_flight": None if held is None else len(held.inflight),
+            "in_flight_wanted": law.wanted_count,
+            "steered": steered,
             "pace": backlog.mean_pace() if backlog and c.pace else None,
             "backlog": None if backlog is None else backlog.count(),
             "state": state,

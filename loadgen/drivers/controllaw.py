@@ -7,13 +7,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from servemon.loadgen.drivers.heldtokens import Forecast
+from servemon.loadgen.drivers.heldtokens import Held
 from servemon.loadgen.run.config import LoadConfig
 from servemon.loadgen.run.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
 
 __all__ = [
     "FAST_START",
-    "HORIZON_LIFETIMES",
     "KP_MAX",
     "LAGGED_BY_LIFETIME",
     "SATURATING",
@@ -34,8 +33,9 @@ TOLERANCE = 0.15
 #: The largest proportional gain the lag of a long lifetime gets (a lifetime of
 #: about 7 intervals).
 KP_MAX = 1.0
-#: How far ahead the KV forecast looks, in lifetimes (at least an interval).
-HORIZON_LIFETIMES = 0.5
+#: KV usage's law closes the count's error over two intervals or this share of a
+#: lifetime, whichever is longer (faster re-forms cohorts of one age).
+SPREAD_LIFETIMES = 0.5
 #: How fast the scale of the KV model follows the measured gauge (per interval).
 SCALE_ALPHA = 0.3
 #: How far over its setpoint a TTFT p95 is read as a queue to drain: past twice
@@ -88,16 +88,22 @@ class ControlLaw:
     KV usage is not a static map when requests live longer than an interval: it is
     what the requests running hold, so it follows a change of rate with a lag of
     about their lifetime ``L``, and carries the noise of how many happen to be in
-    flight. Given the client's model of what its requests in flight hold
-    (``held``: the model's mean over the interval and its forecast, see
-    :mod:`loadgen.drivers.heldtokens`), the law is predictive: ``scale``, the measured
-    usage per modelled token, follows the gauge (an average, :data:`SCALE_ALPHA`
-    of the way each interval), and the rate is the one whose forecast
-    :data:`HORIZON_LIFETIMES` of a lifetime ahead is ``setpoint / scale``
-    (step-limited like the rest). Until the model has a shape (a few requests
-    finished), the integral step with the proportional gain that cancels the lag,
-    ``ki * a / (1 - a)`` with ``a = exp(-T / L)`` (at most :data:`KP_MAX`), given
-    ``lifetime_s``.
+    flight; and where the server's speed falls with its batch (a CPU, a GPU past its
+    knee) each request sent makes every other one live longer, so the usage a rate
+    gives has no fixed gain. Given the client's model of what its requests hold
+    (``held``, see :mod:`loadgen.drivers.heldtokens`), the law holds the number of
+    requests in flight that holds the setpoint, like a queue: ``scale``, the measured
+    usage per modelled token, follows the gauge (an average, :data:`SCALE_ALPHA` of
+    the way each interval); the setpoint over the scale, over what a request holds
+    on average over its life, is the count wanted; and the law offers what the
+    server served (its mean over about a lifetime: completions an interval echo the
+    sends of a lifetime ago) plus the count's error spread over ``drain``
+    intervals or :data:`SPREAD_LIFETIMES` of a lifetime. The count is the client's
+    own, without lag, so a bunch of arrivals is answered when it happens, and how
+    fast the server then serves does not matter. Until the model has a shape (a
+    few requests finished), the integral step with the proportional gain that
+    cancels the lag, ``ki * a / (1 - a)`` with ``a = exp(-T / L)`` (at most
+    :data:`KP_MAX`), given ``lifetime_s``.
     """
 
     signal: str
@@ -119,6 +125,11 @@ class ControlLaw:
     gain: float = 0.0
     #: Measured KV usage per token of the client's model (None: not used yet).
     scale: float | None = None
+    #: Completions a second, averaged over about a lifetime (KV usage's law).
+    served: float | None = None
+    #: The requests in flight that hold the setpoint (KV usage's law; None: not
+    #: used yet).
+    wanted_count: float | None = None
     #: In the start phase (:data:`FAST_START` signals, until the signal first
     #: reaches :data:`START_UNTIL` of the setpoint).
     starting: bool = True
@@ -155,14 +166,15 @@ class ControlLaw:
         served_rps: float,
         waiting: float | None = None,
         lifetime_s: float | None = None,
-        held: tuple[float, Forecast] | None = None,
+        held: Held | None = None,
     ) -> float:
         """The rate for the next interval, given the signal over the last one, the
         requests the server completed per second meanwhile, for a saturating
-        signal the queue over the last interval (None: not known, read as none),
+        signal the queue over the last interval (None: not known, read as none;
+        for ``waiting`` and a TTFT, the client's prompts with no answer yet),
         the requests' mean lifetime (end-to-end latency; None: not known), and for
-        KV usage the client's model of what its requests hold (its mean over the
-        interval and its forecast; None: no model yet)."""
+        KV usage the client's model of what its requests hold (None: no model
+        yet)."""
         low = math.log(1 - self.max_down)
         high = math.log(1 + self.max_up)
         started = self.starting
@@ -170,7 +182,10 @@ class ControlLaw:
             self.starting
             and self.signal in FAST_START
             and measured < START_UNTIL * self.setpoint
-            and not (self.signal == "waiting" and measured >= START_QUEUE)
+            and not (
+                self.signal == "waiting"
+                and max(measured, waiting or 0.0) >= START_QUEUE
+            )
             and self.rate < self.rps_max
         )
         if started and not self.starting and self.doubled:
@@ -198,13 +213,13 @@ class ControlLaw:
             # last rate: after a drain the rate may go straight back to it.
             high = math.log(max(1.0, served_rps / self.rate) * (1 + self.max_up))
             step = math.log(max(wanted, 1e-9) / self.rate)
-        elif self.signal == "kv_cache_usage" and held and held[0] > 0 < measured:
-            modelled, forecast = held
-            seen = measured / modelled
-            scale = self.scale
-            self.scale = seen if scale is None else scale + SCALE_ALPHA * (seen - scale)
-            wanted = forecast.rate_for(self.setpoint / self.scale)
+        elif self.signal == "kv_cache_usage" and held and held.seen > 0 < measured:
+            served = self._served(served_rps, lifetime_s)
+            wanted = self._count_law(measured, held, served, lifetime_s)
             step = math.log(max(wanted, 1e-9) / self.rate)
+            # From what the server served at once, then as the start may (the
+            # count has no lag and is bounded by its error).
+            high = math.log(max(1.0, served / self.rate) * (1 + START_UP))
             self.gain = 0.0
             predicted = True
         else:
@@ -246,6 +261,27 @@ class ControlLaw:
         self.rate = rate
         return rate
 
+    def _served(self, served_rps: float, lifetime_s: float | None) -> float:
+        """What the server served, averaged over about a lifetime (at least an
+        interval)."""
+        mean = self.served if self.served is not None else served_rps
+        weight = self.interval_s / max(self.interval_s, lifetime_s or 0.0)
+        self.served = mean + weight * (served_rps - mean)
+        return self.served
+
+    def _count_law(
+        self, measured: float, held: Held, served: float, lifetime_s: float | None
+    ) -> float:
+        """KV usage on the client's model: the queue law on the requests in flight,
+        towards the count whose mean hold is the setpoint."""
+        seen = measured / held.seen
+        scale = self.scale
+        self.scale = seen if scale is None else scale + SCALE_ALPHA * (seen - scale)
+        wanted = self.setpoint / self.scale / held.each
+        self.wanted_count = wanted
+        life = SPREAD_LIFETIMES * (lifetime_s or 0.0)
+        return served + (wanted - held.count) / max(self.drain * self.interval_s, life)
+
     def _start(
         self, step: float, lifetime_s: float | None, predicted: bool
     ) -> tuple[float, float]:
@@ -270,9 +306,16 @@ class ControlLaw:
 
 def control_interval(config: LoadConfig, signal: str) -> float:
     """Seconds between rate changes: ``--control-interval``, else twice the
-    signal's delay, and at least 1 s."""
+    signal's delay, and at least 1 s. KV usage, and a queue read from
+    Prometheus: two of servemon's samples and at least 2 s, since the law steers a
+    count of the client's own, which has no delay (the gauge, read as late as it
+    was scraped, only calibrates it)."""
     if config.control_interval is not None:
         return config.control_interval
+    if signal == "kv_cache_usage" or (
+        signal == "waiting" and config.prometheus is not None
+    ):
+        return max(2.0, 2.0 * config.sample_interval)
     if config.prometheus is None:
         delay = config.sample_interval
         if signal == "ttft_p95":

@@ -4,8 +4,10 @@ signal over the last interval, and what the client knows of it without lag.
 - :func:`measure`: the mean of the signal's fresh readings over an interval
   (Prometheus' or the target's ``/metrics``), or the client's own TTFT p95;
 - :class:`ClientWindow`: the requests finished (served, lifetimes, TTFTs);
-- :func:`held_model`: the KV model's mean over what the gauge saw, and its
-  forecast (:mod:`loadgen.drivers.heldtokens`).
+- :func:`held_model`: the KV model's mean over what the gauge saw, the requests
+  in flight and what one holds (:mod:`loadgen.drivers.heldtokens`);
+- :class:`QueueEstimate`: the server's queue now, from the client's prompts with
+  no answer yet and the gauge's offset to them (``waiting`` through Prometheus).
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from servemon.loadgen.drivers.controllaw import HORIZON_LIFETIMES
-from servemon.loadgen.drivers.heldtokens import Forecast, HeldTokens
+from servemon.loadgen.drivers.heldtokens import Held, HeldTokens
 from servemon.loadgen.record.figures import exact_quantile
 from servemon.loadgen.run.context import RunContext
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
-__all__ = ["ClientWindow", "held_model", "measure"]
+__all__ = ["ClientWindow", "QueueEstimate", "held_model", "measure", "window_mean"]
+
+#: How fast the queue estimate's offset follows the gauge (per interval).
+OFFSET_ALPHA = 0.3
 
 
 @dataclass(slots=True)
@@ -87,16 +91,43 @@ def held_model(
     now: float,
     interval: float,
     lag: float,
-) -> tuple[float, Forecast] | None:
-    """The model's mean over the interval the gauge saw, and its forecast
-    :data:`~loadgen.drivers.controllaw.HORIZON_LIFETIMES` of a lifetime (at least an
-    interval) ahead; None until the model has a shape and samples."""
+) -> Held | None:
+    """The model's mean over the interval the gauge saw, the requests in flight
+    and what one holds over its life; None until the model has a shape and
+    samples."""
     shape = held.shape()
     if shape is None:
         return None
     seen = [v for at, v in modelled if now - interval - lag <= at <= now - lag]
-    horizon = max(interval, HORIZON_LIFETIMES * shape.lifetime_s)
-    forecast = held.forecast(now, horizon)
-    if not seen or forecast is None:
+    if not seen:
         return None
-    return sum(seen) / len(seen), forecast
+    return Held(sum(seen) / len(seen), len(held.inflight), shape.mean_held)
+
+
+def window_mean(
+    samples: deque[tuple[float, float]], since: float, until: float
+) -> float | None:
+    """The mean of the samples taken in ``[since, until]`` (None: none)."""
+    seen = [v for at, v in samples if since <= at <= until]
+    return sum(seen) / len(seen) if seen else None
+
+
+@dataclass(slots=True)
+class QueueEstimate:
+    """The server's queue without the scrape's delay: what the client has sent and
+    not yet had a first token for (a queued request has none; so has one in
+    prefill), plus the gauge's offset to that count over the window the gauge
+    saw (other clients' requests, requests not streamed), averaged
+    :data:`OFFSET_ALPHA` of the way each interval."""
+
+    offset: float | None = None
+
+    def update(self, measured: float, seen: float, now: float) -> float:
+        """The queue now, given the gauge over its window, the client's count over
+        the same window and over the last interval."""
+        gap = measured - seen
+        if self.offset is None:
+            self.offset = gap
+        else:
+            self.offset += OFFSET_ALPHA * (gap - self.offset)
+        return max(0.0, now + self.offset)

@@ -13,12 +13,12 @@ models what each request holds::
     held = prompt + tokens made      (made: decode speed x time since the first token,
                                       up to the output length; then it finishes)
 
-:class:`HeldTokens` sums that over the requests in flight (``held``) and forecasts
-the sum ``horizon`` seconds ahead (``forecast``): what the requests now in flight
-will still hold then, and what each request/s sent meanwhile will add. The law
-(:class:`loadgen.drivers.controllaw.ControlLaw`) scales the model to the measured gauge
-(block rounding, other traffic) and picks the rate that lands the forecast on the
-setpoint.
+:class:`HeldTokens` sums that over the requests in flight (``held``): the law
+(:class:`loadgen.drivers.controllaw.ControlLaw`) scales the sum to the measured gauge
+(block rounding, other traffic). What a request holds on average over its life
+(:attr:`Shape.mean_held`: its prompt, and half its output for the part of its life it
+decodes) turns the setpoint into a number of requests in flight, which the law holds
+like a queue.
 """
 
 from __future__ import annotations
@@ -29,12 +29,10 @@ from dataclasses import dataclass, field
 
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
-__all__ = ["MIN_FINISHED", "Forecast", "HeldTokens", "Shape", "tail_speed"]
+__all__ = ["MIN_FINISHED", "Held", "HeldTokens", "Shape", "tail_speed"]
 
 #: Finished requests the shape needs before the model is used.
 MIN_FINISHED = 5
-#: Points of the integral over the horizon of what new requests hold.
-_STEPS = 32
 
 
 def tail_speed(timing: RequestTiming, tail_s: float) -> float | None:
@@ -68,26 +66,26 @@ class Shape:
         """A request's lifetime at this speed."""
         return self.ttft_s + self.output_tokens / self.decode_tps
 
-    def held(self, age_s: float, prompt_tokens: float) -> float:
-        """Tokens a request sent ``age_s`` seconds ago holds (0 once finished)."""
-        made = max(0.0, age_s - self.ttft_s) * self.decode_tps
-        if age_s < 0 or made >= self.output_tokens:
-            return 0.0
-        return prompt_tokens + made
+    @property
+    def mean_held(self) -> float:
+        """What a request in flight holds on average over its life: its prompt, and
+        half its output over the share of its life it decodes (the requests in
+        flight at a steady rate are of every age)."""
+        decode_s = self.output_tokens / self.decode_tps
+        return self.prompt_tokens + self.output_tokens * decode_s / (
+            2 * (self.ttft_s + decode_s)
+        )
 
 
 @dataclass(frozen=True, slots=True)
-class Forecast:
-    """Tokens held ``horizon_s`` ahead: ``at_horizon`` by the requests now in
-    flight, plus ``per_rps`` for each request a second sent until then."""
+class Held:
+    """The model at a control tick: its mean over the window the gauge's samples
+    describe (``seen``), the requests in flight now (``count``), and what one holds
+    on average over its life (``each``, :attr:`Shape.mean_held`)."""
 
-    horizon_s: float
-    at_horizon: float
-    per_rps: float
-
-    def rate_for(self, tokens: float) -> float:
-        """The rate that makes the forecast ``tokens`` (may be below 0)."""
-        return (tokens - self.at_horizon) / self.per_rps
+    seen: float
+    count: int
+    each: float
 
 
 @dataclass(slots=True)
@@ -171,22 +169,3 @@ class HeldTokens:
         return sum(
             self._prompt(shape, f) + min(out, f.made) for f in self.inflight.values()
         )
-
-    def forecast(self, now: float, horizon_s: float) -> Forecast | None:
-        """What will be held ``horizon_s`` from ``now`` (None: no shape yet)."""
-        shape = self.shape()
-        if shape is None:
-            return None
-        self._advance(now, shape)
-        ahead = 0.0
-        for f in self.inflight.values():
-            start = max(now, f.sent_s + shape.ttft_s)
-            made = f.made + max(0.0, now + horizon_s - start) * shape.decode_tps
-            if made < shape.output_tokens:  # else it will have finished
-                ahead += self._prompt(shape, f) + made
-        # Requests sent at 1/s over the horizon: one of age a for each a in it.
-        width = horizon_s / _STEPS
-        per_rps = width * sum(
-            shape.held((i + 0.5) * width, shape.prompt_tokens) for i in range(_STEPS)
-        )
-        return Forecast(horizon_s, ahead, max(per_rps, 1e-9))

@@ -240,6 +240,11 @@ VLLM_MODEL = "servemon-tiny"
 VLLM_BLOCKS = 64
 VLLM_BLOCK_SIZE = 128
 VLLM_MAX_NUM_SEQS = 16
+#: The second vLLM, for holding KV usage: half of 1,024 blocks is about 130
+#: requests of 256 + 300 tokens (few enough that how many happen to be in flight is
+#: not most of the signal), with slots to spare.
+VLLM_LARGE_BLOCKS = 1024
+VLLM_LARGE_MAX_NUM_SEQS = 256
 
 
 @dataclass(frozen=True)
@@ -267,7 +272,12 @@ def vllm_model(tmp_path_factory: pytest.TempPathFactory) -> VllmModel:
     return VllmModel(hf=Path(json.loads((out / "models.json").read_text())["hf"]))
 
 
-def vllm_argv(model: VllmModel, port: int) -> list[str]:
+def vllm_argv(
+    model: VllmModel,
+    port: int,
+    blocks: int = VLLM_BLOCKS,
+    max_num_seqs: int = VLLM_MAX_NUM_SEQS,
+) -> list[str]:
     """vLLM's OpenAI server as the tests run it: prefix caching on, the cache pinned
     small, cached tokens and per-request metrics in every answer."""
     return [
@@ -280,10 +290,27 @@ def vllm_argv(model: VllmModel, port: int) -> list[str]:
         "--enable-prefix-caching",
         "--enable-prompt-tokens-details",
         "--enable-per-request-metrics",
-        *("--num-gpu-blocks-override", str(VLLM_BLOCKS)),
-        *("--max-num-seqs", str(VLLM_MAX_NUM_SEQS)),
+        *("--num-gpu-blocks-override", str(blocks)),
+        *("--max-num-seqs", str(max_num_seqs)),
         "--disable-uvicorn-access-log",
     ]
+
+
+@contextlib.contextmanager
+def vllm_engine(argv: list[str], port: int, folder: Path) -> Iterator[Engine]:
+    """vLLM started from ``argv``, killed after."""
+    with run_engine(
+        "vllm",
+        argv,
+        folder / "server.log",
+        port,
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"},
+        start_timeout_s=VLLM_START_TIMEOUT_S,
+        # In pytest's session, with the servemon runs of its tests: the CPU is
+        # shared between sessions first (tests/e2e/conftest.py, ``servemon``).
+        own_session=False,
+    ) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="session")
@@ -292,16 +319,16 @@ def vllm_server(
 ) -> Iterator[Engine]:
     """vLLM's CPU build, started once for the whole session."""
     port = free_port()
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    with run_engine(
-        "vllm",
-        vllm_argv(vllm_model, port),
-        log,
-        port,
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"},
-        start_timeout_s=VLLM_START_TIMEOUT_S,
-        # In pytest's session, with the servemon runs of its tests: the CPU is
-        # shared between sessions first (tests/e2e/conftest.py, ``servemon``).
-        own_session=False,
-    ) as engine:
+    folder = tmp_path_factory.mktemp("vllm")
+    with vllm_engine(vllm_argv(vllm_model, port), port, folder) as engine:
+        yield engine
+
+
+@pytest.fixture
+def vllm_large_cache(vllm_model: VllmModel, tmp_path: Path) -> Iterator[Engine]:
+    """A second vLLM with a cache of 1,024 blocks and 256 slots, for its test only
+    (an idle vLLM takes no CPU, so the session's waits beside it)."""
+    port = free_port()
+    argv = vllm_argv(vllm_model, port, VLLM_LARGE_BLOCKS, VLLM_LARGE_MAX_NUM_SEQS)
+    with vllm_engine(argv, port, tmp_path) as engine:
         yield engine

@@ -18,6 +18,7 @@ from aiohttp import web
 from servemon.core.errors import ConfigError
 from servemon.core.signals import SIGNALS, parse_selector, queries
 from servemon.loadgen.drivers.controllaw import KP_MAX, ControlLaw, control_interval
+from servemon.loadgen.drivers.controlsignal import QueueEstimate
 from servemon.loadgen.run.config import LoadConfig, parse_hold
 from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.run.promsource import PrometheusSampler
@@ -258,6 +259,14 @@ def test_the_first_queue_ends_the_start() -> None:
     law.update(2.5, 39.5)
     assert law.phase == "hold"
     assert law.rate <= 50.0  # the careful law: x1.25 at most, not x2
+    # Through Prometheus the gauge is a scrape late; the client's own prompts
+    # with no answer yet (a mean of one over the tick) end the start as well.
+    law = ControlLaw("waiting", 48.0, 0.5, 1000.0, rate=40.0, interval_s=4.0)
+    law.update(0.0, 39.5, 1.5)
+    assert law.phase == "hold"
+    law = ControlLaw("waiting", 48.0, 0.5, 1000.0, rate=40.0, interval_s=4.0)
+    law.update(0.0, 40.0, 0.4)
+    assert law.phase == "start"
 
 
 def test_kv_usage_starts_fast_only_where_the_gauge_keeps_up() -> None:
@@ -325,8 +334,12 @@ def test_control_checks_its_settings_before_anything_starts() -> None:
     direct = LoadConfig(hold="waiting=8")
     assert control_interval(direct, "waiting") == 2.0
     prom = LoadConfig(prometheus="http://p:9090", scrape_interval=15.0)
-    assert control_interval(prom, "waiting") == 32.0  # a scrape and servemon's poll
-    assert control_interval(prom, "ttft_p95") == 62.0
+    assert control_interval(prom, "ttft_p95") == 62.0  # a scrape, the poll, a window
+    # A queue through Prometheus and KV usage steer counts of the client's own:
+    # two samples, however late the gauge.
+    assert control_interval(prom, "waiting") == 2.0
+    assert control_interval(prom, "kv_cache_usage") == 2.0
+    assert control_interval(LoadConfig(sample_interval=1.5), "kv_cache_usage") == 3.0
 
 
 def test_a_selector_is_label_matchers_or_a_one_line_error() -> None:
@@ -469,3 +482,17 @@ def test_without_a_queue_the_law_grows_from_the_rate_not_the_noisy_count() -> No
     queued.starting = False
     queued.update(2.0, 6.0)  # a queue: the server's count is its rate
     assert queued.rate == pytest.approx(6.0 + 2.0 / 4.0)
+
+
+def test_a_queue_through_prometheus_is_the_clients_count_and_the_gauges_offset() -> (
+    None
+):
+    """The gauge a scrape late read 40 while the client had 45 prompts with no
+    answer (5 in prefill): the queue now is the client's count less 5; traffic of
+    other clients, 20 more than the count, is learnt over a few intervals."""
+    estimate = QueueEstimate()
+    assert estimate.update(40.0, 45.0, 80.0) == 75.0
+    for _ in range(20):
+        now = estimate.update(65.0, 45.0, 45.0)
+    assert now == pytest.approx(65.0, abs=0.1)
+    assert estimate.update(0.0, 90.0, 0.0) == 0.0  # never below an empty queue
