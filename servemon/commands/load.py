@@ -222,7 +222,10 @@ def replay(trace: Path, config_file: Path | None, **flags: Any) -> None:
 @click.option(
     "--control-interval",
     type=float,
-    help="Seconds between rate changes. [default: twice the signal's delay, >= 2]",
+    help=(
+        "Seconds between rate changes. [default: twice the signal's delay, >= 1; "
+        "KV usage, and a queue through Prometheus: two samples, >= 2]"
+    ),
 )
 @click.option(
     "--blind-timeout",
