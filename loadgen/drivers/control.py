@@ -148,7 +148,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from servemon.loadgen.drivers.backlog import PrefillBacklog
-from servemon.loadgen.drivers.controllaw import SATURATING, ControlLaw, control_interval
+from servemon.loadgen.drivers.controllaw import (
+    FAST_START,
+    SATURATING,
+    ControlLaw,
+    control_interval,
+)
 from servemon.loadgen.drivers.controlsignal import (
     ClientWindow,
     QueueEstimate,
@@ -279,7 +284,9 @@ async def _ticks(
     # The start steps every two samples (at least 1 s), sooner than an interval
     # through Prometheus: it ends on the client's own count of unanswered prompts
     # too, which has no delay.
-    start_every = min(interval, max(1.0, 2.0 * c.sample_interval))
+    start_every = interval
+    if signal in FAST_START:
+        start_every = min(interval, max(1.0, 2.0 * c.sample_interval))
     every = min(c.sample_interval, start_every / 4)
     # The client's prompts with no answer yet, sampled like the model.
     unanswered: deque[tuple[float, float]] = deque(maxlen=4096)
@@ -293,7 +300,7 @@ async def _ticks(
     tick_start = start
     sent_before = served_before = 0
     due = start
-    for _ in itertools.count(1):
+    while True:
         due += start_every if law.starting else interval
         if due > start + c.duration + 1e-6:
             return  # the schedule is over: the requests in flight drain unsteered

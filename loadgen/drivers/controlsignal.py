@@ -98,10 +98,10 @@ def held_model(
     shape = held.shape()
     if shape is None:
         return None
-    seen = [v for at, v in modelled if now - interval - lag <= at <= now - lag]
-    if not seen:
+    seen = window_mean(modelled, now - interval - lag, now - lag)
+    if seen is None:
         return None
-    return Held(sum(seen) / len(seen), len(held.inflight), shape.mean_held)
+    return Held(seen, len(held.inflight), shape.mean_held)
 
 
 def window_mean(
