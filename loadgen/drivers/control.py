@@ -93,8 +93,8 @@ Why this shape:
   model to the gauge (an average of their ratio), turns the setpoint into the
   number of requests in flight that holds it (each holding its prompt and half its
   output), and holds that number with the queue law: what the server served (its
-  mean over about a lifetime, since completions echo the sends of a lifetime ago)
-  plus the count's error spread over two intervals or half a lifetime, whichever
+  mean over about two lifetimes, since completions echo the sends of a lifetime
+  ago) plus the count's error spread over two intervals or half a lifetime, whichever
   is longer (faster re-forms cohorts of requests of one age). The count has no
   delay and the gauge only weighs it, so the interval is two of servemon's
   samples (at least 2 s) even through Prometheus, and the rate may double an

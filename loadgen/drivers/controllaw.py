@@ -36,6 +36,12 @@ KP_MAX = 1.0
 #: KV usage's law closes the count's error over two intervals or this share of a
 #: lifetime, whichever is longer (faster re-forms cohorts of one age).
 SPREAD_LIFETIMES = 0.5
+#: KV usage's law averages what the server served over this many lifetimes:
+#: completions echo the sends of a lifetime ago, and a mean over one lifetime
+#: (an average that forgets a lifetime's worth) passed a swing of the rate on to
+#: the next lifetime on the simulator's fixed-length requests (31-55 % of ticks
+#: within through Prometheus, 57-61 % over two lifetimes; 2026-12-05).
+SERVED_LIFETIMES = 2.0
 #: How fast the scale of the KV model follows the measured gauge (per interval).
 SCALE_ALPHA = 0.3
 #: How far over its setpoint a TTFT p95 is read as a queue to drain: past twice
@@ -96,14 +102,14 @@ class ControlLaw:
     usage per modelled token, follows the gauge (an average, :data:`SCALE_ALPHA` of
     the way each interval); the setpoint over the scale, over what a request holds
     on average over its life, is the count wanted; and the law offers what the
-    server served (its mean over about a lifetime: completions an interval echo the
-    sends of a lifetime ago) plus the count's error spread over ``drain``
-    intervals or :data:`SPREAD_LIFETIMES` of a lifetime. The count is the client's
-    own, without lag, so a bunch of arrivals is answered when it happens, and how
-    fast the server then serves does not matter. Until the model has a shape (a
-    few requests finished), the integral step with the proportional gain that
-    cancels the lag, ``ki * a / (1 - a)`` with ``a = exp(-T / L)`` (at most
-    :data:`KP_MAX`), given ``lifetime_s``.
+    server served (its mean over :data:`SERVED_LIFETIMES` lifetimes: completions
+    an interval echo the sends of a lifetime ago) plus the count's error spread
+    over ``drain`` intervals or :data:`SPREAD_LIFETIMES` of a lifetime. The count
+    is the client's own, without lag, so a bunch of arrivals is answered when it
+    happens, and how fast the server then serves does not matter. Until the model
+    has a shape (a few requests finished), the integral step with the proportional
+    gain that cancels the lag, ``ki * a / (1 - a)`` with ``a = exp(-T / L)`` (at
+    most :data:`KP_MAX`), given ``lifetime_s``.
     """
 
     signal: str
@@ -125,7 +131,7 @@ class ControlLaw:
     gain: float = 0.0
     #: Measured KV usage per token of the client's model (None: not used yet).
     scale: float | None = None
-    #: Completions a second, averaged over about a lifetime (KV usage's law).
+    #: Completions a second, averaged over two lifetimes (KV usage's law).
     served: float | None = None
     #: The requests in flight that hold the setpoint (KV usage's law; None: not
     #: used yet).
@@ -262,10 +268,11 @@ class ControlLaw:
         return rate
 
     def _served(self, served_rps: float, lifetime_s: float | None) -> float:
-        """What the server served, averaged over about a lifetime (at least an
-        interval)."""
+        """What the server served, averaged over :data:`SERVED_LIFETIMES`
+        lifetimes (at least an interval)."""
         mean = self.served if self.served is not None else served_rps
-        weight = self.interval_s / max(self.interval_s, lifetime_s or 0.0)
+        span = SERVED_LIFETIMES * (lifetime_s or 0.0)
+        weight = self.interval_s / max(self.interval_s, span)
         self.served = mean + weight * (served_rps - mean)
         return self.served
 

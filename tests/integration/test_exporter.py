@@ -421,10 +421,15 @@ async def test_gauges_under_load_equal_the_simulators(
 ) -> None:
     """A slow engine (one step every ~50 ms) with more requests than it runs at
     once; a scrape of the exporter between two equal scrapes of the simulator must
-    show the same running, waiting and KV usage."""
+    show the same running, waiting and KV usage. The requests are read to their
+    end (300 steps, longer than the deadline), so the load stays while the exporter
+    starts on a busy machine (streams left at their first token emptied the queue
+    before a CI run's exporter answered)."""
     async with start_sim(metrics_dialect=dialect, speed=0.02, max_num_seqs=2) as sim:
         load = [
-            asyncio.create_task(abandoned_chat(http, sim.url, words(60, 1000 * i)))
+            asyncio.create_task(
+                chat(http, sim.url, words(60, 1000 * i), 300, ignore_eos=True)
+            )
             for i in range(4)
         ]
         try:

@@ -107,14 +107,15 @@ def test_the_law_holds_the_count_in_flight_that_holds_the_setpoint() -> None:
     assert blind.update(0.7, 10.0, None, 25.0) == pytest.approx(10.0)
 
 
-def test_what_was_served_is_averaged_over_a_lifetime() -> None:
+def test_what_was_served_is_averaged_over_two_lifetimes() -> None:
     """Completions an interval echo the sends a lifetime ago: a burst of them moves
-    the law's idea of what the server takes by an interval's share of a lifetime."""
+    the law's idea of what the server takes by an interval's share of two
+    lifetimes."""
     law = ControlLaw("kv_cache_usage", 0.7, 0.5, 1000.0, rate=10.0, interval_s=1.0)
     at = Held(seen=70_000.0, count=140, each=500.0)
     law.update(0.7, 10.0, None, 10.0, at)
     law.update(0.7, 40.0, None, 10.0, at)
-    assert law.served == pytest.approx(13.0)
+    assert law.served == pytest.approx(11.5)
 
 
 def _gpu(t: float, _running: int) -> float:
@@ -127,28 +128,41 @@ def _cpu(_t: float, running: int) -> float:
     return min(200.0, 6000.0 / max(1, running))
 
 
+def _sim(_t: float, running: int) -> float:
+    """The simulator's profile: 36 tokens a second alone, slower in a batch."""
+    return 36.0 / (1 + running / 180)
+
+
 def _population(
     seed: int,
     rate: float | None,
     decode: Callable[[float, int], float] = _gpu,
     shape: tuple[int, int] = (256, 512),
     interval: float = 4.0,
+    cache: int = 80_000,
+    setpoint: float = 0.7,
+    scraped: bool = False,
 ) -> list[float]:
-    """Poisson arrivals of ``shape`` (prompt, output) tokens into a cache of 80,000
-    tokens in 16-token blocks, each request decoding at ``decode(t, running)``; KV
-    usage sampled every 0.5 s and steered every ``interval`` to 0.7 (``rate``
-    None) or sent at a fixed ``rate``. Returns each interval's mean usage."""
+    """Poisson arrivals of ``shape`` (prompt, output) tokens into a cache of
+    ``cache`` tokens in 16-token blocks, each request decoding at ``decode(t,
+    running)``; KV usage sampled every 0.5 s (``scraped``: read as Prometheus
+    gives it, a snapshot a second, a second late) and steered every ``interval``
+    to ``setpoint`` (``rate`` None) or sent at a fixed ``rate``. Returns each
+    interval's mean usage, as the law read it."""
     rng = random.Random(seed)
     sample, duration = 0.5, 600.0
-    law = ControlLaw("kv_cache_usage", 0.7, 0.1, 100.0, rate=2.0, interval_s=interval)
+    law = ControlLaw(
+        "kv_cache_usage", setpoint, 0.1, 100.0, rate=2.0, interval_s=interval
+    )
     held = HeldTokens()
     # id -> [sent, first token, tokens made], and its chunks' times
     running: dict[str, list[float]] = {}
     chunks: dict[str, list[float]] = {}
     prompt, output = shape
     t, arrive, n, served = 0.0, rng.expovariate(rate or law.rate), 0, 0
-    gauge: list[float] = []
-    model: list[float] = []
+    # (time, value) of the gauge and of the model, as the law reads them
+    gauge: list[tuple[float, float]] = []
+    model: list[tuple[float, float]] = []
     means = []
     while t < duration:
         t += sample
@@ -175,16 +189,20 @@ def _population(
                 held(_done(rid, r[0], r[1] - r[0], e2e, output, prompt, chunks=done))
                 served += 1
         blocks = sum(math.ceil((prompt + r[2]) / 16) for r in running.values())
-        gauge.append(blocks * 16 / 80_000)
-        model.append(held.held(t) or 0.0)
+        if not scraped or round(t / sample) % round(1.0 / sample) == 0:
+            gauge.append((t, blocks * 16 / cache))
+            model.append((t, held.held(t) or 0.0))
         if round(t / sample) % round(interval / sample):
             continue
-        measured = sum(gauge) / len(gauge)
+        late = 1.0 if scraped else 0.0
+        seen = [v for at, v in gauge if t - interval - late < at <= t - late]
+        measured = sum(seen) / len(seen)
         means.append(measured)
         found = held.shape()
         model_now = None
         if found is not None:
-            mean_model = sum(model) / len(model)
+            modelled = [v for at, v in model if t - interval - late < at <= t - late]
+            mean_model = sum(modelled) / len(modelled)
             model_now = Held(mean_model, len(held.inflight), found.mean_held)
         law.update(
             measured,
@@ -193,13 +211,16 @@ def _population(
             None if found is None else found.lifetime_s,
             model_now,
         )
-        gauge, model, served = [], [], 0
+        gauge = [(at, v) for at, v in gauge if at > t - late]
+        model = [(at, v) for at, v in model if at > t - late]
+        served = 0
     return means
 
 
-def _within(means: list[float], skip: int) -> float:
+def _within(means: list[float], skip: int, setpoint: float = 0.7) -> float:
     judged = means[skip:]
-    return sum(abs(m - 0.7) <= TOLERANCE * 0.7 for m in judged) / len(judged)
+    near = [abs(m - setpoint) <= TOLERANCE * setpoint for m in judged]
+    return sum(near) / len(judged)
 
 
 def test_the_law_holds_kv_usage_through_the_noise_of_arrivals_and_a_slowdown() -> None:
@@ -220,3 +241,23 @@ def test_the_law_holds_kv_usage_where_each_request_slows_the_others() -> None:
         means = _population(seed, None, _cpu, (256, 300), interval=1.0)
         assert _within(means, 30) >= 0.8, seed
         assert max(means[30:]) < 0.95, seed
+
+
+def test_the_law_does_not_pass_a_swing_of_the_rate_on_to_the_next_lifetime() -> None:
+    """Requests of one length (the simulator's cold-start case: 64 + 96 tokens, 16
+    blocks of 1,000 half full, read through Prometheus): what the server completes
+    an interval is what was sent a lifetime before, so a law that offers it back
+    repeats every swing of its rate a lifetime later. Averaged over one lifetime,
+    61-70 % of intervals held (mean 66 %); over two, 74-79 % (mean 76 %)."""
+    held = [
+        _within(
+            _population(
+                seed, None, _sim, (64, 96), 2.0, cache=16_000, setpoint=0.5,
+                scraped=True,
+            ),
+            15,
+            0.5,
+        )
+        for seed in range(6)
+    ]  # fmt: skip
+    assert sum(held) / len(held) >= 0.72, held
