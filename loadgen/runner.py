@@ -158,7 +158,9 @@ async def run_load(
                 f"{config.metrics_host}: {exc.strerror or exc}"
             ) from None
         try:
-            counter = await pick_counter(session, base, model, config.tokenizer)
+            counter = await pick_counter(
+                session, base, model, config.tokenizer, headers
+            )
             context = context_of(listing, model)
             prefix = (
                 await find_prefix_target(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -139,11 +139,12 @@ class ServerTokenizer:
 
     Sends ``{"model", "prompt", "add_special_tokens": false}`` (and the text again as
     ``content``, llama.cpp's name for it, which vLLM ignores) through the given
-    session; the answer's ``count`` (or the length of ``tokens``) is the count. A
-    failed call raises :class:`TargetError`.
+    session, with the run's request headers (llama-server's ``--api-key`` and a
+    gateway guard ``/tokenize`` too); the answer's ``count`` (or the length of
+    ``tokens``) is the count. A failed call raises :class:`TargetError`.
     """
 
-    __slots__ = ("model", "session", "timeout_s", "url")
+    __slots__ = ("headers", "model", "session", "timeout_s", "url")
 
     def __init__(
         self,
@@ -151,11 +152,13 @@ class ServerTokenizer:
         base_url: str,
         model: str,
         *,
+        headers: Mapping[str, str] | None = None,
         timeout_s: float = 30.0,
     ) -> None:
         self.session = session
         self.url = base_url.rstrip("/") + "/tokenize"
         self.model = model
+        self.headers = dict(headers or {})
         self.timeout_s = timeout_s
 
     @property
@@ -171,7 +174,9 @@ class ServerTokenizer:
             "content": text,
             "add_special_tokens": False,
         }
-        answer = await post_json(self.session, self.url, body, {}, self.timeout_s)
+        answer = await post_json(
+            self.session, self.url, body, self.headers, self.timeout_s
+        )
         count = _count_of(answer)
         if count is None:
             raise TargetError(f"POST {self.url}: no 'count' or 'tokens' in the answer")
@@ -193,9 +198,10 @@ async def pick_counter(
     base_url: str,
     model: str,
     tokenizer_path: str | None,
+    headers: Mapping[str, str] | None = None,
 ) -> TokenCounter:
-    """The counter for a run: ``--tokenizer``, else the target's ``/tokenize``, else
-    the estimate.
+    """The counter for a run: ``--tokenizer``, else the target's ``/tokenize`` (sent
+    the run's request ``headers``), else the estimate.
 
     A tokenizer path that cannot be used is a :class:`ConfigError`. The target is
     tried once with a short timeout; any failure (404, refused, bad answer) falls
@@ -203,14 +209,16 @@ async def pick_counter(
     """
     if tokenizer_path is not None:
         return await asyncio.to_thread(LocalTokenizer, tokenizer_path)
-    server = ServerTokenizer(session, base_url, model, timeout_s=PROBE_TIMEOUT_S)
+    server = ServerTokenizer(
+        session, base_url, model, headers=headers, timeout_s=PROBE_TIMEOUT_S
+    )
     try:
         probe = await server.count("hello world")
     except TargetError:
         return EstimateCounter()
     if probe <= 0:
         return EstimateCounter()
-    return ServerTokenizer(session, base_url, model)
+    return ServerTokenizer(session, base_url, model, headers=headers)
 
 
 # --- texts of a given token count ---------------------------------------------

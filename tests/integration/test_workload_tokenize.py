@@ -161,6 +161,29 @@ async def test_without_tokenize_the_counter_falls_back_to_the_estimate(
 
 
 @pytest.mark.asyncio
+async def test_a_guarded_tokenize_is_sent_the_runs_headers(
+    http: aiohttp.ClientSession,
+) -> None:
+    """llama-server's ``--api-key`` (and a gateway) guard ``/tokenize`` as well:
+    without the run's key the counter fell back to the estimate."""
+
+    async def guarded(request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != "Bearer sk-test":
+            return web.json_response({"error": "unauthorized"}, status=401)
+        body = await request.json()
+        return web.json_response({"count": len(body["prompt"].split())})
+
+    app = web.Application()
+    app.router.add_post("/tokenize", guarded)
+    key = {"Authorization": "Bearer sk-test"}
+    async with serve(app) as url:
+        assert (await pick_counter(http, url, "plain", None)).source == "estimate"
+        counter = await pick_counter(http, url, "plain", None, key)
+        assert counter.source == "server"
+        assert await counter.count("three words here") == 3
+
+
+@pytest.mark.asyncio
 async def test_a_tokenize_that_answers_garbage_falls_back_to_the_estimate(
     http: aiohttp.ClientSession,
 ) -> None:
