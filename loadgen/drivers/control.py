@@ -240,7 +240,7 @@ async def drive_control(
         setpoint=setpoint,
         interval_s=interval,
         source="prometheus" if c.prometheus else "direct",
-        settle_s=min(c.duration / 3, max(30.0, 10 * interval)),
+        settle_s=ControlResult.settle_for(c.duration, interval),
     )
     found.control = result
     ticking = asyncio.create_task(

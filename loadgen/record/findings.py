@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -111,6 +112,36 @@ class ControlResult:
     def mean_offered_rps(self) -> float | None:
         """The mean rate offered over the ticks."""
         return self.offered_sum / self.ticks if self.ticks else None
+
+    @staticmethod
+    def settle_for(duration_s: float, interval_s: float) -> float:
+        """The ticks not judged: ten intervals or 30 s, whichever is longer, but
+        no more than a third of the run."""
+        return min(duration_s / 3, max(30.0, 10 * interval_s))
+
+    @classmethod
+    def from_ticks(
+        cls, ticks: Sequence[Mapping[str, Any]], duration_s: float, source: str
+    ) -> ControlResult | None:
+        """The result again from ``control.jsonl``'s ticks, for a run that never
+        wrote its summary (killed): the interval is the ticks' median spacing and
+        the start one interval before the first (None without a tick)."""
+        if not ticks:
+            return None
+        times = [float(t["t_s"]) for t in ticks]
+        gaps = sorted(b - a for a, b in itertools.pairwise(times))
+        interval = gaps[len(gaps) // 2] if gaps else times[0]
+        result = cls(
+            signal=str(ticks[0]["signal"]),
+            setpoint=float(ticks[0]["setpoint"]),
+            interval_s=interval,
+            source=source,
+            settle_s=cls.settle_for(duration_s, interval),
+        )
+        start = times[0] - interval
+        for tick, at in zip(ticks, times, strict=True):
+            result.add(tick, at - start)
+        return result
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict, with ``within``."""

@@ -40,6 +40,7 @@ from typing import Any
 import orjson
 
 from servemon.core.errors import RecordError
+from servemon.loadgen.record.findings import ControlResult
 from servemon.loadgen.record.line import request_line, timing_from_line
 from servemon.loadgen.record.runrecord import (
     RunInfo,
@@ -216,7 +217,8 @@ def rebuild_summary(run_dir: Path, info: RunInfo) -> RunSummary:
 
     Stages are the ones ``run.json`` planned plus any a request names; throughput
     divides by the span of each stage's requests, since how far a stage got is
-    not known. The status is ``unfinished``.
+    not known. A control run's section comes back from ``control.jsonl``. The
+    status is ``unfinished``.
     """
     slo = info.terms()
     tally = Tally(slo)
@@ -253,8 +255,26 @@ def rebuild_summary(run_dir: Path, info: RunInfo) -> RunSummary:
         slo=[str(t) for t in slo],
         stop_reason=UNFINISHED,
         rebuilt_from="requests.jsonl",
+        control=_rebuilt_control(run_dir, info),
         **tally.groups(stages, durations),
     )
+
+
+def _rebuilt_control(run_dir: Path, info: RunInfo) -> ControlResult | None:
+    """What a killed ``servemon control`` held, from its ``control.jsonl``."""
+    ticks = [
+        t
+        for t in read_jsonl(run_dir / "control.jsonl")
+        if isinstance(t.get("t_s"), int | float) and "signal" in t and "setpoint" in t
+    ]
+    source = "prometheus" if info.config.get("prometheus") else "direct"
+    duration = info.config.get("duration")
+    if not isinstance(duration, int | float):
+        duration = ticks[-1]["t_s"] if ticks else 0.0
+    try:
+        return ControlResult.from_ticks(ticks, float(duration), source)
+    except (KeyError, TypeError, ValueError):
+        return None  # not ticks servemon wrote: the summary goes without
 
 
 def read_run(path: Path) -> RunResult:

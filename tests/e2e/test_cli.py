@@ -311,3 +311,48 @@ def test_ctrl_c_twice_stops_a_ramp_and_report_reads_what_it_left(
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     assert summary["overall"]["requests"] == len(records)
+
+
+def test_ctrl_c_stops_a_control_run_and_keeps_its_ticks(
+    servemon: Any, tmp_path: Path
+) -> None:
+    """A control run stopped by Ctrl-C keeps every tick it took: in
+    ``control.jsonl``, in the summary's controller section and in the report
+    ``servemon report`` makes again."""
+    out = tmp_path / "runs"
+    cli = servemon(
+        "control", "--sim-profile", "tiny", "--hold", "waiting=4",
+        "--duration", "120", "--control-interval", "0.5", "--sample-interval", "0.25",
+        "--metrics-port", "0", "--workload", "random:prompt=16,output=8",
+        "--out", str(out),
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    ticks: list[str] = []
+    while len(ticks) < 4:
+        assert cli.proc.poll() is None, cli.stderr
+        assert time.monotonic() < deadline, cli.stdout
+        found = list(out.glob("*/control.jsonl"))
+        ticks = found[0].read_text().splitlines() if found else []
+        time.sleep(0.1)
+    os.killpg(cli.pid, signal.SIGINT)
+    assert cli.wait(30) == 130, cli.stderr
+    assert "Traceback" not in cli.stderr
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    lines = (run_dir / "control.jsonl").read_text().splitlines()
+    kept = [json.loads(line) for line in lines]
+    assert len(kept) >= len(ticks)
+    assert all(t["signal"] == "waiting" for t in kept)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert summary["control"]["ticks"] == len(kept)
+
+    (run_dir / "report.html").unlink()
+    report = subprocess.run(
+        [*SERVEMON, "report", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert report.returncode == 0, report.stderr
+    assert "<h2 id='control'>Control</h2>" in (run_dir / "report.html").read_text()

@@ -239,6 +239,52 @@ def test_kill_9_leaves_valid_records_and_no_simulator_behind(
     assert "did not finish" in page
 
 
+def _ticks(path: Path) -> list[dict[str, Any]]:
+    """The whole lines of a ``control.jsonl`` (the last may be cut by a kill)."""
+    lines = path.read_text(encoding="utf-8").split("\n")[:-1]
+    return [json.loads(line) for line in lines]
+
+
+def test_kill_9_of_a_control_run_keeps_what_it_held_in_the_rebuilt_summary(
+    servemon: Callable[..., Any], tmp_path: Path
+) -> None:
+    out = tmp_path / "runs"
+    cli = servemon(
+        "control", "--sim-profile", "tiny", "--hold", "waiting=4",
+        "--duration", "120", "--control-interval", "0.5", *QUICK, "--out", str(out),
+    )  # fmt: skip
+    ticks = poll(
+        lambda: next(
+            (
+                lines
+                for path in out.glob("*/control.jsonl")
+                if len(lines := _ticks(path)) >= 4
+            ),
+            None,
+        ),
+        60,
+        "four control ticks",
+    )
+    os.kill(cli.pid, signal.SIGKILL)
+    assert cli.wait(10) == -signal.SIGKILL
+    (run_dir,) = list(out.iterdir())
+    kept = _ticks(run_dir / "control.jsonl")
+    assert len(kept) >= len(ticks)
+    report = servemon("report", str(run_dir))
+    assert report.wait(60) == 0, report.stderr
+    summary = read_json(run_dir / "summary.json")
+    assert summary["status"] == "unfinished"
+    held = summary["control"]
+    assert (held["signal"], held["setpoint"], held["ticks"]) == (
+        "waiting",
+        4.0,
+        len(kept),
+    )
+    assert held["interval_s"] == pytest.approx(0.5, abs=0.1)
+    page = (run_dir / "report.html").read_text(encoding="utf-8")
+    assert "<h2 id='control'>Control</h2>" in page
+
+
 def test_no_secret_reaches_the_run_directory_or_the_output(
     servemon: Callable[..., Any], tmp_path: Path
 ) -> None:
