@@ -298,17 +298,7 @@ def test_ctrl_c_twice_stops_a_ramp_and_report_reads_what_it_left(
     ]
     assert any(r["outcome"] == "cancelled" for r in records), records
 
-    (run_dir / "report.html").unlink()
-    report = subprocess.run(
-        [*SERVEMON, "report", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert report.returncode == 0, report.stderr
-    assert report.stdout.strip() == str(run_dir / "report.html")
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = _report_again(run_dir)
     assert summary["status"] == "interrupted"
     assert summary["overall"]["requests"] == len(records)
 
@@ -342,10 +332,14 @@ def test_ctrl_c_stops_a_control_run_and_keeps_its_ticks(
     kept = [json.loads(line) for line in lines]
     assert len(kept) >= len(ticks)
     assert all(t["signal"] == "waiting" for t in kept)
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = _report_again(run_dir)
     assert summary["status"] == "interrupted"
     assert summary["control"]["ticks"] == len(kept)
+    assert "<h2 id='control'>Control</h2>" in (run_dir / "report.html").read_text()
 
+
+def _report_again(run_dir: Path) -> dict[str, Any]:
+    """``servemon report`` on a stopped run, its page made again; the summary."""
     (run_dir / "report.html").unlink()
     report = subprocess.run(
         [*SERVEMON, "report", str(run_dir)],
@@ -355,4 +349,6 @@ def test_ctrl_c_stops_a_control_run_and_keeps_its_ticks(
         check=False,
     )
     assert report.returncode == 0, report.stderr
-    assert "<h2 id='control'>Control</h2>" in (run_dir / "report.html").read_text()
+    assert report.stdout.strip() == str(run_dir / "report.html")
+    summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
+    return summary
