@@ -307,7 +307,7 @@ async def _ticks(
         while (now := time.monotonic()) < due:
             if held is not None and (tokens := held.held(now)) is not None:
                 modelled.append((now, tokens))
-            if backlog is not None:
+            if backlog is not None and signal == "waiting":
                 unanswered.append((now, backlog.count()))
             await asyncio.sleep(min(every, due - now))
         sent, served = ctx.sent, window.served
@@ -341,11 +341,13 @@ async def _ticks(
             model = None
             if held is not None:
                 model = held_model(held, modelled, now, interval, lag)
-            seen = window_mean(unanswered, now - span - lag, now - lag)
             value = measured
-            if estimate is not None and seen is not None and queue is not None:
-                # Through Prometheus the law steers the queue now, not a scrape ago.
-                value = steered = estimate.update(measured, seen, queue)
+            if estimate is not None and queue is not None:
+                # Through Prometheus the law steers the queue now, not a scrape
+                # ago: the client's count then (``seen``) calibrates the gauge.
+                seen = window_mean(unanswered, now - span - lag, now - lag)
+                if seen is not None:
+                    value = steered = estimate.update(measured, seen, queue)
             offered = law.update(value, served_rps, queue, lifetime, model)
             state = "unreachable" if law.unreachable else "tracking"
             state = "draining" if law.draining else state

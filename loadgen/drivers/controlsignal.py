@@ -122,12 +122,12 @@ class QueueEstimate:
 
     offset: float | None = None
 
-    def update(self, measured: float, seen: float, now: float) -> float:
+    def update(self, measured: float, seen: float, count: float) -> float:
         """The queue now, given the gauge over its window, the client's count over
-        the same window and over the last interval."""
+        the same window (``seen``) and over the last interval (``count``)."""
         gap = measured - seen
         if self.offset is None:
             self.offset = gap
         else:
             self.offset += OFFSET_ALPHA * (gap - self.offset)
-        return max(0.0, now + self.offset)
+        return max(0.0, count + self.offset)
