@@ -493,6 +493,6 @@ def test_a_queue_through_prometheus_is_the_clients_count_and_the_gauges_offset()
     estimate = QueueEstimate()
     assert estimate.update(40.0, 45.0, 80.0) == 75.0
     for _ in range(20):
-        now = estimate.update(65.0, 45.0, 45.0)
-    assert now == pytest.approx(65.0, abs=0.1)
+        queue = estimate.update(65.0, 45.0, 45.0)
+    assert queue == pytest.approx(65.0, abs=0.1)
     assert estimate.update(0.0, 90.0, 0.0) == 0.0  # never below an empty queue
