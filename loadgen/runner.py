@@ -134,13 +134,13 @@ async def run_load(
     mix = plan.mix
     async with make_session(settings) as session:
         model, listing = await discover_model(
-            session, base, None if mix else config.model
+            session, base, None if mix else config.model, headers
         )
         if mix is not None:
             check_served(base, listing, mix.names)
             model = ",".join(mix.names)
         version, gpus = await asyncio.gather(
-            target_version(session, base), asyncio.to_thread(local_gpus)
+            target_version(session, base, headers), asyncio.to_thread(local_gpus)
         )
         given = config
         scrape = await scrape_interval_of(session, config, progress)
@@ -268,7 +268,7 @@ async def _execute(
     arrival: Arrival,
     scrape: ScrapeInterval | None,
 ) -> RunResult:
-    sampler = make_sampler(ctx.config, ctx.session, ctx.base, ctx.sampled)
+    sampler = make_sampler(ctx.config, ctx.session, ctx.base, ctx.sampled, ctx.headers)
     c = ctx.config
     energy, said = await open_energy(
         c.energy,

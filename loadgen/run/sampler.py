@@ -50,7 +50,9 @@ def parse_engine_samples(
 
 
 class ServerSampler:
-    """Scrapes ``url`` every ``interval_s`` and hands each sample to ``sink``."""
+    """Scrapes ``url`` every ``interval_s`` and hands each sample to ``sink``,
+    sending ``headers`` (the run's request headers: llama-server's ``--api-key``
+    guards ``/metrics``)."""
 
     def __init__(
         self,
@@ -60,9 +62,11 @@ class ServerSampler:
         *,
         interval_s: float = 1.0,
         timeout_s: float = 2.0,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self._session = session
         self._url = url
+        self._headers = dict(headers or {})
         self._sink = sink
         self._interval = interval_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -76,7 +80,9 @@ class ServerSampler:
         """One scrape; the samples, or None after recording an error line."""
         now = time.monotonic()
         try:
-            async with self._session.get(self._url, timeout=self._timeout) as resp:
+            async with self._session.get(
+                self._url, headers=self._headers, timeout=self._timeout
+            ) as resp:
                 if resp.status != 200:
                     raise ValueError(f"HTTP {resp.status}")
                 text = (await read_body(resp)).decode("utf-8")

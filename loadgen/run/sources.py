@@ -53,15 +53,18 @@ def make_sampler(
     session: aiohttp.ClientSession,
     base: str,
     sink: Callable[[Mapping[str, Any]], None],
+    headers: Mapping[str, str] | None = None,
 ) -> ServerSampler | PrometheusSampler:
-    """What reads the server's signals: the target's ``/metrics`` (the default),
-    or Prometheus' queries over ``--select`` (``--prometheus``)."""
+    """What reads the server's signals: the target's ``/metrics`` (the default,
+    sent the run's request ``headers``), or Prometheus' queries over ``--select``
+    (``--prometheus``, with Prometheus' own headers)."""
     if c.prometheus is None:
         return ServerSampler(
             session,
             base + "/metrics",
             sink,
             interval_s=c.sample_interval,
+            headers=headers,
         )
     return PrometheusSampler(
         session,

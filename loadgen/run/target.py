@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,11 +26,18 @@ __all__ = [
 ]
 
 
-async def target_version(session: aiohttp.ClientSession, base_url: str) -> str | None:
-    """The engine version from ``/version`` (vLLM has it), else None."""
+async def target_version(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    headers: Mapping[str, str] | None = None,
+) -> str | None:
+    """The engine version from ``/version`` (vLLM has it), else None; sent the
+    run's request ``headers`` like every call to the target."""
     try:
         async with session.get(
-            base_url.rstrip("/") + "/version", timeout=aiohttp.ClientTimeout(total=5)
+            base_url.rstrip("/") + "/version",
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=5),
         ) as resp:
             if resp.status != 200:
                 return None
@@ -87,12 +94,19 @@ def context_of(listing: Any, model: str) -> int | None:
 
 
 async def discover_model(
-    session: aiohttp.ClientSession, base_url: str, model: str | None
+    session: aiohttp.ClientSession,
+    base_url: str,
+    model: str | None,
+    headers: Mapping[str, str] | None = None,
 ) -> tuple[str, Any]:
-    """The model to use (``model`` or the first of ``/v1/models``) and the listing."""
+    """The model to use (``model`` or the first of ``/v1/models``) and the listing;
+    ``/v1/models`` is sent the run's request ``headers`` (vLLM's and
+    llama-server's ``--api-key`` guard it)."""
     url = base_url.rstrip("/") + "/v1/models"
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+        async with session.get(
+            url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)
+        ) as resp:
             if resp.status != 200:
                 raise TargetError(f"{url}: HTTP {resp.status}")
             listing = json.loads(await read_body(resp))

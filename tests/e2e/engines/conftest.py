@@ -229,6 +229,20 @@ def llama_server(
         yield engine
 
 
+#: The API key of :func:`llama_server_with_key`.
+LLAMA_API_KEY = "sk-llama-SECRET-7"
+
+
+@pytest.fixture
+def llama_server_with_key(models: Models, tmp_path: Path) -> Iterator[Engine]:
+    """llama-server behind ``--api-key``: every path but ``/health`` (the API,
+    ``/v1/models``, ``/tokenize``, ``/metrics``) answers 401 without the key."""
+    port = free_port()
+    argv = [*llama_argv(models, port), "--api-key", LLAMA_API_KEY]
+    with run_engine("llama-server", argv, tmp_path / "server.log", port) as engine:
+        yield engine
+
+
 # --- vLLM --------------------------------------------------------------------------
 
 #: The model name vLLM serves (and the exporter's ``model`` label).

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servemon.monitor.config import ExporterConfig, TargetConfig
 from servemon.monitor.exporter import Exporter
+from tests.e2e.engines.conftest import LLAMA_API_KEY
 
 #: The fixtures' types (conftest.Engine, conftest.Models), not imported here.
 Engine = Any
@@ -297,6 +298,39 @@ def test_llama_server_cancellations_free_its_slots(
         30,
         "llama-server slots freed",
     )
+
+
+def test_a_run_against_llama_server_behind_an_api_key_sends_it_everywhere(
+    llama_server_with_key: Engine, servemon: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The key from ``SERVEMON_API_KEY`` goes to every call servemon makes to the
+    target: the model listing (a run failed at once with ``/v1/models: HTTP
+    401``), ``/tokenize`` (the prompts' lengths fell back to the estimate) and
+    ``/metrics`` (the server's signals were never read), and to nothing it
+    writes."""
+    url = llama_server_with_key.url
+    with urllib.request.urlopen(url + "/health", timeout=5) as resp:
+        assert resp.status == 200
+    out = tmp_path / "runs"
+    cli = servemon(
+        "ramp", "--target", url, "--stages", "2:4", "--out", str(out),
+        "--workload", "random:prompt=32,output=8", "--metrics-port", "0",
+        env={"SERVEMON_API_KEY": LLAMA_API_KEY},
+    )  # fmt: skip
+    assert cli.wait(RUN_TIMEOUT_S) == 0, cli.stderr[-3000:]
+    (run_dir,) = list(out.iterdir())
+    rows = requests_of(run_dir)
+    assert rows
+    assert {row["outcome"] for row in rows} == {"ok"}
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["workload"]["token_source"] == "server"
+    assert info["server_metrics"]["scrapes"] > 0
+    assert info["server_metrics"]["errors"] == 0
+    assert info["server_metrics"]["engine_info"]["engine"] == "llamacpp"
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert LLAMA_API_KEY.encode() not in path.read_bytes(), path
+    assert LLAMA_API_KEY not in cli.stdout + cli.stderr
 
 
 async def probe_until_ok(url: str, name: str) -> dict[tuple[str, Any], float]:
