@@ -115,20 +115,17 @@ def _healthy(url: str) -> bool:
         return False
 
 
-@contextlib.contextmanager
-def run_engine(
+def spawn_engine(
     name: str,
     argv: list[str],
     log: Path,
     port: int,
     *,
     env: dict[str, str] | None = None,
-    start_timeout_s: float = START_TIMEOUT_S,
     own_session: bool = True,
-) -> Iterator[Engine]:
-    """Start ``argv`` in its own process group (and session, unless told), wait for
-    ``/health`` (or fail with its log), kill the group after."""
-    url = f"http://127.0.0.1:{port}"
+) -> Engine:
+    """Start ``argv`` in its own process group (and session, unless told); it is not
+    ready until :func:`wait_healthy` says so, and :func:`kill_engine` ends it."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
             argv,
@@ -144,20 +141,48 @@ def run_engine(
                 **(env or {}),
             },
         )
-    engine = Engine(name, url, proc, log)
+    return Engine(name, f"http://127.0.0.1:{port}", proc, log)
+
+
+def wait_healthy(engine: Engine, timeout_s: float) -> Engine:
+    """``engine`` once it answers ``/health``; fail with its log if it exits or
+    does not answer within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not _healthy(engine.url):
+        if engine.proc.poll() is not None:
+            pytest.fail(
+                f"{engine.name} exited {engine.proc.returncode}: {engine.log_tail()}"
+            )
+        if time.monotonic() > deadline:
+            pytest.fail(f"{engine.name} not healthy in {timeout_s} s")
+        time.sleep(0.2)  # a poll interval under a deadline, not a readiness wait
+    return engine
+
+
+def kill_engine(engine: Engine) -> None:
+    """Kill ``engine``'s process group and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(engine.proc.pid, signal.SIGKILL)
+    engine.proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def run_engine(
+    name: str,
+    argv: list[str],
+    log: Path,
+    port: int,
+    *,
+    env: dict[str, str] | None = None,
+    start_timeout_s: float = START_TIMEOUT_S,
+    own_session: bool = True,
+) -> Iterator[Engine]:
+    """``argv`` started, healthy, and killed after."""
+    engine = spawn_engine(name, argv, log, port, env=env, own_session=own_session)
     try:
-        deadline = time.monotonic() + start_timeout_s
-        while not _healthy(url):
-            if proc.poll() is not None:
-                pytest.fail(f"{name} exited {proc.returncode}: {engine.log_tail()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"{name} not healthy in {start_timeout_s} s")
-            time.sleep(0.2)  # a poll interval under a deadline, not a readiness wait
-        yield engine
+        yield wait_healthy(engine, start_timeout_s)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        kill_engine(engine)
 
 
 #: Transformers Serve's continuous batching sizes its paged cache from the machine's
@@ -166,6 +191,12 @@ def run_engine(
 #: 2026-12-05). Pinned like vLLM's: 64 pages of 256 tokens, 2,048 tokens a batch
 #: (about 0.6 GB RSS), room for every load the tests send.
 TRANSFORMERS_CB_CACHE = ("--cb-num-blocks", "64", "--cb-max-batch-tokens", "2048")
+
+
+#: One OpenMP thread, as llama-server gets ``--threads 1``: the tiny model gains
+#: nothing from a second, and a second thread waiting for work spins on the core the
+#: other tests need.
+TRANSFORMERS_ENV = {"OMP_NUM_THREADS": "1"}
 
 
 def transformers_argv(models: Models, port: int, *, cb: bool) -> list[str]:
@@ -223,7 +254,9 @@ def transformers_serve(
     port = free_port()
     log = tmp_path_factory.mktemp("transformers") / "serve.log"
     argv = transformers_argv(models, port, cb=request.param)
-    with run_engine("transformers-serve", argv, log, port) as engine:
+    with run_engine(
+        "transformers-serve", argv, log, port, env=TRANSFORMERS_ENV
+    ) as engine:
         yield engine
 
 
@@ -319,39 +352,54 @@ def vllm_argv(
     ]
 
 
-@contextlib.contextmanager
-def vllm_engine(argv: list[str], port: int, folder: Path) -> Iterator[Engine]:
-    """vLLM started from ``argv``, killed after."""
-    with run_engine(
-        "vllm",
-        argv,
-        folder / "server.log",
-        port,
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"},
-        start_timeout_s=VLLM_START_TIMEOUT_S,
-        # In pytest's session, with the servemon runs of its tests: the CPU is
-        # shared between sessions first (tests/e2e/conftest.py, ``servemon``).
-        own_session=False,
-    ) as engine:
-        yield engine
+#: vLLM's environment in the tests: the cache's room (GiB; the block count is pinned
+#: by ``--num-gpu-blocks-override``) and a quiet log.
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
 
 
 @pytest.fixture(scope="session")
-def vllm_server(
+def vllm_engines(
     vllm_model: VllmModel, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Engine]:
-    """vLLM's CPU build, started once for the whole session."""
-    port = free_port()
-    folder = tmp_path_factory.mktemp("vllm")
-    with vllm_engine(vllm_argv(vllm_model, port), port, folder) as engine:
-        yield engine
+) -> Iterator[dict[str, Engine]]:
+    """The tier's two vLLMs, started together and killed at the end of the session:
+    ``small`` (:data:`VLLM_BLOCKS`, :data:`VLLM_MAX_NUM_SEQS`) for every test but
+    one, ``large`` (:data:`VLLM_LARGE_BLOCKS`) for holding KV usage. Two starts at
+    once took 38 s on the 2-core machine, one alone 32 s (2026-12-05), and an idle
+    vLLM takes about 1 % of a core, so the second costs the session about 6 s
+    where starting it for its test cost 32. Each is in pytest's session, with the
+    servemon runs of its tests: the CPU is shared between sessions first
+    (tests/e2e/conftest.py, ``servemon``)."""
+    shapes = {
+        "small": (VLLM_BLOCKS, VLLM_MAX_NUM_SEQS),
+        "large": (VLLM_LARGE_BLOCKS, VLLM_LARGE_MAX_NUM_SEQS),
+    }
+    with contextlib.ExitStack() as started:
+        engines: dict[str, Engine] = {}
+        for size, (blocks, max_num_seqs) in shapes.items():
+            port = free_port()
+            folder = tmp_path_factory.mktemp(f"vllm-{size}")
+            argv = vllm_argv(vllm_model, port, blocks, max_num_seqs)
+            engine = spawn_engine(
+                "vllm",
+                argv,
+                folder / "server.log",
+                port,
+                env=VLLM_ENV,
+                own_session=False,
+            )
+            started.callback(kill_engine, engine)
+            engines[size] = engine
+        yield engines
 
 
-@pytest.fixture
-def vllm_large_cache(vllm_model: VllmModel, tmp_path: Path) -> Iterator[Engine]:
-    """A second vLLM with a cache of 1,024 blocks and 256 slots, for its test only
-    (an idle vLLM takes no CPU, so the session's waits beside it)."""
-    port = free_port()
-    argv = vllm_argv(vllm_model, port, VLLM_LARGE_BLOCKS, VLLM_LARGE_MAX_NUM_SEQS)
-    with vllm_engine(argv, port, tmp_path) as engine:
-        yield engine
+@pytest.fixture(scope="session")
+def vllm_server(vllm_engines: dict[str, Engine]) -> Engine:
+    """vLLM's CPU build with a small cache, for the whole session."""
+    return wait_healthy(vllm_engines["small"], VLLM_START_TIMEOUT_S)
+
+
+@pytest.fixture(scope="session")
+def vllm_large_cache(vllm_engines: dict[str, Engine]) -> Engine:
+    """The vLLM with a cache of 1,024 blocks and 256 slots, for holding KV usage
+    (no other test sends it anything)."""
+    return wait_healthy(vllm_engines["large"], VLLM_START_TIMEOUT_S)
