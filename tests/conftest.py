@@ -67,7 +67,7 @@ ENGINES = Path(__file__).parent / "e2e" / "engines"
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Groups for pytest-xdist's ``--dist loadgroup`` (``scripts/test`` runs the
-    rest of the suite on four workers): what shares a fixture shares a worker.
+    rest of the suite on five workers): what shares a fixture shares a worker.
 
     Each module's tests stay together, so its module-scoped stack (Prometheus,
     nginx, a fleet of simulators) is started once. The real engines' tests are one
