@@ -103,8 +103,9 @@ class ControlLaw:
     the way each interval); the setpoint over the scale, over what a request holds
     on average over its life, is the count wanted; and the law offers what the
     server served (its mean over :data:`SERVED_LIFETIMES` lifetimes: completions
-    an interval echo the sends of a lifetime ago) plus the count's error spread
-    over ``drain`` intervals or :data:`SPREAD_LIFETIMES` of a lifetime. The count
+    an interval echo the sends of a lifetime ago; in the start, the rate sent where
+    that is higher) plus the count's error spread over ``drain`` intervals or
+    :data:`SPREAD_LIFETIMES` of a lifetime. The count
     is the client's own, without lag, so a bunch of arrivals is answered when it
     happens, and how fast the server then serves does not matter. Until the model
     has a shape (a few requests finished), the integral step with the proportional
@@ -221,7 +222,11 @@ class ControlLaw:
             step = math.log(max(wanted, 1e-9) / self.rate)
         elif self.signal == "kv_cache_usage" and held and held.seen > 0 < measured:
             served = self._served(served_rps, lifetime_s)
-            wanted = self._count_law(measured, held, served, lifetime_s)
+            # In the start, far below the setpoint, the server takes all it is
+            # sent, and what it served lags the rate by a lifetime: the rate sent
+            # is the base (as the queue law's without a queue).
+            base = max(served, self.rate) if self.starting else served
+            wanted = self._count_law(measured, held, base, lifetime_s)
             step = math.log(max(wanted, 1e-9) / self.rate)
             # From what the server served at once, then as the start may (the
             # count has no lag and is bounded by its error).

@@ -12,7 +12,8 @@ the margins are for a busy 2-core machine, where a load average of 6 (other
 sessions, a vLLM server) stalls the simulator for seconds. KV usage is the
 weaker case: its requests live under two ticks, and with what was served
 averaged over one lifetime it held 31-55 % of ticks (one CI run 31 %); over two,
-reached at 36 s, then 57-61 % (three runs alone, 2026-12-05).
+reached at 36 s, then 57-61 % (three runs alone, 2026-12-05); with the start
+growing from the rate sent, 24 and 34 s, then 53 and 59 % (two runs).
 Without the start phase a queue of 48 behind the same batch (64-token requests,
 about 8 req/s) was reached at 60 s (measured once, the start turned off); with
 the 15 s once assumed for the scrape interval the control interval is 32 s, two

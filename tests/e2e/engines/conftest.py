@@ -4,8 +4,8 @@
 ``scripts/vllm`` vLLM's CPU build into ``.venv-vllm`` (``scripts/test`` runs both
 first); without them the tier is skipped, except under CI, where it fails. vLLM's
 tests (``test_vllm*.py``) also carry the ``vllm`` marker, so that ``-m vllm`` runs
-them alone and ``-m "engines and not vllm"`` the others; vLLM starts once per test
-session (it takes one to two minutes). The models
+them alone and ``-m "engines and not vllm"`` the others; the tier's two vLLMs start
+together once per test session (about 40 s). The models
 come from ``make_models.py`` (random weights, a few MB, nothing downloaded). Each
 server runs as its own process on a free loopback port, is polled until it answers
 ``/health`` (with a deadline, never a sleep), and is killed at the end of the module
