@@ -44,6 +44,7 @@ from servemon.loadgen.reports.compare import (
     write_compare,
 )
 from servemon.loadgen.reports.report import write_report
+from servemon.loadgen.reports.significance import Difference
 from servemon.simulator.config import SimConfig
 from servemon.simulator.server import SimServer
 from tests.support.runs import config_for, requests_of, run
@@ -77,6 +78,13 @@ TRUE_RATIO = 1.25
 TRUE_LOW = (50 + 0.4) / (40 + 0.4)
 #: Figures whose value rests on every request of a repeat: a mean, a rate.
 WHOLE = ("output tok/s", "requests/s", "TTFT mean ms", "TPOT mean ms", "E2E mean s")
+#: How far from 1 a ratio's whole interval may lie when two runs of one
+#: configuration are called different. The simulator's steps run late by what the
+#: machine's load takes from them, and that load moves between two runs (the
+#: suite's other workers beside): in a fresh-clone run on five workers (2026-12-05)
+#: the second run's TPOT at 40 req/s was 0.05-1.2 % lower, [0.9880-0.9995], and
+#: called faster, truly of those two runs. A difference a user acts on is larger.
+DRIFT = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,12 +132,24 @@ def differences(c: Comparison) -> dict[tuple[str, str], str]:
     return {key: verdict_text(d) for key, d in c.differences[0].items()}
 
 
+def _alike(d: Difference) -> bool:
+    """No difference, or one inside the machine's drift (:data:`DRIFT`)."""
+    if d.verdict == "no difference":
+        return True
+    return (
+        d.low is not None
+        and d.high is not None
+        and d.low >= 1 - DRIFT
+        and d.high <= 1 + DRIFT
+    )
+
+
 def test_the_same_configuration_twice_is_called_no_different(runs: Runs) -> None:
     c = compare([runs.same_a.path, runs.same_b.path])
     found = c.differences[0]
     whole = [d for (_, figure), d in found.items() if figure in WHOLE]
     assert len(whole) == len(WHOLE) * len(LEVELS)
-    assert all(d.verdict == "no difference" for d in whole), differences(c)
+    assert all(_alike(d) for d in whole), differences(c)
     assert {d.basis for d in whole} == {"repeats"}
     assert "resting on repeats" in verdict_notes(c)[0]
 
