@@ -365,9 +365,10 @@ def vllm_engines(
     ``small`` (:data:`VLLM_BLOCKS`, :data:`VLLM_MAX_NUM_SEQS`) for every test but
     one, ``large`` (:data:`VLLM_LARGE_BLOCKS`) for holding KV usage. Two starts at
     once took 38 s on the 2-core machine, one alone 32 s (2026-12-05), and an idle
-    vLLM takes about 1 % of a core, so the second costs the session about 6 s
-    where starting it for its test cost 32. Each is in pytest's session, with the
-    servemon runs of its tests: the CPU is shared between sessions first
+    vLLM takes about 1 % of a core; in one run of the tier each way the tier took
+    374 s (the KV test 30 s shorter, the first test, which waits for the start, 20 s
+    longer), so the gain is within the tier's spread. Each is in pytest's session,
+    with the servemon runs of its tests: the CPU is shared between sessions first
     (tests/e2e/conftest.py, ``servemon``)."""
     shapes = {
         "small": (VLLM_BLOCKS, VLLM_MAX_NUM_SEQS),
