@@ -38,7 +38,7 @@ from servemon.loadgen.record.runrecord import (
     write_record,
 )
 from servemon.loadgen.run.config import LoadConfig, auth_headers
-from servemon.loadgen.run.context import Driven, RunContext
+from servemon.loadgen.run.context import Drive, Driven, RunContext
 from servemon.loadgen.run.energy import EnergySampler, open_energy
 from servemon.loadgen.run.live import LiveMetrics
 from servemon.loadgen.run.plan import (
@@ -93,7 +93,7 @@ __all__ = [
     "run_load",
 ]
 
-Driver = Callable[[RunContext, Stopper, Arrival, Driven], Awaitable[None]]
+Driver = Callable[[Drive, Driven], Awaitable[None]]
 #: The driver of each kind of load run.
 DRIVERS: dict[Kind, Driver] = {
     "ramp": drive_ramp,
@@ -190,7 +190,6 @@ async def run_load(
                 live=live,
                 workload=workload,
                 headers=headers,
-                slo=slo,
                 stages=stages,
                 progress=progress,
                 stopper=stop,
@@ -246,9 +245,9 @@ async def run_load(
                 # every model asked for; not recorded.
                 await send_warm(
                     session,
-                    ctx.url,
+                    ctx.sender.url,
                     [
-                        ctx.body_of(prompt, name)
+                        ctx.sender.body_of(prompt, name)
                         for name in (mix.names if mix else (model,))
                         for prompt in workload.warm
                     ],
@@ -256,7 +255,7 @@ async def run_load(
                     config.timeout,
                 )
             with hold_cpu_latency(config.cpu_dma_latency):
-                return await _execute(ctx, info, stop, arrival, scrape)
+                return await _execute(ctx, info, arrival, scrape)
         finally:
             await live.stop()
 
@@ -264,7 +263,6 @@ async def run_load(
 async def _execute(
     ctx: RunContext,
     info: RunInfo,
-    stop: Stopper,
     arrival: Arrival,
     scrape: ScrapeInterval | None,
 ) -> RunResult:
@@ -291,7 +289,7 @@ async def _execute(
     status = "failed"
     found = Driven()
     try:
-        await DRIVERS[ctx.kind](ctx, stop, arrival, found)
+        await DRIVERS[ctx.kind](ctx.drive(arrival), found)
         status = "interrupted" if found.interrupted else "completed"
         if ctx.stop_reason is not None:
             status = "aborted"
@@ -341,7 +339,7 @@ def _finish(
         status=status,
         stages=stages,
         overall=overall,
-        slo=[str(t) for t in ctx.slo],
+        slo=[str(t) for t in ctx.config.slo],
         stop_reason=ctx.stop_reason,
         capacity=found.capacity,
         control=found.control,

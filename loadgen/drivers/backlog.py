@@ -53,7 +53,8 @@ OWED_MAX = 3.0
 @dataclass(slots=True)
 class PrefillBacklog:
     """Prompt tokens sent and not yet answered with a first token (a starter,
-    first-token listener and sink of :class:`~loadgen.run.context.RunContext`)."""
+    first-token listener and sink of the sender's
+    :class:`~loadgen.run.sender.Hooks`)."""
 
     tau_s: float
     gain: float = PACE_GAIN

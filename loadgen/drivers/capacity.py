@@ -44,7 +44,7 @@ from servemon.loadgen.run.clientwatch import (
     fell_behind,
     lag_median,
 )
-from servemon.loadgen.run.context import Driven, RunContext
+from servemon.loadgen.run.context import Drive, Driven
 from servemon.loadgen.run.plan import (
     LOOPBACK_RPS_MAX,
     StageRecord,
@@ -53,8 +53,7 @@ from servemon.loadgen.run.plan import (
     step_seconds,
 )
 from servemon.loadgen.run.reading import Reading
-from servemon.loadgen.send.arrivals import Arrival, Stage
-from servemon.loadgen.send.stopping import Stopper
+from servemon.loadgen.send.arrivals import Stage
 from servemon.loadgen.send.timing import RequestTiming
 
 __all__ = ["CapacityResult", "StepVerdict", "drive_capacity"]
@@ -206,11 +205,10 @@ def _judge(
     )
 
 
-async def drive_capacity(
-    ctx: RunContext, stop: Stopper, arrival: Arrival, found: Driven
-) -> None:
+async def drive_capacity(run: Drive, found: Driven) -> None:
     """Run the search (see the module docstring)."""
-    c = ctx.config
+    c, board, signals = run.config, run.board, run.signals
+    slo = list(c.slo)
     step_s = step_seconds(c)
     cap = c.rps_max if c.rps_max is not None else LOOPBACK_RPS_MAX["capacity"]
     deadline = time.monotonic() + c.max_duration
@@ -229,36 +227,33 @@ async def drive_capacity(
         if time.monotonic() + duration > deadline:
             ended = "--max-duration reached"
             break
-        record = StageRecord(len(ctx.stages), rate_label(rate), rate, None, duration)
-        ctx.stages.append(record)
-        step = _Step(record, ctx.slo, c.settle)
-        ctx.sinks.append(step)
+        record = StageRecord(len(board.stages), rate_label(rate), rate, None, duration)
+        board.add(record)
+        step = _Step(record, slo, c.settle)
         halt = asyncio.Event()
         early: dict[str, str] = {}
-        watcher = asyncio.create_task(_watch(ctx.readings, step, halt, early))
+        watcher = asyncio.create_task(_watch(signals, step, halt, early))
         try:
-            interrupted = await open_loop(
-                ctx,
-                [Stage(record.index, rate, duration, 0.0)],
-                stop,
-                arrival,
-                seed=c.seed + record.index,
-                first_index=first_index,
-                halt=halt,
-            )
+            with run.sender.hooks.sink(step):
+                interrupted = await open_loop(
+                    run,
+                    [Stage(record.index, rate, duration, 0.0)],
+                    seed=c.seed + record.index,
+                    first_index=first_index,
+                    halt=halt,
+                )
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
-            ctx.sinks.remove(step)
         first_index += record.sent + record.skipped
-        verdict = _judge(ctx.readings, step, ctx.slo, early)
+        verdict = _judge(signals, step, slo, early)
         unseen = None
         if c.prometheus is not None and verdict.good and record.start_s is not None:
-            unseen = blind(ctx.readings, record.start_s, time.monotonic())
+            unseen = blind(signals, record.start_s, time.monotonic())
         if unseen is not None:
             verdict.good, verdict.blind, verdict.early_stop = False, True, unseen
         steps.append(verdict)
-        ctx.progress.console.print(
+        board.say(
             f"capacity: {rate:.4g} req/s "
             + (
                 "meets the SLO"
@@ -274,7 +269,7 @@ async def drive_capacity(
             break
         if unseen is not None:
             ended = f"{unseen} at {rate:.4g} req/s"
-            ctx.abort(f"capacity search stopped: {ended}")
+            run.abort(f"capacity search stopped: {ended}")
             break
         if verdict.good:
             good = rate

@@ -145,7 +145,6 @@ import random
 import time
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
 
 from servemon.loadgen.drivers.backlog import PrefillBacklog
 from servemon.loadgen.drivers.controllaw import (
@@ -164,11 +163,11 @@ from servemon.loadgen.drivers.controlsignal import (
 from servemon.loadgen.drivers.heldtokens import HeldTokens
 from servemon.loadgen.drivers.ramp import open_loop, wait_for_start
 from servemon.loadgen.record.runrecord import ControlResult
-from servemon.loadgen.run.context import Driven, RunContext
+from servemon.loadgen.run.context import Drive, Driven
+from servemon.loadgen.run.live import ControlGauges
 from servemon.loadgen.run.plan import LOOPBACK_RPS_MAX
 from servemon.loadgen.run.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
 from servemon.loadgen.send.arrivals import Arrival, Due, Stage
-from servemon.loadgen.send.stopping import Stopper
 
 __all__ = ["drive_control"]
 
@@ -198,11 +197,9 @@ def _arrivals(
         yield Due(index, 0, offset)
 
 
-async def drive_control(
-    ctx: RunContext, stop: Stopper, arrival: Arrival, found: Driven
-) -> None:
+async def drive_control(run: Drive, found: Driven) -> None:
     """Hold the signal for ``--duration`` (see the module docstring)."""
-    c = ctx.config
+    c, hooks = run.config, run.sender.hooks
     assert c.hold is not None
     signal, setpoint = c.hold.signal, c.hold.setpoint
     rps_max = c.rps_max if c.rps_max is not None else LOOPBACK_RPS_MAX["control"]
@@ -217,23 +214,23 @@ async def drive_control(
         interval_s=interval,
     )
     window = ClientWindow(c.signal_window)
-    ctx.sinks.append(window)
+    hooks.sinks.append(window)
     held = None
     if signal == "kv_cache_usage":
         held = HeldTokens()
-        ctx.sinks.append(held)
-        ctx.starters.append(held.started)
+        hooks.sinks.append(held)
+        hooks.starters.append(held.started)
     backlog = None
     if signal in ("ttft_p95", "waiting"):
         backlog = PrefillBacklog(tau_s=interval)
-        ctx.starters.append(backlog.started)
-        ctx.first_tokens.append(backlog.first_token)
-        ctx.sinks.append(backlog)
-    record = ctx.stages[0]
-    start = await wait_for_start(ctx, stop, found)
+        hooks.starters.append(backlog.started)
+        hooks.first_tokens.append(backlog.first_token)
+        hooks.sinks.append(backlog)
+    record = run.board.stages[0]
+    start = await wait_for_start(run, found)
     if start is None:
         return
-    gauges = ctx.live.control(signal)
+    gauges = run.board.control_gauges(signal)
     gauges.setpoint.set(setpoint)
     result = ControlResult(
         signal=signal,
@@ -244,18 +241,16 @@ async def drive_control(
     )
     found.control = result
     ticking = asyncio.create_task(
-        _ticks(ctx, law, signal, interval, start, window, held, backlog, result, gauges)
+        _ticks(run, law, signal, interval, start, window, held, backlog, result, gauges)
     )
     try:
         found.interrupted = await open_loop(
-            ctx,
+            run,
             [Stage(0, law.rate, c.duration, 0.0)],
-            stop,
-            arrival,
             seed=c.seed,
             start_s=start,
             sends=_arrivals(
-                law, arrival, c.seed, c.duration, backlog if c.pace else None
+                law, run.arrival, c.seed, c.duration, backlog if c.pace else None
             ),
         )
     finally:
@@ -266,7 +261,7 @@ async def drive_control(
 
 
 async def _ticks(
-    ctx: RunContext,
+    run: Drive,
     law: ControlLaw,
     signal: str,
     interval: float,
@@ -275,9 +270,9 @@ async def _ticks(
     held: HeldTokens | None,
     backlog: PrefillBacklog | None,
     result: ControlResult,
-    gauges: Any,
+    gauges: ControlGauges,
 ) -> None:
-    c = ctx.config
+    c = run.config
     # The model of what the requests hold, sampled as often as the gauge, over the
     # window the gauge's samples of an interval describe (Prometheus: a scrape ago).
     modelled: deque[tuple[float, float]] = deque(maxlen=4096)
@@ -310,12 +305,12 @@ async def _ticks(
             if backlog is not None and signal == "waiting":
                 unanswered.append((now, backlog.count()))
             await asyncio.sleep(min(every, due - now))
-        sent, served = ctx.sent, window.served
+        sent, served = run.sender.sent, window.served
         span = max(now - tick_start, 1e-9)
         achieved = (sent - sent_before) / span
         served_rps = (served - served_before) / span
         sent_before, served_before, tick_start = sent, served, now
-        measured = measure(ctx, signal, now - span, now, window)
+        measured = measure(run, signal, now - span, now, window)
         lifetime = window.lifetime()
         offered = law.rate
         steered: float | None = None  # what the law steered, where not measured
@@ -323,7 +318,7 @@ async def _ticks(
             blind_since = blind_since if blind_since is not None else now
             state = "blind"
             if now - blind_since >= c.blind_timeout:
-                ctx.abort(
+                run.abort(
                     f"blind: no fresh {signal} for {now - blind_since:.0f} s "
                     f"(--blind-timeout {c.blind_timeout:g})"
                 )
@@ -331,7 +326,7 @@ async def _ticks(
             blind_since = None
             queue = None
             if signal in SATURATING:
-                queue = measure(ctx, "waiting", now - interval, now, window)
+                queue = measure(run, "waiting", now - interval, now, window)
             elif signal == "waiting":
                 # The client's prompts with no answer yet, over the tick: a
                 # queue the server's gauge shows a scrape later (ends the start).
@@ -354,21 +349,19 @@ async def _ticks(
             if law.unreachable and not warned:
                 warned = True
                 bound = "--rps-max" if offered >= law.rps_max else "--rps-min"
-                ctx.progress.console.print(
+                run.board.say(
                     f"servemon: warning: --hold {signal}={law.setpoint:g} is "
                     f"unreachable: at {bound} {offered:g} rps the {signal} is "
-                    f"{measured:.3g}",
-                    soft_wrap=True,
+                    f"{measured:.3g}"
                 )
                 result.unreachable = (
                     f"at {bound} {offered:g} rps the {signal} stayed at {measured:.3g}"
                 )
-        ctx.live.target_rate.set(offered)
         gauges.measured.set(math.nan if measured is None else measured)
         gauges.offered.set(offered)
         gauges.achieved.set(achieved)
         line = {
-            "t_s": round(now - ctx.rundir.origin_s, 3),
+            "t_s": round(now - run.board.origin_s, 3),
             "signal": signal,
             "setpoint": law.setpoint,
             "measured": measured,
@@ -387,4 +380,4 @@ async def _ticks(
             "phase": law.phase,
         }
         result.add(line, now - start)
-        ctx.rundir.append_control(line)
+        run.board.control_tick(line, offered)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from servemon.loadgen.drivers.heldtokens import Held, HeldTokens
 from servemon.loadgen.record.figures import exact_quantile
-from servemon.loadgen.run.context import RunContext
+from servemon.loadgen.run.context import Drive
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 __all__ = ["ClientWindow", "QueueEstimate", "held_model", "measure", "window_mean"]
@@ -69,14 +69,14 @@ class ClientWindow:
 
 
 def measure(
-    ctx: RunContext, signal: str, since: float, now: float, window: ClientWindow
+    run: Drive, signal: str, since: float, now: float, window: ClientWindow
 ) -> float | None:
     """The signal over the last interval: the mean of its fresh samples (direct or
     Prometheus), or the client's TTFT p95 without Prometheus; None when missing."""
-    if signal == "ttft_p95" and ctx.config.prometheus is None:
+    if signal == "ttft_p95" and run.config.prometheus is None:
         return window.p95(now)
     values = []
-    for reading in reversed(ctx.readings):
+    for reading in reversed(run.signals):
         if reading.at < since:
             break
         value = reading.signal(signal)

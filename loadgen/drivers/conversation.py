@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from servemon.loadgen.run.context import RunContext
-from servemon.loadgen.send.client import RequestTags, send_request
+from servemon.loadgen.run.sender import Sender
+from servemon.loadgen.send.client import RequestTags
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 from servemon.loadgen.workloads.prompts import Prompt
 from servemon.loadgen.workloads.sessions import (
@@ -38,7 +38,7 @@ class SessionEnd:
 
 
 async def run_session(
-    ctx: RunContext,
+    sender: Sender,
     index: int,
     start_s: float,
     *,
@@ -50,14 +50,14 @@ async def run_session(
 
     ``stage_at(t)`` is the stage a turn due at ``t`` belongs to; a turn due after
     ``until_s`` is not sent; ``take_turn()`` is asked before each turn and False
-    stops the session (a closed loop's budget of turns). Each turn is recorded
-    through ``ctx.started``/``ctx.finished``.
+    stops the session (a closed loop's budget of turns). Each turn is sent through
+    ``sender``, which tells its hooks.
     """
-    workload = ctx.workload
+    workload = sender.workload
     assert isinstance(workload, SessionWorkload)
     session = workload.session(index)
-    model = ctx.model_of(index)
-    tagged = ctx.pick_model is not None
+    model = sender.model_of(index)
+    tagged = sender.pick_model is not None
     answer_mode = workload.options.answer
     history: list[dict[str, str]] = list(system_messages(session))
     history_tokens = session.system_tokens
@@ -73,31 +73,22 @@ async def run_session(
             return SessionEnd(sent, cut=k < len(session.turns))
         user = {"role": "user", "content": turn.user}
         prompt = Prompt(None, (*history, user), None, turn.max_tokens)
-        request_id = f"{ctx.tag}-s{index}-{k + 1}"
         tags = RequestTags(
             model=model if tagged else None,
-            session=f"{ctx.tag}-s{index}",
+            session=f"{sender.tag}-s{index}",
             turn=k + 1,
             history_tokens=history_tokens,
         )
         stage = stage_at(scheduled)
-        ctx.turns_sent[stage] += 1
-        ctx.started(request_id)
-        timing = await send_request(
-            ctx.session,
-            ctx.url,
-            ctx.body_of(prompt, model),
-            request_id=request_id,
+        sender.turns_sent[stage] += 1
+        timing = await sender.send(
+            sender.body_of(prompt, model),
+            request_id=f"{sender.tag}-s{index}-{k + 1}",
             stage=stage,
             scheduled_s=scheduled,
-            headers=ctx.headers,
-            timeout_s=ctx.config.timeout,
-            record_interruption=True,
             keep_text=answer_mode == "own",
             tags=tags,
-            on_first_token=ctx.first_token_hook(request_id),
         )
-        ctx.finished(timing)
         sent += 1
         task = asyncio.current_task()
         if timing.outcome is not Outcome.OK or (task and task.cancelling()):
@@ -110,7 +101,7 @@ async def run_session(
 
 
 async def run_users(
-    ctx: RunContext,
+    sender: Sender,
     users: int,
     number: int,
     stage: int,
@@ -135,7 +126,7 @@ async def run_users(
         task = asyncio.current_task()
         while left > 0 and not stop.is_set():
             ended = await run_session(
-                ctx,
+                sender,
                 next(indices),
                 time.monotonic(),
                 stage_at=lambda _t: stage,

@@ -18,12 +18,11 @@ from typing import Any
 
 from servemon.core.wire.http import encode_json
 from servemon.loadgen.drivers.conversation import run_session
-from servemon.loadgen.run.context import Driven, RunContext
-from servemon.loadgen.send.arrivals import Arrival, Due, Shard, Stage
+from servemon.loadgen.run.context import Drive, Driven
+from servemon.loadgen.send.arrivals import Due, Shard, Stage
 from servemon.loadgen.send.arrivals import schedule as make_schedule
-from servemon.loadgen.send.client import send_request
 from servemon.loadgen.send.dispatch import OpenLoop
-from servemon.loadgen.send.stopping import Stopper, grace, until_stopped
+from servemon.loadgen.send.stopping import grace, until_stopped
 from servemon.loadgen.workloads.sessions import SessionWorkload
 
 __all__ = ["drive_ramp", "open_loop", "wait_for_start"]
@@ -33,26 +32,22 @@ __all__ = ["drive_ramp", "open_loop", "wait_for_start"]
 Ready = tuple[dict[str, Any], bytes, dict[str, Any], int | None]
 
 
-async def drive_ramp(
-    ctx: RunContext, stop: Stopper, arrival: Arrival, found: Driven
-) -> None:
+async def drive_ramp(run: Drive, found: Driven) -> None:
     """Send the planned stages open loop, from ``--start-at`` or now."""
     plan: list[Stage] = []
     offset = 0.0
-    for s in ctx.stages:
+    for s in run.board.stages:
         duration = s.planned_s or 0.0
         plan.append(Stage(s.index, s.target_rate or 0.0, duration, offset))
         offset += duration
-    c = ctx.config
+    c = run.config
     shard = c.shard
-    start = await wait_for_start(ctx, stop, found)
+    start = await wait_for_start(run, found)
     if start is None:
         return
     found.interrupted = await open_loop(
-        ctx,
+        run,
         plan,
-        stop,
-        arrival,
         seed=c.seed,
         limit=c.max_requests,
         shard=shard,
@@ -60,29 +55,27 @@ async def drive_ramp(
     )
 
 
-async def wait_for_start(ctx: RunContext, stop: Stopper, found: Driven) -> float | None:
+async def wait_for_start(run: Drive, found: Driven) -> float | None:
     """The monotonic start of the schedule: ``--start-at`` (shared by shards) or
     now; None if the run was stopped while waiting (``found`` then says so)."""
-    c = ctx.config
+    c = run.config
     if c.start_at is None:
         return time.monotonic() + 0.05
     delay = (c.start_at - datetime.now(UTC)).total_seconds()
     found.start_late_s = max(0.0, -delay)
     if delay > 0:
-        ctx.progress.console.print(
+        run.board.say(
             f"servemon: waiting {delay:.1f} s for --start-at {c.start_at.isoformat()}"
         )
-        if await until_stopped(asyncio.sleep(delay), stop.requested):
+        if await until_stopped(asyncio.sleep(delay), run.stop.requested):
             found.interrupted = True
             return None
     return time.monotonic()
 
 
 async def open_loop(
-    ctx: RunContext,
+    run: Drive,
     plan: list[Stage],
-    stop: Stopper,
-    arrival: Arrival,
     *,
     seed: int,
     limit: int | None = None,
@@ -100,23 +93,21 @@ async def open_loop(
     Setting ``halt`` ends this dispatch early (a capacity step judged already):
     sending stops and the requests in flight get the grace period.
     """
-    c = ctx.config
+    c, sender, board, stop = run.config, run.sender, run.board, run.stop
     start = time.monotonic() + 0.05 if start_s is None else start_s
 
     def on_stage(index: int) -> None:
         gc.freeze()  # what exists when a stage begins is there to stay
         stage = next(p for p in plan if p.index == index)
-        ctx.stages[index].start_s = start + stage.start_s
-        ctx.live.stage(index, stage.rate)
-        ctx.progress.stage_started(index)
+        board.begin(index, stage.rate, start + stage.start_s)
 
     def on_skip(due: Due) -> None:
-        ctx.live.skipped.labels(ctx.label, ctx.model, str(due.stage), "late").inc()
+        board.not_sent(due.stage, "late")
 
     def on_hold(due: Due) -> None:
-        ctx.live.held_back.labels(ctx.label, ctx.model, str(due.stage)).inc()
+        board.held_back(due.stage)
 
-    sessions = isinstance(ctx.workload, SessionWorkload)
+    sessions = isinstance(sender.workload, SessionWorkload)
     ends = [start + p.end_s for p in plan]
     until = max(ends, default=start)
 
@@ -126,6 +117,8 @@ async def open_loop(
     #: Requests of each stage the workload said not to send (counted as sent by the
     #: dispatcher, which only knows they went to ``send``).
     unsent: Counter[int] = Counter()
+    #: Sessions of each stage cut short by the schedule's end.
+    cut: Counter[int] = Counter()
 
     def prepare(due: Due) -> Ready | str | None:
         """The body (and its JSON: a long prompt's encoding is off the send's
@@ -134,47 +127,41 @@ async def open_loop(
         if sessions:
             return None
         index = first_index + due.index
-        model = ctx.model_of(index)
-        prompt = ctx.workload.prompt(index)
+        model = sender.model_of(index)
+        prompt = sender.workload.prompt(index)
         if prompt.skip is not None:
             return prompt.skip
-        body = ctx.body_of(prompt, model)
+        body = sender.body_of(prompt, model)
         return (
             body,
             encode_json(body),
-            ctx.request_options(index, model),
+            sender.request_options(index, model),
             prompt.prompt_tokens,
         )
 
     async def send(due: Due, at: float, ready: Ready | str | None) -> None:
         index = first_index + due.index
         if ready is None:
-            ended = await run_session(ctx, index, at, stage_at=stage_at, until_s=until)
+            ended = await run_session(
+                sender, index, at, stage_at=stage_at, until_s=until
+            )
             if ended.cut:
-                ctx.sessions_cut[due.stage] += 1
+                cut[due.stage] += 1
             return
         if isinstance(ready, str):  # not to be sent: why (over_context)
             unsent[due.stage] += 1
-            ctx.live.skipped.labels(ctx.label, ctx.model, str(due.stage), ready).inc()
+            board.not_sent(due.stage, ready)
             return
         body, encoded, options, prompt_tokens = ready
-        request_id = f"{ctx.tag}-{index}"
-        ctx.started(request_id, prompt_tokens)
-        timing = await send_request(
-            ctx.session,
-            ctx.url,
+        await sender.send(
             body,
-            request_id=request_id,
+            request_id=f"{sender.tag}-{index}",
             stage=due.stage,
             scheduled_s=at,
-            headers=ctx.headers,
-            timeout_s=c.timeout,
-            record_interruption=True,
-            on_first_token=ctx.first_token_hook(request_id),
+            prompt_tokens=prompt_tokens,
             encoded=encoded,
             **options,
         )
-        ctx.finished(timing)
 
     loop = OpenLoop(
         send,
@@ -186,9 +173,9 @@ async def open_loop(
         on_skip=on_skip,
         on_hold=on_hold,
     )
-    ctx.progress.open_loop = loop
+    board.follow(loop)
     due = (
-        make_schedule(plan, arrival, seed, limit=limit, shard=shard)
+        make_schedule(plan, run.arrival, seed, limit=limit, shard=shard)
         if sends is None
         else sends
     )
@@ -209,14 +196,14 @@ async def open_loop(
         await asyncio.gather(dispatching, return_exceptions=True)
     end_of_schedule = time.monotonic()
     for stage in plan:
-        record = ctx.stages[stage.index]
+        record = board.stages[stage.index]
         record.sent = loop.counts.sent[stage.index]
         record.held_back = loop.counts.held_back[stage.index]
         record.skipped = loop.counts.skipped[stage.index] + unsent[stage.index]
         record.sent -= unsent[stage.index]
         if sessions:
             record.sessions = record.sent
-            record.sent = ctx.turns_sent[stage.index]
+            record.sent = sender.turns_sent[stage.index]
         if record.start_s is not None:
             planned_end = start + stage.end_s
             if interrupted:
@@ -229,9 +216,9 @@ async def open_loop(
         await grace(set(loop.tasks), c.grace, stop.hurry)
     if sessions:  # the turns sent after the schedule's end, by sessions still going
         for stage in plan:
-            record = ctx.stages[stage.index]
-            record.sent = ctx.turns_sent[stage.index]
-            record.sessions_cut = ctx.sessions_cut[stage.index]
+            record = board.stages[stage.index]
+            record.sent = sender.turns_sent[stage.index]
+            record.sessions_cut = cut[stage.index]
     return stop.requested.is_set()
 
 

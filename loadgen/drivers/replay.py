@@ -12,34 +12,29 @@ between them.
 from __future__ import annotations
 
 from servemon.loadgen.drivers.ramp import open_loop, wait_for_start
-from servemon.loadgen.run.context import Driven, RunContext
-from servemon.loadgen.send.arrivals import Arrival, Due, Stage
-from servemon.loadgen.send.stopping import Stopper
+from servemon.loadgen.run.context import Drive, Driven
+from servemon.loadgen.send.arrivals import Due, Stage
 
 __all__ = ["drive_replay"]
 
 
-async def drive_replay(
-    ctx: RunContext, stop: Stopper, arrival: Arrival, found: Driven
-) -> None:
+async def drive_replay(run: Drive, found: Driven) -> None:
     """Send the trace's requests at their (scaled) times."""
-    c = ctx.config
-    plan = ctx.replay
+    c = run.config
+    plan = run.replay
     if plan is None:
         raise ValueError("a replay runs on the plan made with it (make_plan)")
     sends = plan.sends[: c.max_requests] if c.max_requests else plan.sends
     shard = c.shard
     if shard is not None:  # every N-th entry, as a ramp's shards split arrivals
         sends = tuple(s for s in sends if s[0] % shard.count == shard.index)
-    start = await wait_for_start(ctx, stop, found)
+    start = await wait_for_start(run, found)
     if start is None:
         return
     stage = Stage(0, plan.rate, plan.duration_s, 0.0)
     found.interrupted = await open_loop(
-        ctx,
+        run,
         [stage],
-        stop,
-        arrival,
         seed=c.seed,
         start_s=start,
         sends=(Due(index, 0, offset) for index, offset in sends),

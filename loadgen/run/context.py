@@ -1,24 +1,24 @@
-"""What a load driver gets: one narrow context for the run it drives.
+"""What a load driver gets, and the run behind it.
 
 A driver (:mod:`loadgen.drivers.ramp`, :mod:`loadgen.drivers.sweep`,
-:mod:`loadgen.drivers.capacity`, ...) is an async function ``drive(ctx, stop, arrival,
-found)``. What it finds goes into ``found``, its :class:`Driven`, and nowhere else.
-Through the :class:`RunContext` it builds request bodies, sends on the shared session to
-``ctx.url``, appends the stages it runs to ``ctx.stages`` and reads the target's
-recent samples; every finished request goes to :meth:`RunContext.finished`, which
-hands it to the sinks: the run directory, the live metrics, the run's
-:class:`~loadgen.record.tally.Tally`, the progress display, the guard rail, the
-watch on the client's own health (:mod:`loadgen.run.clientwatch`), and any
-sink a driver adds for itself (a capacity step judging its own requests). A driver
-keeps its own state; nothing reaches into another driver.
+:mod:`loadgen.drivers.capacity`, ...) is an async function ``drive(run, found)``. It
+gets a :class:`Drive`, the parts of the run it may use: the settings, a
+:class:`~loadgen.run.sender.Sender` to send measured requests with (and its hooks, to
+listen to them), the server's signals (one typed :class:`~loadgen.run.reading.Reading`
+per sample, from either sampler), the :class:`Board` of the stages it runs, the stop
+and the arrival process. What it finds goes into ``found``, its :class:`Driven`, and
+nowhere else. A driver keeps its own state; nothing reaches into another driver.
+
+The :class:`RunContext` is the runner's: it owns the run directory, the live metrics,
+the run's :class:`~loadgen.record.tally.Tally`, the progress display, the guard rail
+and the watch on the client's own health (:mod:`loadgen.run.clientwatch`), and is the
+first of the sender's hooks, so that every request a driver sends reaches them all.
 """
 
 from __future__ import annotations
 
-import random
 import secrets
-import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,38 +26,25 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from servemon.core.slo import SloTerm
 from servemon.loadgen.record.record import RunDirectory
 from servemon.loadgen.record.runrecord import CapacityResult, ControlResult
 from servemon.loadgen.record.tally import Tally
 from servemon.loadgen.run.clientwatch import CHECK_S, ClientWatch, Verdict
 from servemon.loadgen.run.config import LoadConfig
 from servemon.loadgen.run.guard import GuardRail
-from servemon.loadgen.run.live import LiveMetrics
+from servemon.loadgen.run.live import ControlGauges, LiveMetrics
 from servemon.loadgen.run.plan import Kind, StageRecord
 from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.run.reading import Reading, reading_of
-from servemon.loadgen.send.client import RequestTags
+from servemon.loadgen.run.sender import Sender
+from servemon.loadgen.send.arrivals import Arrival
+from servemon.loadgen.send.dispatch import OpenLoop
 from servemon.loadgen.send.stopping import Stopper
 from servemon.loadgen.send.timing import RequestTiming
 from servemon.loadgen.workloads.replayplan import ReplayPlan
-from servemon.loadgen.workloads.workload import Prompt, Workload, request_body
+from servemon.loadgen.workloads.workload import Workload
 
-__all__ = [
-    "Driven",
-    "FirstToken",
-    "RunContext",
-    "Sink",
-    "Starter",
-]
-
-#: Something that takes each finished request.
-Sink = Callable[[RequestTiming], None]
-#: Something told of each measured request as it goes out.
-Starter = Callable[[str, float, int | None], None]
-#: Something told as a measured request's first token arrives (request id,
-#: monotonic time).
-FirstToken = Callable[[str, float], None]
+__all__ = ["Board", "Drive", "Driven", "RunContext"]
 
 
 @dataclass(slots=True)
@@ -80,9 +67,87 @@ class Driven:
     start_late_s: float | None = None
 
 
+@dataclass(slots=True, eq=False)
+class Board:
+    """The stages a driver runs, and what is shown and kept of them as it goes:
+    their records (a capacity search adds its steps), the live metrics' stage
+    gauges and counts of requests not sent, the progress display, and the ticks
+    ``servemon control`` writes to the run directory."""
+
+    stages: list[StageRecord]
+    live: LiveMetrics
+    progress: Progress
+    tally: Tally
+    rundir: RunDirectory
+
+    @property
+    def origin_s(self) -> float:
+        """The monotonic time the run's record counts from."""
+        return self.rundir.origin_s
+
+    def add(self, record: StageRecord) -> None:
+        """A stage planned as the run goes (a capacity step)."""
+        self.stages.append(record)
+
+    def begin(self, index: int, rate: float, start_s: float) -> None:
+        """Stage ``index`` begins at ``start_s`` (monotonic), at ``rate`` (0 for a
+        closed loop's level)."""
+        self.stages[index].start_s = start_s
+        self.live.stage(index, rate)
+        self.progress.stage_started(index)
+
+    def not_sent(self, stage: int, reason: str) -> None:
+        """A request of ``stage`` not sent, for ``reason`` (``late``,
+        ``over_context``)."""
+        self.live.skip(stage, reason)
+
+    def held_back(self, stage: int) -> None:
+        """A request of ``stage`` held back by ``--max-inflight``."""
+        self.live.hold_back(stage)
+
+    def finished(self, stage: int) -> int:
+        """Measured requests of ``stage`` finished so far."""
+        return self.tally.finished(stage)
+
+    def follow(self, loop: OpenLoop) -> None:
+        """Show what ``loop`` has in flight."""
+        self.progress.open_loop = loop
+
+    def say(self, message: str) -> None:
+        """Print ``message`` above the progress display."""
+        self.progress.console.print(message, soft_wrap=True)
+
+    def control_gauges(self, signal: str) -> ControlGauges:
+        """The live gauges of ``servemon control`` holding ``signal``."""
+        return self.live.control(signal)
+
+    def control_tick(self, line: Mapping[str, Any], offered: float) -> None:
+        """A tick of ``servemon control``: ``offered`` req/s from now on, and the
+        tick's line in the run directory."""
+        self.live.target_rate.set(offered)
+        self.rundir.append_control(line)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Drive:
+    """What a driver gets (see the module docstring)."""
+
+    config: LoadConfig
+    sender: Sender
+    #: The server's signals, newest last (either sampler's, read once).
+    signals: deque[Reading]
+    board: Board
+    stop: Stopper
+    arrival: Arrival
+    #: Stop the run at once for a reason (nothing happens for None).
+    abort: Callable[[str | None], None]
+    #: A replay's sends, planned with the run (:class:`~loadgen.run.plan.Plan`).
+    replay: ReplayPlan | None = None
+
+
 @dataclass(slots=True, kw_only=True)
 class RunContext:
-    """One run while it executes (see the module docstring)."""
+    """One run while it executes: the runner's (see the module docstring)."""
 
     kind: Kind
     config: LoadConfig
@@ -93,7 +158,6 @@ class RunContext:
     live: LiveMetrics
     workload: Workload
     headers: dict[str, str]
-    slo: list[SloTerm]
     stages: list[StageRecord]
     progress: Progress
     #: The model of each request (or session) index, when requests differ in it:
@@ -106,10 +170,9 @@ class RunContext:
     tally: Tally = field(init=False)
     guard: GuardRail = field(init=False)
     watch: ClientWatch = field(init=False)
-    url: str = field(init=False)
+    sender: Sender = field(init=False)
+    board: Board = field(init=False)
     label: str = field(init=False)
-    #: A prefix of this run's request ids (shards of one schedule differ in it).
-    tag: str = field(default_factory=lambda: secrets.token_hex(3))
     #: Why a guard rail stopped the run, if one did.
     stop_reason: str | None = None
     #: The server's signals, newest last (:mod:`loadgen.run.reading`: either
@@ -117,26 +180,12 @@ class RunContext:
     #: of a target is about 15 kB: an hour of whole samples at one a second grew
     #: the load generator by 54 MB (benchmarks/loadgen_soak.py).
     readings: deque[Reading] = field(default_factory=lambda: deque(maxlen=3600))
-    sinks: list[Sink] = field(default_factory=list)
-    #: Told of every measured request as it goes out: (request id, monotonic
-    #: time, prompt tokens where the workload knows them).
-    starters: list[Starter] = field(default_factory=list)
-    #: Told as a measured request's first token arrives (streams only).
-    first_tokens: list[FirstToken] = field(default_factory=list)
-    #: Measured requests sent so far.
-    sent: int = 0
-    #: A sessions workload's turns sent and sessions cut short, by stage.
-    turns_sent: Counter[int] = field(default_factory=Counter)
-    sessions_cut: Counter[int] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         c = self.config
-        self.tally = Tally(self.slo)
+        self.tally = Tally(list(c.slo))
         self.guard = GuardRail(
             abort_error_rate=c.abort_error_rate, max_waiting=c.abort_waiting
-        )
-        self.url = self.base + (
-            "/v1/chat/completions" if c.api == "chat" else "/v1/completions"
         )
         self.label = c.target_name or urlsplit(self.base).netloc
         self.watch = ClientWatch(
@@ -146,73 +195,41 @@ class RunContext:
             on_check=self._client_checked,
             open_loop=self.kind != "sweep",
         )
-
-    def body(self, index: int) -> dict[str, Any]:
-        """The request body of prompt ``index``."""
-        return self.body_of(self.workload.prompt(index), self.model_of(index))
-
-    def body_of(self, prompt: Prompt, model: str) -> dict[str, Any]:
-        """The request body of ``prompt``, asking for ``model``."""
-        c = self.config
-        return request_body(
-            prompt,
-            api=c.api,
-            model=model,
-            stream=c.stream,
-            ignore_eos=c.ignore_eos,
-            extra_body=c.extra_body,
+        self.sender = Sender(
+            session=self.session,
+            url=self.base
+            + ("/v1/chat/completions" if c.api == "chat" else "/v1/completions"),
+            headers=self.headers,
+            config=c,
+            workload=self.workload,
+            model=self.model,
+            pick_model=self.pick_model,
+            tag=secrets.token_hex(3),
+        )
+        # The run's own bookkeeping hears of each request first.
+        self.sender.hooks.starters.append(self._started)
+        self.sender.hooks.sinks.append(self._finished)
+        self.board = Board(
+            self.stages, self.live, self.progress, self.tally, self.rundir
         )
 
-    def model_of(self, index: int) -> str:
-        """The model request (or session) ``index`` asks for: a ``--model`` mix's
-        seeded draw, else the run's model."""
-        pick = self.pick_model
-        return self.model if pick is None else pick(index)
+    def drive(self, arrival: Arrival) -> Drive:
+        """The parts of this run its driver gets."""
+        return Drive(
+            config=self.config,
+            sender=self.sender,
+            signals=self.readings,
+            board=self.board,
+            stop=self.stopper,
+            arrival=arrival,
+            abort=self.abort,
+            replay=self.replay,
+        )
 
-    def request_options(self, index: int, model: str | None = None) -> dict[str, Any]:
-        """Keyword arguments of :func:`~loadgen.send.client.send_request` for request
-        ``index``: whether the client walks away from it (seeded), and the model
-        of a mix it asked for (``model``, where the caller has drawn it already)."""
-        c = self.config
-        options: dict[str, Any] = {}
-        if self.pick_model is not None:
-            drawn = self.pick_model(index) if model is None else model
-            options["tags"] = RequestTags(model=drawn)
-        if c.cancel_fraction <= 0:
-            return options
-        if random.Random(f"cancel:{c.seed}:{index}").random() >= c.cancel_fraction:
-            return options
-        return {
-            **options,
-            "cancel_after_s": c.cancel_after,
-            "cancel_after_tokens": c.cancel_after_tokens,
-        }
-
-    def started(self, request_id: str, prompt_tokens: int | None = None) -> None:
-        """A measured request goes out (every starter is told)."""
-        self.sent += 1
+    def _started(self, request_id: str, at: float, prompt_tokens: int | None) -> None:
         self.live.in_flight.inc()
-        if self.starters:
-            now = time.monotonic()
-            for starter in self.starters:
-                starter(request_id, now, prompt_tokens)
 
-    def first_token_hook(self, request_id: str) -> Callable[[], None] | None:
-        """What ``send_request`` calls at request ``request_id``'s first token
-        (None when nothing listens)."""
-        if not self.first_tokens:
-            return None
-        listeners = tuple(self.first_tokens)
-
-        def arrived() -> None:
-            now = time.monotonic()
-            for listener in listeners:
-                listener(request_id, now)
-
-        return arrived
-
-    def finished(self, timing: RequestTiming) -> None:
-        """A measured request finished: every sink gets it."""
+    def _finished(self, timing: RequestTiming) -> None:
         self.live.in_flight.dec()
         self.rundir.append_request(timing)
         self.abort(self.rundir.failure)  # a full disk: stop, keep what is written
@@ -220,8 +237,6 @@ class RunContext:
         self.tally.add(timing)
         self.progress.request_done(timing)
         self.watch.observe(timing)
-        for sink in self.sinks:
-            sink(timing)
         self.abort(self.guard.observe(timing))
 
     def _client_limited(self, stage: int, reason: str, message: str) -> None:

@@ -158,6 +158,15 @@ class LiveMetrics:
             for reason in ("lag", "loop", "cpu"):
                 self.limited.labels(*labels, reason)
 
+    def skip(self, stage: int, reason: str) -> None:
+        """A request of ``stage`` not sent, for ``reason`` (``late``,
+        ``over_context``)."""
+        self.skipped.labels(*self._base, str(stage), reason).inc()
+
+    def hold_back(self, stage: int) -> None:
+        """A request of ``stage`` held back by ``--max-inflight``."""
+        self.held_back.labels(*self._base, str(stage)).inc()
+
     def _stage_children(self, stage: int, model: str | None) -> _StageChildren:
         children = self._children.get((stage, model))
         if children is None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import inspect
 import tomllib
+import typing
 from pathlib import Path
 
 import pytest
@@ -147,3 +149,28 @@ def test_one_import_root() -> None:
                 continue
             bare += [f"{name}: {t}" for t in targets if t.split(".")[0] in PARTS]
     assert not bare, f"import a part through servemon: {bare}"
+
+
+def test_drivers_get_the_parts_of_a_run_not_the_run() -> None:
+    """A driver is handed a ``Drive`` (the settings, the sender and its hooks, the
+    server's signals, the board of its stages) and puts what it finds in its
+    ``Driven``; the runner's ``RunContext`` (the run directory, the live metrics, the
+    tally, the guard rail) is not for a driver to reach into."""
+    from servemon.loadgen.runner import DRIVERS as drivers
+
+    wrong = []
+    for name, path in MODULES.items():
+        if not name.startswith(DRIVERS + "."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == f"{RUN}.context":
+                wrong += [
+                    f"{name} imports {alias.name}"
+                    for alias in node.names
+                    if alias.name not in {"Drive", "Driven"}
+                ]
+    assert not wrong, wrong
+    for kind, drive in drivers.items():
+        hints = typing.get_type_hints(drive)
+        assert list(inspect.signature(drive).parameters) == ["run", "found"], kind
+        assert hints["run"].__name__ == "Drive", kind

@@ -1,0 +1,187 @@
+"""Sending the run's measured requests, and who is told of each.
+
+A :class:`Sender` is what a driver sends with: it makes request ``index``'s body (the
+workload's prompt, the model a mix draws for it), decides whether the client walks
+away from it (seeded), sends it on the run's session to the run's URL, and tells the
+run's :class:`Hooks` as it goes out, as its first token arrives and when it finishes.
+The hooks' first sink is the run's own bookkeeping (the run directory, the live
+metrics, the tally, the progress display, the client watch, the guard rail:
+:class:`~loadgen.run.context.RunContext`); a driver adds its own listeners (a
+capacity step judging its requests, the control law's models of the server).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.send.client import RequestTags, send_request
+from servemon.loadgen.send.timing import RequestTiming
+from servemon.loadgen.workloads.workload import Prompt, Workload, request_body
+
+__all__ = ["FirstToken", "Hooks", "Sender", "Sink", "Starter"]
+
+#: Something that takes each finished request.
+Sink = Callable[[RequestTiming], None]
+#: Something told of each measured request as it goes out: (request id, monotonic
+#: time, prompt tokens where the workload knows them).
+Starter = Callable[[str, float, int | None], None]
+#: Something told as a measured request's first token arrives (request id,
+#: monotonic time).
+FirstToken = Callable[[str, float], None]
+
+
+@dataclass(slots=True)
+class Hooks:
+    """Who is told of each measured request, in the order they were added."""
+
+    sinks: list[Sink] = field(default_factory=list)
+    starters: list[Starter] = field(default_factory=list)
+    #: Told as a measured request's first token arrives (streams only).
+    first_tokens: list[FirstToken] = field(default_factory=list)
+
+    @contextmanager
+    def sink(self, sink: Sink) -> Iterator[None]:
+        """``sink`` takes the requests that finish while the block runs."""
+        self.sinks.append(sink)
+        try:
+            yield
+        finally:
+            self.sinks.remove(sink)
+
+    def started(self, request_id: str, prompt_tokens: int | None = None) -> None:
+        """A measured request goes out: every starter is told."""
+        if self.starters:
+            now = time.monotonic()
+            for starter in self.starters:
+                starter(request_id, now, prompt_tokens)
+
+    def first_token_hook(self, request_id: str) -> Callable[[], None] | None:
+        """What ``send_request`` calls at request ``request_id``'s first token
+        (None when nothing listens)."""
+        if not self.first_tokens:
+            return None
+        listeners = tuple(self.first_tokens)
+
+        def arrived() -> None:
+            now = time.monotonic()
+            for listener in listeners:
+                listener(request_id, now)
+
+        return arrived
+
+    def finished(self, timing: RequestTiming) -> None:
+        """A measured request finished: every sink gets it."""
+        for sink in self.sinks:
+            sink(timing)
+
+
+@dataclass(slots=True, kw_only=True)
+class Sender:
+    """Sends the run's measured requests (see the module docstring).
+
+    ``config`` is read for the request's settings only (API, streaming,
+    ``ignore_eos``, extra body fields, the timeout, the seeded cancellations).
+    """
+
+    session: aiohttp.ClientSession
+    url: str
+    headers: dict[str, str]
+    config: LoadConfig
+    workload: Workload
+    #: The run's model, or the names a mix uses comma-joined.
+    model: str
+    #: The model of each request (or session) index, when requests differ in it:
+    #: a ``--model`` mix's seeded draw, or the models a trace names.
+    pick_model: Callable[[int], str] | None = None
+    #: A prefix of this run's request ids (shards of one schedule differ in it).
+    tag: str
+    hooks: Hooks = field(default_factory=Hooks)
+    #: Measured requests sent so far.
+    sent: int = 0
+    #: A sessions workload's turns sent, by stage.
+    turns_sent: Counter[int] = field(default_factory=Counter)
+
+    def body(self, index: int) -> dict[str, Any]:
+        """The request body of prompt ``index``."""
+        return self.body_of(self.workload.prompt(index), self.model_of(index))
+
+    def body_of(self, prompt: Prompt, model: str) -> dict[str, Any]:
+        """The request body of ``prompt``, asking for ``model``."""
+        c = self.config
+        return request_body(
+            prompt,
+            api=c.api,
+            model=model,
+            stream=c.stream,
+            ignore_eos=c.ignore_eos,
+            extra_body=c.extra_body,
+        )
+
+    def model_of(self, index: int) -> str:
+        """The model request (or session) ``index`` asks for: a ``--model`` mix's
+        seeded draw, else the run's model."""
+        pick = self.pick_model
+        return self.model if pick is None else pick(index)
+
+    def request_options(self, index: int, model: str | None = None) -> dict[str, Any]:
+        """Keyword arguments of :func:`~loadgen.send.client.send_request` for request
+        ``index``: whether the client walks away from it (seeded), and the model
+        of a mix it asked for (``model``, where the caller has drawn it already)."""
+        c = self.config
+        options: dict[str, Any] = {}
+        if self.pick_model is not None:
+            drawn = self.pick_model(index) if model is None else model
+            options["tags"] = RequestTags(model=drawn)
+        if c.cancel_fraction <= 0:
+            return options
+        if random.Random(f"cancel:{c.seed}:{index}").random() >= c.cancel_fraction:
+            return options
+        return {
+            **options,
+            "cancel_after_s": c.cancel_after,
+            "cancel_after_tokens": c.cancel_after_tokens,
+        }
+
+    def started(self, request_id: str, prompt_tokens: int | None = None) -> None:
+        """A measured request goes out (sent elsewhere: a closed loop's)."""
+        self.sent += 1
+        self.hooks.started(request_id, prompt_tokens)
+
+    async def send(
+        self,
+        body: dict[str, Any],
+        *,
+        request_id: str,
+        stage: int,
+        scheduled_s: float,
+        prompt_tokens: int | None = None,
+        **options: Any,
+    ) -> RequestTiming:
+        """Send one measured request and tell the hooks; ``options`` go to
+        :func:`~loadgen.send.client.send_request` (what :meth:`request_options`
+        chose, the encoded body, a session turn's tags)."""
+        self.started(request_id, prompt_tokens)
+        timing = await send_request(
+            self.session,
+            self.url,
+            body,
+            request_id=request_id,
+            stage=stage,
+            scheduled_s=scheduled_s,
+            headers=self.headers,
+            timeout_s=self.config.timeout,
+            record_interruption=True,
+            on_first_token=self.hooks.first_token_hook(request_id),
+            **options,
+        )
+        self.hooks.finished(timing)
+        return timing
