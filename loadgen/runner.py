@@ -61,6 +61,7 @@ from servemon.loadgen.run.promtargets import (
     ScrapeInterval,
 )
 from servemon.loadgen.run.sampler import ServerSampler
+from servemon.loadgen.run.sender import Sender, endpoint
 from servemon.loadgen.run.sources import (
     make_sampler,
     prom_headers,
@@ -177,23 +178,27 @@ async def run_load(
                 over_context=config.over_context,
                 **(prefix.build_options() if prefix else {}),
             )
-            pick_model = _model_picker(config, mix, model, workload)
             rundir = RunDirectory.create(Path(config.out), kind)
+            sender = Sender(
+                session=session,
+                url=endpoint(base, config.api),
+                headers=headers,
+                config=config,
+                workload=workload,
+                model=model,
+                pick_model=_model_picker(config, mix, model, workload),
+            )
             ctx = RunContext(
                 kind=kind,
                 replay=plan.replay,
                 config=config,
                 base=base,
-                model=model,
-                session=session,
                 rundir=rundir,
                 live=live,
-                workload=workload,
-                headers=headers,
                 stages=stages,
                 progress=progress,
                 stopper=stop,
-                pick_model=pick_model,
+                sender=sender,
             )
             info = RunInfo(
                 kind=kind,
@@ -245,9 +250,9 @@ async def run_load(
                 # every model asked for; not recorded.
                 await send_warm(
                     session,
-                    ctx.sender.url,
+                    sender.url,
                     [
-                        ctx.sender.body_of(prompt, name)
+                        sender.body_of(prompt, name)
                         for name in (mix.names if mix else (model,))
                         for prompt in workload.warm
                     ],
@@ -266,11 +271,14 @@ async def _execute(
     arrival: Arrival,
     scrape: ScrapeInterval | None,
 ) -> RunResult:
-    sampler = make_sampler(ctx.config, ctx.session, ctx.base, ctx.sampled, ctx.headers)
+    sender = ctx.sender
+    sampler = make_sampler(
+        ctx.config, sender.session, ctx.base, ctx.sampled, sender.headers
+    )
     c = ctx.config
     energy, said = await open_energy(
         c.energy,
-        session=ctx.session,
+        session=sender.session,
         target_is_local=is_loopback(ctx.base),
         prometheus=c.prometheus,
         select=c.select,

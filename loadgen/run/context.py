@@ -17,14 +17,10 @@ first of the sender's hooks, so that every request a driver sends reaches them a
 
 from __future__ import annotations
 
-import secrets
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
-
-import aiohttp
 
 from servemon.loadgen.record.record import RunDirectory
 from servemon.loadgen.record.runrecord import CapacityResult, ControlResult
@@ -42,7 +38,6 @@ from servemon.loadgen.send.dispatch import OpenLoop
 from servemon.loadgen.send.stopping import Stopper
 from servemon.loadgen.send.timing import RequestTiming
 from servemon.loadgen.workloads.replayplan import ReplayPlan
-from servemon.loadgen.workloads.workload import Workload
 
 __all__ = ["Board", "Drive", "Driven", "RunContext"]
 
@@ -152,27 +147,19 @@ class RunContext:
     kind: Kind
     config: LoadConfig
     base: str
-    model: str
-    session: aiohttp.ClientSession
     rundir: RunDirectory
     live: LiveMetrics
-    workload: Workload
-    headers: dict[str, str]
     stages: list[StageRecord]
     progress: Progress
-    #: The model of each request (or session) index, when requests differ in it:
-    #: a ``--model`` mix's seeded draw, or the models a trace names. ``model`` is
-    #: then the names the run uses, comma-joined.
-    pick_model: Callable[[int], str] | None = None
+    #: What the driver sends with; the run hears of each request first.
+    sender: Sender
     stopper: Stopper = field(default_factory=Stopper)
     #: A replay's sends, planned with the run (:class:`~loadgen.run.plan.Plan`).
     replay: ReplayPlan | None = None
     tally: Tally = field(init=False)
     guard: GuardRail = field(init=False)
     watch: ClientWatch = field(init=False)
-    sender: Sender = field(init=False)
     board: Board = field(init=False)
-    label: str = field(init=False)
     #: Why a guard rail stopped the run, if one did.
     stop_reason: str | None = None
     #: The server's signals, newest last (:mod:`loadgen.run.reading`: either
@@ -187,7 +174,6 @@ class RunContext:
         self.guard = GuardRail(
             abort_error_rate=c.abort_error_rate, max_waiting=c.abort_waiting
         )
-        self.label = c.target_name or urlsplit(self.base).netloc
         self.watch = ClientWatch(
             origin_s=self.rundir.origin_s,
             stage_of=lambda: self.progress.current,
@@ -195,20 +181,9 @@ class RunContext:
             on_check=self._client_checked,
             open_loop=self.kind != "sweep",
         )
-        self.sender = Sender(
-            session=self.session,
-            url=self.base
-            + ("/v1/chat/completions" if c.api == "chat" else "/v1/completions"),
-            headers=self.headers,
-            config=c,
-            workload=self.workload,
-            model=self.model,
-            pick_model=self.pick_model,
-            tag=secrets.token_hex(3),
-        )
         # The run's own bookkeeping hears of each request first.
-        self.sender.hooks.starters.append(self._started)
-        self.sender.hooks.sinks.append(self._finished)
+        self.sender.hooks.starters.insert(0, self._started)
+        self.sender.hooks.sinks.insert(0, self._finished)
         self.board = Board(
             self.stages, self.live, self.progress, self.tally, self.rundir
         )
@@ -255,9 +230,7 @@ class RunContext:
         stage = self.progress.current
         if stage >= 0:
             for reason in verdict.tripped:
-                live.limited.labels(self.label, self.model, str(stage), reason).inc(
-                    CHECK_S
-                )
+                live.limit(stage, reason, CHECK_S)
 
     def client_limits(self) -> None:
         """Put what the client watch found into each stage's record."""

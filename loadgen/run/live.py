@@ -163,6 +163,11 @@ class LiveMetrics:
         ``over_context``)."""
         self.skipped.labels(*self._base, str(stage), reason).inc()
 
+    def limit(self, stage: int, reason: str, seconds: float) -> None:
+        """The client was its own limit for ``seconds`` of ``stage``, by ``reason``
+        (``lag``, ``loop``, ``cpu``)."""
+        self.limited.labels(*self._base, str(stage), reason).inc(seconds)
+
     def hold_back(self, stage: int) -> None:
         """A request of ``stage`` held back by ``--max-inflight``."""
         self.held_back.labels(*self._base, str(stage)).inc()

@@ -13,6 +13,7 @@ capacity step judging its requests, the control law's models of the server).
 from __future__ import annotations
 
 import random
+import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -27,7 +28,7 @@ from servemon.loadgen.send.client import RequestTags, send_request
 from servemon.loadgen.send.timing import RequestTiming
 from servemon.loadgen.workloads.workload import Prompt, Workload, request_body
 
-__all__ = ["FirstToken", "Hooks", "Sender", "Sink", "Starter"]
+__all__ = ["FirstToken", "Hooks", "Sender", "Sink", "Starter", "endpoint"]
 
 #: Something that takes each finished request.
 Sink = Callable[[RequestTiming], None]
@@ -37,6 +38,11 @@ Starter = Callable[[str, float, int | None], None]
 #: Something told as a measured request's first token arrives (request id,
 #: monotonic time).
 FirstToken = Callable[[str, float], None]
+
+
+def endpoint(base: str, api: str) -> str:
+    """The URL requests of ``api`` (``chat`` or ``completions``) go to at ``base``."""
+    return base + ("/v1/chat/completions" if api == "chat" else "/v1/completions")
 
 
 @dataclass(slots=True)
@@ -93,6 +99,7 @@ class Sender:
     """
 
     session: aiohttp.ClientSession
+    #: The completions endpoint of the API asked for (:func:`endpoint`).
     url: str
     headers: dict[str, str]
     config: LoadConfig
@@ -103,7 +110,7 @@ class Sender:
     #: a ``--model`` mix's seeded draw, or the models a trace names.
     pick_model: Callable[[int], str] | None = None
     #: A prefix of this run's request ids (shards of one schedule differ in it).
-    tag: str
+    tag: str = field(default_factory=lambda: secrets.token_hex(3))
     hooks: Hooks = field(default_factory=Hooks)
     #: Measured requests sent so far.
     sent: int = 0
