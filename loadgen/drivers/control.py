@@ -122,7 +122,10 @@ Why this shape:
   law on the p95 still sets the level. The sends stay open loop
   (none waits for an answer) but are less bursty than the ``--arrival`` asked
   for, which is why it is not the default. Every tick records ``pace`` (what went
-  out over what was drawn at) and ``backlog``.
+  out over what was drawn at) and ``backlog``. For KV usage ``--pace`` paces by the
+  count of requests in flight, after the start phase
+  (:class:`~loadgen.drivers.backlog.InFlightPace`): Poisson arrivals swing that
+  count, and the usage with it, by more than the ±15 % band.
 - **Unreachable.** When the rate has sat at a bound for three intervals with the
   signal still off by more than the tolerance, the setpoint cannot be reached with
   these bounds; the run says so (once, and in every tick's ``state``) and holds the
@@ -146,7 +149,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 
-from servemon.loadgen.drivers.backlog import PrefillBacklog
+from servemon.loadgen.drivers.backlog import InFlightPace, Paced, PrefillBacklog
 from servemon.loadgen.drivers.controllaw import (
     FAST_START,
     SATURATING,
@@ -177,20 +180,20 @@ def _arrivals(
     arrival: Arrival,
     seed: int,
     duration_s: float,
-    backlog: PrefillBacklog | None = None,
+    paced: Paced | None = None,
 ) -> Iterator[Due]:
     """Open-loop sends at the law's current rate, for ``duration_s``: each gap is
-    drawn at the rate of the moment it is drawn (times the backlog's pace, where
-    there is one)."""
+    drawn at the rate of the moment it is drawn (times the pace, where there is
+    one)."""
     rng = random.Random(f"{seed}:control")
     offset = 0.0
     for index in itertools.count():
         rate = law.rate
-        if backlog is not None:
-            if law.draining:  # a drain is not paced
-                backlog.unpaced(time.monotonic())
+        if paced is not None:
+            if law.draining or (law.starting and not paced.paces_start):
+                paced.unpaced(time.monotonic())
             else:
-                rate *= backlog.pace(time.monotonic(), rate)
+                rate *= paced.pace(time.monotonic(), rate)
         offset += arrival.gap(rng, rate)
         if offset > duration_s:
             return
@@ -226,6 +229,9 @@ async def drive_control(run: Drive, found: Driven) -> None:
         hooks.starters.append(backlog.started)
         hooks.first_tokens.append(backlog.first_token)
         hooks.sinks.append(backlog)
+    paced: Paced | None = None
+    if c.pace:
+        paced = backlog if held is None else InFlightPace.every(interval, held.inflight)
     record = run.board.stages[0]
     start = await wait_for_start(run, found)
     if start is None:
@@ -241,7 +247,19 @@ async def drive_control(run: Drive, found: Driven) -> None:
     )
     found.control = result
     ticking = asyncio.create_task(
-        _ticks(run, law, signal, interval, start, window, held, backlog, result, gauges)
+        _ticks(
+            run,
+            law,
+            signal,
+            interval,
+            start,
+            window,
+            held,
+            backlog,
+            paced,
+            result,
+            gauges,
+        )
     )
     try:
         found.interrupted = await open_loop(
@@ -249,9 +267,7 @@ async def drive_control(run: Drive, found: Driven) -> None:
             [Stage(0, law.rate, c.duration, 0.0)],
             seed=c.seed,
             start_s=start,
-            sends=_arrivals(
-                law, run.arrival, c.seed, c.duration, backlog if c.pace else None
-            ),
+            sends=_arrivals(law, run.arrival, c.seed, c.duration, paced),
         )
     finally:
         ticking.cancel()
@@ -269,6 +285,7 @@ async def _ticks(
     window: ClientWindow,
     held: HeldTokens | None,
     backlog: PrefillBacklog | None,
+    paced: Paced | None,
     result: ControlResult,
     gauges: ControlGauges,
 ) -> None:
@@ -374,7 +391,7 @@ async def _ticks(
             "in_flight": None if held is None else len(held.inflight),
             "in_flight_wanted": law.wanted_count,
             "steered": steered,
-            "pace": backlog.mean_pace() if backlog and c.pace else None,
+            "pace": None if paced is None else paced.mean_pace(),
             "backlog": None if backlog is None else backlog.count(),
             "state": state,
             "phase": law.phase,

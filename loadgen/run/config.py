@@ -44,6 +44,7 @@ SECRET_WORDS = ("auth", "key", "token", "secret", "password", "cookie")
 
 __all__ = [
     "HOLDABLE",
+    "PACED",
     "PROMETHEUS_ONLY",
     "Hold",
     "LoadConfig",
@@ -59,6 +60,9 @@ __all__ = [
 HOLDABLE = ("waiting", "kv_cache_usage", "ttft_p95", "burn_rate", "gpu_utilization")
 #: Signals only Prometheus has (the generated rules, the GPU exporter).
 PROMETHEUS_ONLY = ("burn_rate", "gpu_utilization")
+#: Signals whose sends ``--pace`` can pace, by what the client knows without lag
+#: (the prefill backlog; the requests in flight).
+PACED = ("ttft_p95", "kv_cache_usage")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -224,8 +228,8 @@ class LoadConfig:
     control_interval: Positive | None = None
     #: Stop when the signal has been missing this long (the controller is blind).
     blind_timeout: Positive = 60.0
-    #: ttft_p95: pace each gap by the client's prefill backlog
-    #: (loadgen.drivers.backlog).
+    #: ttft_p95: pace each gap by the client's prefill backlog; kv_cache_usage:
+    #: by its requests in flight (loadgen.drivers.backlog).
     pace: bool = False
     # guard rails (every load command)
     abort_error_rate: Annotated[float, Ge(0), Le(1)] = 0.2

@@ -14,6 +14,7 @@ from servemon.core.errors import ConfigError
 from servemon.core.wire.webconfig import load_web_config
 from servemon.loadgen.record.runrecord import ClientLimit, StageResult
 from servemon.loadgen.run.config import (
+    PACED,
     PROMETHEUS_ONLY,
     LoadConfig,
     auth_headers,
@@ -347,10 +348,10 @@ def _check_signals(kind: Kind, config: LoadConfig) -> None:
     if config.hold is None:
         raise ConfigError("--hold: control needs SIGNAL=SETPOINT, e.g. waiting=8")
     signal = config.hold.signal
-    if config.pace and signal != "ttft_p95":
+    if config.pace and signal not in PACED:
         raise ConfigError(
-            f"--pace: paces the sends of --hold ttft_p95 by the prefill backlog, "
-            f"not of --hold {signal}"
+            f"--pace: paces the sends of --hold {', '.join(PACED)} (by what the "
+            f"client knows without lag), not of --hold {signal}"
         )
     if signal in PROMETHEUS_ONLY and config.prometheus is None:
         raise ConfigError(

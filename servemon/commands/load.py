@@ -235,9 +235,10 @@ def replay(trace: Path, config_file: Path | None, **flags: Any) -> None:
 @click.option(
     "--pace/--no-pace",
     default=None,
-    help="ttft_p95: draw each gap at the rate times a factor from the client's "
-    "prefill backlog (prompts sent, no first token yet), so bursts do not pile "
-    "up; the sends are then less bursty than --arrival.",
+    help="ttft_p95, kv_cache_usage: draw each gap at the rate times a factor from "
+    "what the client knows without lag (ttft_p95: its prefill backlog, prompts "
+    "sent with no first token yet; kv_cache_usage: its requests in flight), so "
+    "bursts do not pile up; the sends are then less bursty than --arrival.",
 )
 @options.arrival()
 @options.prometheus()

@@ -324,6 +324,7 @@ def test_control_checks_its_settings_before_anything_starts() -> None:
     with pytest.raises(ConfigError, match="only servemon control holds"):
         check("ramp", hold="waiting=8")
     check("control", hold="ttft_p95=0.4", pace=True)
+    check("control", hold="kv_cache_usage=0.5", pace=True)
     with pytest.raises(ConfigError, match="--pace: paces the sends of --hold ttft_p95"):
         check("control", hold="waiting=8", pace=True)
     with pytest.raises(ConfigError, match="--pace: only servemon control"):
