@@ -62,9 +62,11 @@ PACE_CATCH_UP_S = 2.0
 OWED_MAX = 3.0
 #: KV usage's pace (:class:`InFlightPace`): its average over this many control
 #: intervals, and its gain. On the simulator's cold start through Prometheus
-#: (``tests/e2e/test_control_cold_start.py`` with ``--pace``; one or two runs each):
-#: 1 interval and gain 1: reached at 22-24 s, then 71-76 % of ticks within ±15 %;
-#: gain 3: 26 s, 76-79 %; 1.5 intervals: 34 s, 90 %; 2 intervals: 40-48 s, 92-100 %.
+#: (``tests/e2e/test_control_cold_start.py`` with ``--pace``; one to five runs each,
+#: the start paced too): 1 interval and gain 1: reached at 22-24 s, then 71-76 % of
+#: ticks within ±15 %; gain 3: 26 s, 76-79 %; 2 intervals: 40-48 s, 92-100 %. The
+#: start not paced: 1 interval, 34-40 s, 92-93 %; 1.5 intervals (kept): 34-40 s,
+#: 86-100 % (benchmarks/RESULTS.md).
 #: Against the law's wanted count instead of the average the law and the pace
 #: both answered the count's error and the rate swung every other tick (28-32 s,
 #: 62-87 %); against the law's rate times the lifetime, every tick (13 %).
@@ -94,8 +96,8 @@ class Paced(Protocol):
 @dataclass(slots=True)
 class Pace:
     """The factor on the law's rate of each gap drawn, from a level the client
-    knows without lag (the prefill backlog; for KV usage, the tokens its requests
-    hold): see the module docstring."""
+    knows without lag (the prefill backlog; for KV usage, the count of its
+    requests in flight): see the module docstring."""
 
     tau_s: float
     gain: float = PACE_GAIN
