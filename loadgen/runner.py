@@ -16,20 +16,23 @@ import gc
 import platform
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 from servemon.core.errors import ConfigError, RecordError
 from servemon.core.version import __version__
 from servemon.core.wire.webconfig import load_web_config
-from servemon.loadgen.drivers.capacity import drive_capacity
-from servemon.loadgen.drivers.control import drive_control
-from servemon.loadgen.drivers.ramp import drive_ramp
+from servemon.loadgen.drivers.capacity import CapacitySettings, drive_capacity
+from servemon.loadgen.drivers.control import ControlSettings, drive_control
+from servemon.loadgen.drivers.ramp import RampSettings, drive_ramp
 from servemon.loadgen.drivers.replay import drive_replay
-from servemon.loadgen.drivers.sweep import drive_sweep
+from servemon.loadgen.drivers.sweep import SweepSettings, drive_sweep
 from servemon.loadgen.record.record import RunDirectory
 from servemon.loadgen.record.runrecord import (
     RunInfo,
@@ -94,14 +97,28 @@ __all__ = [
     "run_load",
 ]
 
-Driver = Callable[[Drive, Driven], Awaitable[None]]
+S = TypeVar("S", bound="DataclassInstance")
+
+
+@dataclass(frozen=True, slots=True)
+class Driver(Generic[S]):
+    """A kind of run's driver, and the settings it reads (a dataclass of
+    :class:`LoadConfig`'s fields, see :func:`~loadgen.run.config.settings_of`)."""
+
+    settings: type[S]
+    drive: Callable[[Drive[S], Driven], Awaitable[None]]
+
+    async def __call__(self, ctx: RunContext, arrival: Arrival, found: Driven) -> None:
+        await self.drive(ctx.drive(self.settings, arrival), found)
+
+
 #: The driver of each kind of load run.
-DRIVERS: dict[Kind, Driver] = {
-    "ramp": drive_ramp,
-    "sweep": drive_sweep,
-    "capacity": drive_capacity,
-    "replay": drive_replay,
-    "control": drive_control,
+DRIVERS: dict[Kind, Driver[Any]] = {
+    "ramp": Driver(RampSettings, drive_ramp),
+    "sweep": Driver(SweepSettings, drive_sweep),
+    "capacity": Driver(CapacitySettings, drive_capacity),
+    "replay": Driver(RampSettings, drive_replay),
+    "control": Driver(ControlSettings, drive_control),
 }
 
 
@@ -297,7 +314,7 @@ async def _execute(
     status = "failed"
     found = Driven()
     try:
-        await DRIVERS[ctx.kind](ctx.drive(arrival), found)
+        await DRIVERS[ctx.kind](ctx, arrival, found)
         status = "interrupted" if found.interrupted else "completed"
         if ctx.stop_reason is not None:
             status = "aborted"

@@ -33,6 +33,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from servemon.core.slo import SloTerm
 from servemon.loadgen.drivers.ramp import open_loop
@@ -56,7 +57,27 @@ from servemon.loadgen.run.reading import Reading
 from servemon.loadgen.send.arrivals import Stage
 from servemon.loadgen.send.timing import RequestTiming
 
-__all__ = ["CapacityResult", "StepVerdict", "drive_capacity"]
+__all__ = ["CapacityResult", "CapacitySettings", "StepVerdict", "drive_capacity"]
+
+
+@dataclass(frozen=True, slots=True)
+class CapacitySettings:
+    """What a capacity search reads of its flags."""
+
+    #: The SLO a step must meet (``--slo``).
+    slo: tuple[SloTerm, ...]
+    #: A step's length (``--step-seconds``; None: the default).
+    step_seconds: float | None
+    #: Seconds at the start of a step not judged (``--settle``).
+    settle: float
+    rps_min: float
+    rps_max: float | None
+    max_duration: float
+    #: The bracket's width, relative, at which the search ends.
+    precision: float
+    #: The Prometheus the server's signals come from (a step it cannot see into is
+    #: not judged good); None: the server's ``/metrics``.
+    prometheus: str | None
 
 
 class _Step:
@@ -205,11 +226,11 @@ def _judge(
     )
 
 
-async def drive_capacity(run: Drive, found: Driven) -> None:
+async def drive_capacity(run: Drive[CapacitySettings], found: Driven) -> None:
     """Run the search (see the module docstring)."""
-    c, board, signals = run.config, run.board, run.signals
+    c, board, signals = run.settings, run.board, run.signals
     slo = list(c.slo)
-    step_s = step_seconds(c)
+    step_s = step_seconds(c.step_seconds)
     cap = c.rps_max if c.rps_max is not None else LOOPBACK_RPS_MAX["capacity"]
     deadline = time.monotonic() + c.max_duration
     rate = min(c.rps_min, cap)
@@ -223,7 +244,7 @@ async def drive_capacity(run: Drive, found: Driven) -> None:
         if time.monotonic() + step_s > deadline:
             ended = "--max-duration reached"
             break
-        duration = capacity_step_s(c, rate)
+        duration = capacity_step_s(c.step_seconds, c.settle, rate)
         if time.monotonic() + duration > deadline:
             ended = "--max-duration reached"
             break
@@ -238,7 +259,7 @@ async def drive_capacity(run: Drive, found: Driven) -> None:
                 interrupted = await open_loop(
                     run,
                     [Stage(record.index, rate, duration, 0.0)],
-                    seed=c.seed + record.index,
+                    seed=run.sending.seed + record.index,
                     first_index=first_index,
                     halt=halt,
                 )

@@ -154,6 +154,7 @@ from servemon.loadgen.drivers.controllaw import (
     FAST_START,
     SATURATING,
     ControlLaw,
+    ControlSettings,
     control_interval,
 )
 from servemon.loadgen.drivers.controlsignal import (
@@ -172,7 +173,7 @@ from servemon.loadgen.run.plan import LOOPBACK_RPS_MAX
 from servemon.loadgen.run.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
 from servemon.loadgen.send.arrivals import Arrival, Due, Stage
 
-__all__ = ["drive_control"]
+__all__ = ["ControlSettings", "drive_control"]
 
 
 def _arrivals(
@@ -200,9 +201,9 @@ def _arrivals(
         yield Due(index, 0, offset)
 
 
-async def drive_control(run: Drive, found: Driven) -> None:
+async def drive_control(run: Drive[ControlSettings], found: Driven) -> None:
     """Hold the signal for ``--duration`` (see the module docstring)."""
-    c, hooks = run.config, run.sender.hooks
+    c, hooks = run.settings, run.sender.hooks
     assert c.hold is not None
     signal, setpoint = c.hold.signal, c.hold.setpoint
     rps_max = c.rps_max if c.rps_max is not None else LOOPBACK_RPS_MAX["control"]
@@ -265,9 +266,9 @@ async def drive_control(run: Drive, found: Driven) -> None:
         found.interrupted = await open_loop(
             run,
             [Stage(0, law.rate, c.duration, 0.0)],
-            seed=c.seed,
+            seed=run.sending.seed,
             start_s=start,
-            sends=_arrivals(law, run.arrival, c.seed, c.duration, paced),
+            sends=_arrivals(law, run.arrival, run.sending.seed, c.duration, paced),
         )
     finally:
         ticking.cancel()
@@ -277,7 +278,7 @@ async def drive_control(run: Drive, found: Driven) -> None:
 
 
 async def _ticks(
-    run: Drive,
+    run: Drive[ControlSettings],
     law: ControlLaw,
     signal: str,
     interval: float,
@@ -289,7 +290,7 @@ async def _ticks(
     result: ControlResult,
     gauges: ControlGauges,
 ) -> None:
-    c = run.config
+    c = run.settings
     # The model of what the requests hold, sampled as often as the gauge, over the
     # window the gauge's samples of an interval describe (Prometheus: a scrape ago).
     modelled: deque[tuple[float, float]] = deque(maxlen=4096)

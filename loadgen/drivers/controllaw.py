@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import datetime
 
 from servemon.loadgen.drivers.heldtokens import Held
-from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.config import Hold
 from servemon.loadgen.run.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
 
 __all__ = [
@@ -20,8 +21,38 @@ __all__ = [
     "TOLERANCE",
     "TTFT_DRAIN_OVER",
     "ControlLaw",
+    "ControlSettings",
     "control_interval",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class ControlSettings:
+    """What ``servemon control`` reads of its flags."""
+
+    hold: Hold | None
+    #: How long the signal is held (``--duration``).
+    duration: float
+    rps_min: float
+    rps_max: float | None
+    rps_start: float | None
+    #: The Prometheus the signal comes from; None: the target's ``/metrics``.
+    prometheus: str | None
+    sample_interval: float
+    #: Prometheus' scrape interval of the targets (``--scrape-interval``, or read
+    #: from Prometheus); None: assumed.
+    scrape_interval: float | None
+    #: Seconds the client's TTFT p95 (and a burn rate) is taken over.
+    signal_window: float
+    #: ``--control-interval``; None: from the signal's delay.
+    control_interval: float | None
+    blind_timeout: float
+    #: ``--pace``: each send paced on the client's own count (see
+    #: :mod:`loadgen.drivers.backlog`).
+    pace: bool
+    #: When the schedule starts (``--start-at``); None: now.
+    start_at: datetime | None
+
 
 #: Ratios that stop at 1: at their ceiling they no longer say how far over the
 #: rate is (a full cache hides the backlog behind it).
@@ -316,7 +347,7 @@ class ControlLaw:
         return self.at_bound >= UNREACHABLE_AFTER
 
 
-def control_interval(config: LoadConfig, signal: str) -> float:
+def control_interval(config: ControlSettings, signal: str) -> float:
     """Seconds between rate changes: ``--control-interval``, else twice the
     signal's delay, and at least 1 s. KV usage, and a queue read from
     Prometheus: two of servemon's samples and at least 2 s, since the law steers a

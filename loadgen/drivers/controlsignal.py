@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from servemon.loadgen.drivers.controllaw import ControlSettings
 from servemon.loadgen.drivers.heldtokens import Held, HeldTokens
 from servemon.loadgen.record.figures import exact_quantile
 from servemon.loadgen.run.context import Drive
@@ -69,11 +70,15 @@ class ClientWindow:
 
 
 def measure(
-    run: Drive, signal: str, since: float, now: float, window: ClientWindow
+    run: Drive[ControlSettings],
+    signal: str,
+    since: float,
+    now: float,
+    window: ClientWindow,
 ) -> float | None:
     """The signal over the last interval: the mean of its fresh samples (direct or
     Prometheus), or the client's TTFT p95 without Prometheus; None when missing."""
-    if signal == "ttft_p95" and run.config.prometheus is None:
+    if signal == "ttft_p95" and run.settings.prometheus is None:
         return window.p95(now)
     values = []
     for reading in reversed(run.signals):

@@ -13,8 +13,9 @@ import gc
 import time
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from servemon.core.wire.http import encode_json
 from servemon.loadgen.drivers.conversation import run_session
@@ -25,14 +26,32 @@ from servemon.loadgen.send.dispatch import OpenLoop
 from servemon.loadgen.send.stopping import grace, until_stopped
 from servemon.loadgen.workloads.sessions import SessionWorkload
 
-__all__ = ["drive_ramp", "open_loop", "wait_for_start"]
+__all__ = ["RampSettings", "drive_ramp", "open_loop", "wait_for_start"]
+
+
+class StartsAt(Protocol):
+    """Settings with a ``--start-at``."""
+
+    @property
+    def start_at(self) -> datetime | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RampSettings:
+    """What a ramp (and a replay, sent the same way) reads of its flags."""
+
+    #: When the schedule starts (``--start-at``, shared by shards); None: now.
+    start_at: datetime | None
+    max_requests: int | None
+    shard: Shard | None
+
 
 #: A request made ready ahead of its time: its body, that body encoded, its send
 #: options, its prompt tokens.
 Ready = tuple[dict[str, Any], bytes, dict[str, Any], int | None]
 
 
-async def drive_ramp(run: Drive, found: Driven) -> None:
+async def drive_ramp(run: Drive[RampSettings], found: Driven) -> None:
     """Send the planned stages open loop, from ``--start-at`` or now."""
     plan: list[Stage] = []
     offset = 0.0
@@ -40,32 +59,30 @@ async def drive_ramp(run: Drive, found: Driven) -> None:
         duration = s.planned_s or 0.0
         plan.append(Stage(s.index, s.target_rate or 0.0, duration, offset))
         offset += duration
-    c = run.config
-    shard = c.shard
     start = await wait_for_start(run, found)
     if start is None:
         return
     found.interrupted = await open_loop(
         run,
         plan,
-        seed=c.seed,
-        limit=c.max_requests,
-        shard=shard,
+        seed=run.sending.seed,
+        limit=run.settings.max_requests,
+        shard=run.settings.shard,
         start_s=start,
     )
 
 
-async def wait_for_start(run: Drive, found: Driven) -> float | None:
+async def wait_for_start(run: Drive[StartsAt], found: Driven) -> float | None:
     """The monotonic start of the schedule: ``--start-at`` (shared by shards) or
     now; None if the run was stopped while waiting (``found`` then says so)."""
-    c = run.config
-    if c.start_at is None:
+    start_at = run.settings.start_at
+    if start_at is None:
         return time.monotonic() + 0.05
-    delay = (c.start_at - datetime.now(UTC)).total_seconds()
+    delay = (start_at - datetime.now(UTC)).total_seconds()
     found.start_late_s = max(0.0, -delay)
     if delay > 0:
         run.board.say(
-            f"servemon: waiting {delay:.1f} s for --start-at {c.start_at.isoformat()}"
+            f"servemon: waiting {delay:.1f} s for --start-at {start_at.isoformat()}"
         )
         if await until_stopped(asyncio.sleep(delay), run.stop.requested):
             found.interrupted = True
@@ -74,7 +91,7 @@ async def wait_for_start(run: Drive, found: Driven) -> float | None:
 
 
 async def open_loop(
-    run: Drive,
+    run: Drive[object],
     plan: list[Stage],
     *,
     seed: int,
@@ -93,7 +110,7 @@ async def open_loop(
     Setting ``halt`` ends this dispatch early (a capacity step judged already):
     sending stops and the requests in flight get the grace period.
     """
-    c, sender, board, stop = run.config, run.sender, run.board, run.stop
+    c, sender, board, stop = run.sending, run.sender, run.board, run.stop
     start = time.monotonic() + 0.05 if start_s is None else start_s
 
     def on_stage(index: int) -> None:

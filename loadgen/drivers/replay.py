@@ -11,16 +11,17 @@ between them.
 
 from __future__ import annotations
 
-from servemon.loadgen.drivers.ramp import open_loop, wait_for_start
+from servemon.loadgen.drivers.ramp import RampSettings, open_loop, wait_for_start
 from servemon.loadgen.run.context import Drive, Driven
 from servemon.loadgen.send.arrivals import Due, Stage
 
 __all__ = ["drive_replay"]
 
 
-async def drive_replay(run: Drive, found: Driven) -> None:
-    """Send the trace's requests at their (scaled) times."""
-    c = run.config
+async def drive_replay(run: Drive[RampSettings], found: Driven) -> None:
+    """Send the trace's requests at their (scaled) times (a ramp's settings: the
+    start, the limit, the shard)."""
+    c = run.settings
     plan = run.replay
     if plan is None:
         raise ValueError("a replay runs on the plan made with it (make_plan)")
@@ -35,7 +36,7 @@ async def drive_replay(run: Drive, found: Driven) -> None:
     found.interrupted = await open_loop(
         run,
         [stage],
-        seed=c.seed,
+        seed=run.sending.seed,
         start_s=start,
         sends=(Due(index, 0, offset) for index, offset in sends),
     )

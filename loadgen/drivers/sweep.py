@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from servemon.loadgen.drivers.conversation import run_users
@@ -18,19 +19,33 @@ from servemon.loadgen.send.closedloop import run_closed_loop
 from servemon.loadgen.send.stopping import Stopper, grace, until_stopped
 from servemon.loadgen.workloads.sessions import SessionWorkload
 
-__all__ = ["drive_sweep"]
+__all__ = ["SweepSettings", "drive_sweep"]
 
 
-async def drive_sweep(run: Drive, found: Driven) -> None:
+@dataclass(frozen=True, slots=True)
+class SweepSettings:
+    """What a sweep reads of its flags."""
+
+    #: Requests measured at each level (``--number``: one, or one per level).
+    number: tuple[int, ...]
+    #: Times each level is run (``--repeats``).
+    repeats: int
+    #: Requests sent first at each level and not measured.
+    warmup: int
+    #: Seconds a request of the closed loop may take.
+    timeout: float
+
+
+async def drive_sweep(run: Drive[SweepSettings], found: Driven) -> None:
     """Run the levels in order (the arrival process is not used: a closed loop
     sends when a request finishes)."""
     found.interrupted = await _levels(run)
 
 
-async def _levels(run: Drive) -> bool:
+async def _levels(run: Drive[SweepSettings]) -> bool:
     """Each level in turn; True if the run was stopped before the last ended."""
-    c, sender, board, stop = run.config, run.sender, run.board, run.stop
-    numbers = stage_numbers(c, len(board.stages))
+    c, sender, board, stop = run.settings, run.sender, run.board, run.stop
+    numbers = stage_numbers(c.number, c.repeats, len(board.stages))
     first = 0  # each level's prompts follow the last level's: none sent twice
     sessions = itertools.count()  # and so do its sessions
     for record, number in zip(board.stages, numbers, strict=True):
@@ -45,7 +60,7 @@ async def _levels(run: Drive) -> bool:
                 sender, record.parallel, number, record.index, sessions, stop.requested
             )
             running = asyncio.create_task(users)
-            interrupted = await _level(running, stop, c.grace)
+            interrupted = await _level(running, stop, run.sending.grace)
             record.end_s = time.monotonic()
             record.sent = sender.turns_sent[record.index]
             if running.done() and not running.cancelled() and not running.exception():
@@ -79,7 +94,7 @@ async def _levels(run: Drive) -> bool:
                 options=options,
             )
         )
-        interrupted = await _level(level, stop, c.grace)
+        interrupted = await _level(level, stop, run.sending.grace)
         record.end_s = time.monotonic()
         record.sent = board.finished(record.index)
         if interrupted:

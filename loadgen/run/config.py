@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from annotated_types import Ge, Gt, Le
 from pydantic import BeforeValidator
@@ -38,6 +38,9 @@ from servemon.loadgen.send.arrivals import (
 )
 from servemon.loadgen.workloads.workload import WorkloadSpec, parse_workload
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 #: Words that mark a header name as a credential's (``Authorization``,
 #: ``X-Api-Key``, ``X-Auth-Token``, ``Cookie``).
 SECRET_WORDS = ("auth", "key", "token", "secret", "password", "cookie")
@@ -54,6 +57,7 @@ __all__ = [
     "parse_extra_body",
     "parse_hold",
     "secret_header_names",
+    "settings_of",
 ]
 
 #: What ``--hold`` can hold.
@@ -301,6 +305,17 @@ def header_lines(path: Path) -> tuple[str, ...]:
             )
         lines.append(line)
     return tuple(lines)
+
+
+Settings = TypeVar("Settings", bound="DataclassInstance")
+
+
+def settings_of(kind: type[Settings], config: LoadConfig) -> Settings:
+    """The part of ``config`` a driver reads: ``kind`` is a dataclass whose fields are
+    named and typed as :class:`LoadConfig`'s (``tests/unit/loadgen/test_drive.py``
+    holds them to that), filled from the same-named fields, already validated."""
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(kind)}
+    return kind(**values)
 
 
 def secret_header_names(headers: Sequence[str]) -> list[str]:

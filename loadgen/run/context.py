@@ -2,12 +2,16 @@
 
 A driver (:mod:`loadgen.drivers.ramp`, :mod:`loadgen.drivers.sweep`,
 :mod:`loadgen.drivers.capacity`, ...) is an async function ``drive(run, found)``. It
-gets a :class:`Drive`, the parts of the run it may use: the settings, a
-:class:`~loadgen.run.sender.Sender` to send measured requests with (and its hooks, to
-listen to them), the server's signals (one typed :class:`~loadgen.run.reading.Reading`
-per sample, from either sampler), the :class:`Board` of the stages it runs, the stop
-and the arrival process. What it finds goes into ``found``, its :class:`Driven`, and
-nowhere else. A driver keeps its own state; nothing reaches into another driver.
+gets a :class:`Drive`, the parts of the run it may use: its own settings (a small
+dataclass the driver declares beside itself: the few fields of
+:class:`~loadgen.run.config.LoadConfig` it reads, filled by
+:func:`~loadgen.run.config.settings_of`), how every driver sends (:class:`Sending`),
+a :class:`~loadgen.run.sender.Sender` to send measured requests with (and its hooks,
+to listen to them), the server's signals (one typed
+:class:`~loadgen.run.reading.Reading` per sample, from either sampler), the
+:class:`Board` of the stages it runs, the stop and the arrival process. What it
+finds goes into ``found``, its :class:`Driven`, and nowhere else. A driver keeps
+its own state; nothing reaches into another driver.
 
 The :class:`RunContext` is the runner's: it owns the run directory, the live metrics,
 the run's :class:`~loadgen.record.tally.Tally`, the progress display, the guard rail
@@ -20,13 +24,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from servemon.loadgen.record.record import RunDirectory
 from servemon.loadgen.record.runrecord import CapacityResult, ControlResult
 from servemon.loadgen.record.tally import Tally
 from servemon.loadgen.run.clientwatch import CHECK_S, ClientWatch, Verdict
-from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.config import LoadConfig, settings_of
 from servemon.loadgen.run.guard import GuardRail
 from servemon.loadgen.run.live import ControlGauges, LiveMetrics
 from servemon.loadgen.run.plan import Kind, StageRecord
@@ -39,7 +43,15 @@ from servemon.loadgen.send.stopping import Stopper
 from servemon.loadgen.send.timing import RequestTiming
 from servemon.loadgen.workloads.replayplan import ReplayPlan
 
-__all__ = ["Board", "Drive", "Driven", "RunContext"]
+__all__ = ["Board", "Drive", "Driven", "RunContext", "Sending"]
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+#: A driver's own settings, as a driver reads them.
+S = TypeVar("S", covariant=True)
+#: A driver's own settings, as the run fills them in.
+D = TypeVar("D", bound="DataclassInstance")
 
 
 @dataclass(slots=True)
@@ -123,11 +135,25 @@ class Board:
         self.rundir.append_control(line)
 
 
+@dataclass(frozen=True, slots=True)
+class Sending:
+    """How any driver sends, whatever it sends: the flags every kind of run reads."""
+
+    seed: int
+    #: Seconds the requests in flight get when sending stops (``--grace``).
+    grace: float
+    max_inflight: int
+    late: Literal["send", "skip"]
+    late_tolerance: float
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Drive:
+class Drive(Generic[S]):
     """What a driver gets (see the module docstring)."""
 
-    config: LoadConfig
+    #: The driver's own settings.
+    settings: S
+    sending: Sending
     sender: Sender
     #: The server's signals, newest last (either sampler's, read once).
     signals: deque[Reading]
@@ -188,10 +214,11 @@ class RunContext:
             self.stages, self.live, self.progress, self.tally, self.rundir
         )
 
-    def drive(self, arrival: Arrival) -> Drive:
-        """The parts of this run its driver gets."""
+    def drive(self, settings: type[D], arrival: Arrival) -> Drive[D]:
+        """The parts of this run its driver gets, its ``settings`` among them."""
         return Drive(
-            config=self.config,
+            settings=settings_of(settings, self.config),
+            sending=settings_of(Sending, self.config),
             sender=self.sender,
             signals=self.readings,
             board=self.board,

@@ -159,11 +159,12 @@ def _check(kind: Kind, config: LoadConfig) -> None:
             raise ConfigError(
                 "--slo: capacity needs an SLO, e.g. --slo 'ttft_p95<=0.5'"
             )
-        if config.settle >= step_seconds(config):
+        if config.settle >= step_seconds(config.step_seconds):
             raise ConfigError(
                 f"--settle {config.settle:g}: must be shorter than the step"
             )
-        first = capacity_step_s(config, min(config.rps_min, config.rps_max or 1e9))
+        low = min(config.rps_min, config.rps_max or 1e9)
+        first = capacity_step_s(config.step_seconds, config.settle, low)
         if first > config.max_duration:
             raise ConfigError(
                 f"--max-duration {config.max_duration:g}: the first step, at "
@@ -239,15 +240,15 @@ def check_energy(value: str) -> None:
 MIN_REQUESTS = 10
 
 
-def capacity_step_s(config: LoadConfig, rate: float) -> float:
+def capacity_step_s(step_s: float | None, settle: float, rate: float) -> float:
     """A capacity step's length at ``rate``: the step, or longer at a low rate,
-    for :data:`MIN_REQUESTS` judged requests after the settle time."""
-    return max(step_seconds(config), config.settle + MIN_REQUESTS / rate)
+    for :data:`MIN_REQUESTS` judged requests after the settle time (``--settle``)."""
+    return max(step_seconds(step_s), settle + MIN_REQUESTS / rate)
 
 
-def step_seconds(config: LoadConfig) -> float:
-    """A capacity step's length."""
-    return config.step_seconds if config.step_seconds is not None else DEFAULT_STEP_S
+def step_seconds(step_s: float | None) -> float:
+    """A capacity step's length (``--step-seconds``, else the default)."""
+    return step_s if step_s is not None else DEFAULT_STEP_S
 
 
 def _stages(
@@ -293,13 +294,12 @@ def _stages(
     ]
 
 
-def stage_numbers(config: LoadConfig, count: int) -> list[int]:
+def stage_numbers(number: tuple[int, ...], repeats: int, count: int) -> list[int]:
     """Each of a sweep's ``count`` stages' ``--number``, in stage order: one value
-    for every level, or one per level, each repeat of a level running its
-    level's (the plan has checked that the values fit the levels)."""
-    levels = count // config.repeats
-    per_level = list(config.number) * (levels if len(config.number) == 1 else 1)
-    return [n for n in per_level for _ in range(config.repeats)]
+    for every level, or one per level, each repeat of a level running its level's."""
+    levels = count // repeats
+    per_level = list(number) * (levels if len(number) == 1 else 1)
+    return [n for n in per_level for _ in range(repeats)]
 
 
 def rate_label(rate: float, unit: str = "rps") -> str:

@@ -170,7 +170,9 @@ def test_drivers_get_the_parts_of_a_run_not_the_run() -> None:
                     if alias.name not in {"Drive", "Driven"}
                 ]
     assert not wrong, wrong
-    for kind, drive in drivers.items():
-        hints = typing.get_type_hints(drive)
-        assert list(inspect.signature(drive).parameters) == ["run", "found"], kind
-        assert hints["run"].__name__ == "Drive", kind
+    for kind, driver in drivers.items():
+        hints = typing.get_type_hints(driver.drive)
+        assert list(inspect.signature(driver.drive).parameters) == ["run", "found"]
+        assert typing.get_origin(hints["run"]).__name__ == "Drive", kind
+        # It reads its own settings, not the run's LoadConfig.
+        assert typing.get_args(hints["run"]) == (driver.settings,), kind

@@ -22,8 +22,8 @@ def config(**changes: object) -> LoadConfig:
 
 def test_a_low_rate_step_lasts_long_enough_for_its_judged_requests() -> None:
     c = config()
-    assert capacity_step_s(c, 100.0) == 3.0
-    assert capacity_step_s(c, 0.5) == 1.0 + MIN_REQUESTS / 0.5
+    assert capacity_step_s(c.step_seconds, c.settle, 100.0) == 3.0
+    assert capacity_step_s(c.step_seconds, c.settle, 0.5) == 1.0 + MIN_REQUESTS / 0.5
 
 
 def test_a_first_step_longer_than_max_duration_is_refused_before_the_run() -> None:

@@ -17,9 +17,14 @@ from aiohttp import web
 
 from servemon.core.errors import ConfigError
 from servemon.core.signals import SIGNALS, parse_selector, queries
-from servemon.loadgen.drivers.controllaw import KP_MAX, ControlLaw, control_interval
+from servemon.loadgen.drivers.controllaw import (
+    KP_MAX,
+    ControlLaw,
+    ControlSettings,
+    control_interval,
+)
 from servemon.loadgen.drivers.controlsignal import QueueEstimate
-from servemon.loadgen.run.config import LoadConfig, parse_hold
+from servemon.loadgen.run.config import LoadConfig, parse_hold, settings_of
 from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.run.promsource import PrometheusSampler
 
@@ -331,16 +336,20 @@ def test_control_checks_its_settings_before_anything_starts() -> None:
         check("ramp", pace=True)
     with pytest.raises(ConfigError, match="expected an http"):
         check("capacity", slo="ttft_p95<=1", prometheus="localhost:9090")
+
     # The interval follows the signal's delay: a scrape and half the rate window.
-    direct = LoadConfig(hold="waiting=8")
+    def settings(**values: Any) -> ControlSettings:
+        return settings_of(ControlSettings, LoadConfig(**values))
+
+    direct = settings(hold="waiting=8")
     assert control_interval(direct, "waiting") == 2.0
-    prom = LoadConfig(prometheus="http://p:9090", scrape_interval=15.0)
+    prom = settings(prometheus="http://p:9090", scrape_interval=15.0)
     assert control_interval(prom, "ttft_p95") == 62.0  # a scrape, the poll, a window
     # A queue through Prometheus and KV usage steer counts of the client's own:
     # two samples, however late the gauge.
     assert control_interval(prom, "waiting") == 2.0
     assert control_interval(prom, "kv_cache_usage") == 2.0
-    assert control_interval(LoadConfig(sample_interval=1.5), "kv_cache_usage") == 3.0
+    assert control_interval(settings(sample_interval=1.5), "kv_cache_usage") == 3.0
 
 
 def test_a_selector_is_label_matchers_or_a_one_line_error() -> None:

@@ -75,7 +75,7 @@ def test_a_sweeps_number_is_its_levels_for_every_repeat(
         ("parallel 4", 4, 1),
         ("parallel 4", 4, 2),
     ]
-    assert stage_numbers(config, len(stages)) == expected
+    assert stage_numbers(config.number, config.repeats, len(stages)) == expected
 
 
 def test_a_sweeps_numbers_must_still_fit_its_levels() -> None:
