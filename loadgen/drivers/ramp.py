@@ -22,6 +22,7 @@ from servemon.loadgen.drivers.conversation import run_session
 from servemon.loadgen.run.context import Drive, Driven
 from servemon.loadgen.send.arrivals import Due, Shard, Stage
 from servemon.loadgen.send.arrivals import schedule as make_schedule
+from servemon.loadgen.send.client import RequestOptions
 from servemon.loadgen.send.dispatch import OpenLoop
 from servemon.loadgen.send.stopping import grace, until_stopped
 from servemon.loadgen.workloads.sessions import SessionWorkload
@@ -46,9 +47,9 @@ class RampSettings:
     shard: Shard | None
 
 
-#: A request made ready ahead of its time: its body, that body encoded, its send
-#: options, its prompt tokens.
-Ready = tuple[dict[str, Any], bytes, dict[str, Any], int | None]
+#: A request made ready ahead of its time: its body, its send options (the body
+#: encoded among them), its prompt tokens.
+Ready = tuple[dict[str, Any], RequestOptions, int | None]
 
 
 async def drive_ramp(run: Drive[RampSettings], found: Driven) -> None:
@@ -149,12 +150,9 @@ async def open_loop(
         if prompt.skip is not None:
             return prompt.skip
         body = sender.body_of(prompt, model)
-        return (
-            body,
-            encode_json(body),
-            sender.request_options(index, model),
-            prompt.prompt_tokens,
-        )
+        options = sender.request_options(index, model)
+        options["encoded"] = encode_json(body)
+        return body, options, prompt.prompt_tokens
 
     async def send(due: Due, at: float, ready: Ready | str | None) -> None:
         index = first_index + due.index
@@ -169,14 +167,13 @@ async def open_loop(
             unsent[due.stage] += 1
             board.not_sent(due.stage, ready)
             return
-        body, encoded, options, prompt_tokens = ready
+        body, options, prompt_tokens = ready
         await sender.send(
             body,
             request_id=f"{sender.tag}-{index}",
             stage=due.stage,
             scheduled_s=at,
             prompt_tokens=prompt_tokens,
-            encoded=encoded,
             **options,
         )
 

@@ -15,6 +15,7 @@ from typing import Any
 from servemon.loadgen.drivers.conversation import run_users
 from servemon.loadgen.run.context import Drive, Driven
 from servemon.loadgen.run.plan import stage_numbers
+from servemon.loadgen.send.client import RequestOptions
 from servemon.loadgen.send.closedloop import run_closed_loop
 from servemon.loadgen.send.stopping import Stopper, grace, until_stopped
 from servemon.loadgen.workloads.sessions import SessionWorkload
@@ -72,7 +73,7 @@ async def _levels(run: Drive[SweepSettings]) -> bool:
         def body(index: int, offset: int = offset) -> dict[str, Any]:
             return sender.body(offset + index)
 
-        def options(index: int, offset: int = offset) -> dict[str, Any]:
+        def options(index: int, offset: int = offset) -> RequestOptions:
             return sender.request_options(offset + index)
 
         level = asyncio.create_task(

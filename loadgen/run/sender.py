@@ -19,12 +19,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import aiohttp
 
 from servemon.loadgen.run.config import LoadConfig
-from servemon.loadgen.send.client import RequestTags, send_request
+from servemon.loadgen.send.client import RequestOptions, RequestTags, send_request
 from servemon.loadgen.send.timing import RequestTiming
 from servemon.loadgen.workloads.workload import Prompt, Workload, request_body
 
@@ -139,12 +139,12 @@ class Sender:
         pick = self.pick_model
         return self.model if pick is None else pick(index)
 
-    def request_options(self, index: int, model: str | None = None) -> dict[str, Any]:
+    def request_options(self, index: int, model: str | None = None) -> RequestOptions:
         """Keyword arguments of :func:`~loadgen.send.client.send_request` for request
         ``index``: whether the client walks away from it (seeded), and the model
         of a mix it asked for (``model``, where the caller has drawn it already)."""
         c = self.config
-        options: dict[str, Any] = {}
+        options: RequestOptions = {}
         if self.pick_model is not None:
             drawn = self.pick_model(index) if model is None else model
             options["tags"] = RequestTags(model=drawn)
@@ -152,11 +152,9 @@ class Sender:
             return options
         if random.Random(f"cancel:{c.seed}:{index}").random() >= c.cancel_fraction:
             return options
-        return {
-            **options,
-            "cancel_after_s": c.cancel_after,
-            "cancel_after_tokens": c.cancel_after_tokens,
-        }
+        options["cancel_after_s"] = c.cancel_after
+        options["cancel_after_tokens"] = c.cancel_after_tokens
+        return options
 
     def started(self, request_id: str, prompt_tokens: int | None = None) -> None:
         """A measured request goes out (sent elsewhere: a closed loop's)."""
@@ -171,7 +169,7 @@ class Sender:
         stage: int,
         scheduled_s: float,
         prompt_tokens: int | None = None,
-        **options: Any,
+        **options: Unpack[RequestOptions],
     ) -> RequestTiming:
         """Send one measured request and tell the hooks; ``options`` go to
         :func:`~loadgen.send.client.send_request` (what :meth:`request_options`

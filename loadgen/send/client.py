@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import aiohttp
 import orjson
@@ -30,6 +30,7 @@ from servemon.loadgen.send.timing import Outcome, RequestTiming, TokenSource
 
 __all__ = [
     "ClientSettings",
+    "RequestOptions",
     "RequestTags",
     "make_session",
     "parse_event",
@@ -152,6 +153,20 @@ class RequestTags:
     session: str | None = None
     turn: int | None = None
     history_tokens: int | None = None
+
+
+class RequestOptions(TypedDict, total=False):
+    """What a driver chooses for one request beyond its body: the keyword arguments
+    of :func:`send_request` that change from one request to the next."""
+
+    #: The client walks away this long after the send, or after this many chunks.
+    cancel_after_s: float | None
+    cancel_after_tokens: int | None
+    #: Keep the answer's text (a session sends it back in its next turn).
+    keep_text: bool
+    tags: RequestTags | None
+    #: The body as JSON, made ahead of the send time.
+    encoded: bytes | None
 
 
 class _Probe:

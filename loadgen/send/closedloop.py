@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from servemon.loadgen.send.client import send_request
+from servemon.loadgen.send.client import RequestOptions, send_request
 from servemon.loadgen.send.timing import RequestTiming
 
 __all__ = ["run_closed_loop"]
@@ -35,7 +35,7 @@ async def run_closed_loop(
     on_done: Callable[[RequestTiming], None] | None = None,
     on_send: Callable[[str], None] | None = None,
     stop: asyncio.Event | None = None,
-    options: Callable[[int], dict[str, Any]] | None = None,
+    options: Callable[[int], RequestOptions] | None = None,
 ) -> list[RequestTiming]:
     """Run ``warmup + number`` requests with ``concurrency`` in flight.
 
