@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 
 from servemon.core.errors import ConfigError, RecordError
 from servemon.core.version import __version__
-from servemon.core.wire.webconfig import load_web_config
 from servemon.loadgen.drivers.capacity import CapacitySettings, drive_capacity
 from servemon.loadgen.drivers.control import ControlSettings, drive_control
 from servemon.loadgen.drivers.ramp import RampSettings, drive_ramp
@@ -139,12 +138,8 @@ async def run_load(
     slo = list(config.slo)
     check_rate_bound(kind, config, target, stages)
     arrival = config.arrival
-    headers = {k: v.reveal() for k, v in auth_headers(config, env).items()}
-    web_config = (
-        await asyncio.to_thread(load_web_config, Path(config.web_config_file))
-        if config.web_config_file is not None
-        else None
-    )
+    headers = {k: v.reveal() for k, v in auth_headers(env, plan.headers).items()}
+    web_config = plan.web_config
     settings = ClientSettings(
         max_connections=config.max_connections, timeout_s=config.timeout
     )

@@ -14,13 +14,12 @@ from typing import Any
 
 from servemon.loadgen.drivers.conversation import run_users
 from servemon.loadgen.run.context import Drive, Driven
-from servemon.loadgen.run.plan import stage_numbers
 from servemon.loadgen.send.client import RequestOptions
 from servemon.loadgen.send.closedloop import run_closed_loop
 from servemon.loadgen.send.stopping import Stopper, grace, until_stopped
 from servemon.loadgen.workloads.sessions import SessionWorkload
 
-__all__ = ["SweepSettings", "drive_sweep"]
+__all__ = ["SweepSettings", "drive_sweep", "stage_numbers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +34,15 @@ class SweepSettings:
     warmup: int
     #: Seconds a request of the closed loop may take.
     timeout: float
+
+
+def stage_numbers(number: tuple[int, ...], repeats: int, count: int) -> list[int]:
+    """Each of a sweep's ``count`` stages' ``--number``, in stage order: one value
+    for every level, or one per level, each repeat of a level running its level's
+    (the plan has checked that the values fit the levels)."""
+    levels = count // repeats
+    per_level = list(number) * (levels if len(number) == 1 else 1)
+    return [n for n in per_level for _ in range(repeats)]
 
 
 async def drive_sweep(run: Drive[SweepSettings], found: Driven) -> None:

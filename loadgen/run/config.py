@@ -3,7 +3,7 @@
 YAML (``--config servemon.yaml``) uses the flag names with underscores; flags win.
 Secrets never live here: the API key comes from ``SERVEMON_API_KEY``, a header file
 (``--header-file``) is named here but read only when the request headers are built
-(:func:`auth_headers`), and header values are wrapped in
+(:func:`config_headers`, once, by the plan), and header values are wrapped in
 :class:`servemon.core.fields.Secret` there, so the config can be recorded with its
 header values redacted (:func:`loadgen.run.plan.recorded_config`).
 """
@@ -52,6 +52,7 @@ __all__ = [
     "Hold",
     "LoadConfig",
     "auth_headers",
+    "config_headers",
     "config_text",
     "header_lines",
     "parse_extra_body",
@@ -328,16 +329,13 @@ def secret_header_names(headers: Sequence[str]) -> list[str]:
     return names
 
 
-def auth_headers(config: LoadConfig, env: Mapping[str, str]) -> dict[str, Secret]:
-    """Request headers from ``SERVEMON_API_KEY``, ``--header-file`` and
-    ``--header NAME: VALUE``, later ones winning.
+def config_headers(config: LoadConfig) -> dict[str, Secret]:
+    """Request headers from ``--header-file`` and ``--header NAME: VALUE``, a flag
+    winning over the file; the file is read here (the plan does it, once).
 
     Values are :class:`Secret`: they print as ``<redacted>`` anywhere but the request.
     """
     headers: dict[str, Secret] = {}
-    key = env.get("SERVEMON_API_KEY")
-    if key:
-        headers["Authorization"] = Secret(f"Bearer {key}")
     if config.header_file is not None:
         for line in header_lines(Path(config.header_file)):
             name, _, value = line.partition(":")
@@ -350,3 +348,15 @@ def auth_headers(config: LoadConfig, env: Mapping[str, str]) -> dict[str, Secret
             )
         headers[name.strip()] = Secret(value.strip())
     return headers
+
+
+def auth_headers(
+    env: Mapping[str, str], configured: Mapping[str, Secret]
+) -> dict[str, Secret]:
+    """The request headers: ``SERVEMON_API_KEY``'s, then the ``configured`` ones
+    (:func:`config_headers`), which win."""
+    headers: dict[str, Secret] = {}
+    key = env.get("SERVEMON_API_KEY")
+    if key:
+        headers["Authorization"] = Secret(f"Bearer {key}")
+    return {**headers, **configured}

@@ -4,20 +4,21 @@ the config as the run record keeps it (secrets redacted)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from servemon.core.errors import ConfigError
-from servemon.core.wire.webconfig import load_web_config
+from servemon.core.fields import Secret
+from servemon.core.wire.webconfig import WebConfig, load_web_config
 from servemon.loadgen.record.runrecord import ClientLimit, StageResult
 from servemon.loadgen.run.config import (
     PACED,
     PROMETHEUS_ONLY,
     LoadConfig,
-    auth_headers,
+    config_headers,
     config_text,
 )
 from servemon.loadgen.run.target import is_loopback
@@ -46,7 +47,6 @@ __all__ = [
     "recorded_config",
     "redact_argv",
     "replay_plan_of",
-    "stage_numbers",
     "step_seconds",
 ]
 
@@ -129,13 +129,18 @@ class Plan:
     """A load command's settings, checked and planned once before anything starts
     (:func:`make_plan`), and handed down to the run: its kind, the stages of a ramp
     or the levels of a sweep (a capacity search adds its steps as it goes), and a
-    replay's sends."""
+    replay's sends; the files the settings name, read once: the header file's
+    headers (secrets, which print redacted) and the web config."""
 
     kind: Kind
     stages: list[StageRecord]
     replay: ReplayPlan | None = None
     #: ``--model a=0.7,b=0.3``: the mix (None: one model, or the target's).
     mix: ModelMix | None = None
+    #: ``--header-file`` and ``--header``'s (``SERVEMON_API_KEY`` is the run's).
+    headers: Mapping[str, Secret] = field(default_factory=dict)
+    #: ``--web-config-file``, read and checked.
+    web_config: WebConfig | None = None
 
 
 def make_plan(kind: Kind, config: LoadConfig) -> Plan:
@@ -150,7 +155,12 @@ def make_plan(kind: Kind, config: LoadConfig) -> Plan:
     stages = _repeated(_stages(kind, config, replay), config.repeats)
     _check(kind, config)
     mix = parse_model(config.model) if config.model else None
-    return Plan(kind, stages, replay, mix)
+    web_config = (
+        load_web_config(Path(config.web_config_file))
+        if config.web_config_file is not None
+        else None
+    )
+    return Plan(kind, stages, replay, mix, config_headers(config), web_config)
 
 
 def _check(kind: Kind, config: LoadConfig) -> None:
@@ -191,9 +201,6 @@ def _check(kind: Kind, config: LoadConfig) -> None:
         )
     _check_sessions(kind, config)
     _check_signals(kind, config)
-    auth_headers(config, {})  # a header file's lines
-    if config.web_config_file is not None:
-        load_web_config(Path(config.web_config_file))
     if config.cpu_dma_latency is not None:
         check_cpu_latency(config.cpu_dma_latency)
 
@@ -292,14 +299,6 @@ def _stages(
         StageRecord(i, parallel_label(p, users=users), None, p, None)
         for i, p in enumerate(levels)
     ]
-
-
-def stage_numbers(number: tuple[int, ...], repeats: int, count: int) -> list[int]:
-    """Each of a sweep's ``count`` stages' ``--number``, in stage order: one value
-    for every level, or one per level, each repeat of a level running its level's."""
-    levels = count // repeats
-    per_level = list(number) * (levels if len(number) == 1 else 1)
-    return [n for n in per_level for _ in range(repeats)]
 
 
 def rate_label(rate: float, unit: str = "rps") -> str:

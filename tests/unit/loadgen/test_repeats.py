@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from servemon.core.errors import ConfigError
+from servemon.loadgen.drivers.sweep import stage_numbers
 from servemon.loadgen.record.columns import repeat_header, repeat_rows
 from servemon.loadgen.record.record import RunDirectory, rebuild_summary
 from servemon.loadgen.record.runrecord import (
@@ -23,7 +24,7 @@ from servemon.loadgen.record.tally import Tally
 from servemon.loadgen.reports.compare import verdict_text
 from servemon.loadgen.reports.significance import Difference, Verdict
 from servemon.loadgen.run.config import LoadConfig
-from servemon.loadgen.run.plan import make_plan, stage_numbers
+from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 

@@ -18,6 +18,7 @@ from servemon.loadgen.record.slo import request_meets
 from servemon.loadgen.run.config import (
     LoadConfig,
     auth_headers,
+    config_headers,
     header_lines,
     parse_extra_body,
     secret_header_names,
@@ -95,7 +96,7 @@ def test_load_config_errors_name_the_field() -> None:
 
 def test_secrets_never_print_and_are_redacted_in_records() -> None:
     config = LoadConfig(header=("X-Api-Key: hdr-SECRET",))
-    headers = auth_headers(config, {"SERVEMON_API_KEY": "key-SECRET"})
+    headers = auth_headers({"SERVEMON_API_KEY": "key-SECRET"}, config_headers(config))
     assert headers["Authorization"].reveal() == "Bearer key-SECRET"
     assert headers["X-Api-Key"] == Secret("hdr-SECRET")
     shown = f"{headers} {headers['X-Api-Key']!r} {headers['X-Api-Key']}"
@@ -105,7 +106,7 @@ def test_secrets_never_print_and_are_redacted_in_records() -> None:
     assert "SECRET" not in " ".join(redact_argv(argv))
     assert "X-Api-Key: <redacted>" in redact_argv(argv)
     with pytest.raises(ConfigError, match="--header 1") as info:
-        auth_headers(LoadConfig(header=("no colon here",)), {})
+        config_headers(LoadConfig(header=("no colon here",)))
     assert "no colon" not in str(info.value)
 
 
@@ -115,7 +116,7 @@ def test_a_header_file_gives_headers_and_never_shows_a_value(tmp_path: Path) -> 
         "# the gateway's key\n\nAuthorization: Bearer file-SECRET\nX-Team:  a b \n"
     )
     config = LoadConfig(header_file=str(path), header=("X-Team: flag",))
-    headers = auth_headers(config, {"SERVEMON_API_KEY": "env-SECRET"})
+    headers = auth_headers({"SERVEMON_API_KEY": "env-SECRET"}, config_headers(config))
     # The file's Authorization over SERVEMON_API_KEY's, a flag over the file.
     assert headers["Authorization"].reveal() == "Bearer file-SECRET"
     assert headers["X-Team"].reveal() == "flag"
@@ -126,7 +127,7 @@ def test_a_header_file_gives_headers_and_never_shows_a_value(tmp_path: Path) -> 
         header_lines(path)
     assert "SECRET" not in str(info.value)
     with pytest.raises(ConfigError, match="cannot read"):
-        auth_headers(LoadConfig(header_file=str(tmp_path / "absent")), {})
+        config_headers(LoadConfig(header_file=str(tmp_path / "absent")))
 
 
 @pytest.mark.parametrize(
