@@ -167,6 +167,7 @@ from servemon.loadgen.drivers.controlsignal import (
 from servemon.loadgen.drivers.heldtokens import HeldTokens
 from servemon.loadgen.drivers.ramp import open_loop, wait_for_start
 from servemon.loadgen.record.runrecord import ControlResult
+from servemon.loadgen.run.config import paces
 from servemon.loadgen.run.context import Drive, Driven
 from servemon.loadgen.run.live import ControlGauges
 from servemon.loadgen.run.plan import LOOPBACK_RPS_MAX
@@ -231,7 +232,7 @@ async def drive_control(run: Drive[ControlSettings], found: Driven) -> None:
         hooks.first_tokens.append(backlog.first_token)
         hooks.sinks.append(backlog)
     paced: Paced | None = None
-    if c.pace:
+    if paces(c.pace, signal):
         paced = backlog if held is None else InFlightPace.every(interval, held.inflight)
     record = run.board.stages[0]
     start = await wait_for_start(run, found)
@@ -245,6 +246,7 @@ async def drive_control(run: Drive[ControlSettings], found: Driven) -> None:
         interval_s=interval,
         source="prometheus" if c.prometheus else "direct",
         settle_s=ControlResult.settle_for(c.duration, interval),
+        paced=paced is not None,
     )
     found.control = result
     ticking = asyncio.create_task(

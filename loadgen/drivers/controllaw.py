@@ -47,9 +47,9 @@ class ControlSettings:
     #: ``--control-interval``; None: from the signal's delay.
     control_interval: float | None
     blind_timeout: float
-    #: ``--pace``: each send paced on the client's own count (see
-    #: :mod:`loadgen.drivers.backlog`).
-    pace: bool
+    #: ``--pace``/``--no-pace``: each send paced on the client's own count (see
+    #: :mod:`loadgen.drivers.backlog`); None: :func:`~loadgen.run.config.paces`.
+    pace: bool | None
     #: When the schedule starts (``--start-at``); None: now.
     start_at: datetime | None
 

@@ -88,6 +88,8 @@ class ControlResult:
     blind: int = 0
     offered_sum: float = 0.0
     unreachable: str | None = None
+    #: Whether the sends were paced (``--pace``, the default for KV usage).
+    paced: bool = False
 
     @property
     def within(self) -> float | None:
@@ -137,6 +139,7 @@ class ControlResult:
             interval_s=interval,
             source=source,
             settle_s=cls.settle_for(duration_s, interval),
+            paced=any(t.get("pace") is not None for t in ticks),
         )
         start = times[0] - interval
         for tick, at in zip(ticks, times, strict=True):

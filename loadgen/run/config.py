@@ -48,6 +48,7 @@ SECRET_WORDS = ("auth", "key", "token", "secret", "password", "cookie")
 __all__ = [
     "HOLDABLE",
     "PACED",
+    "PACED_BY_DEFAULT",
     "PROMETHEUS_ONLY",
     "Hold",
     "LoadConfig",
@@ -55,6 +56,7 @@ __all__ = [
     "config_headers",
     "config_text",
     "header_lines",
+    "paces",
     "parse_extra_body",
     "parse_hold",
     "secret_header_names",
@@ -68,6 +70,10 @@ PROMETHEUS_ONLY = ("burn_rate", "gpu_utilization")
 #: Signals whose sends ``--pace`` can pace, by what the client knows without lag
 #: (the prefill backlog; the requests in flight).
 PACED = ("ttft_p95", "kv_cache_usage")
+#: ... and those paced unless ``--no-pace``: KV usage, which the pace held within
+#: ±15 % in 86-100 % of ticks on the simulator and on vLLM's CPU build through
+#: Prometheus, against 34-92 % unpaced (benchmarks/RESULTS.md).
+PACED_BY_DEFAULT = ("kv_cache_usage",)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -234,8 +240,9 @@ class LoadConfig:
     #: Stop when the signal has been missing this long (the controller is blind).
     blind_timeout: Positive = 60.0
     #: ttft_p95: pace each gap by the client's prefill backlog; kv_cache_usage:
-    #: by its requests in flight (loadgen.drivers.backlog).
-    pace: bool = False
+    #: by its requests in flight (loadgen.drivers.backlog). None: as
+    #: :func:`paces` says (KV usage paced, TTFT not).
+    pace: bool | None = None
     # guard rails (every load command)
     abort_error_rate: Annotated[float, Ge(0), Le(1)] = 0.2
     abort_waiting: Annotated[float, Gt(0)] = 5000.0
@@ -306,6 +313,12 @@ def header_lines(path: Path) -> tuple[str, ...]:
             )
         lines.append(line)
     return tuple(lines)
+
+
+def paces(pace: bool | None, signal: str) -> bool:
+    """Whether ``servemon control --hold SIGNAL=…`` paces its sends: ``--pace`` or
+    ``--no-pace`` where given, else :data:`PACED_BY_DEFAULT`."""
+    return signal in PACED_BY_DEFAULT if pace is None else pace
 
 
 Settings = TypeVar("Settings", bound="DataclassInstance")

@@ -15,8 +15,9 @@ averaged over one lifetime it held 31-55 % of ticks (one CI run 31 %); over two,
 reached at 36 s, then 57-61 % (three runs alone, 2026-12-05); with the start
 growing from the rate sent, 24 and 34 s, then 53 and 59 % (two runs). Poisson
 arrivals alone swing it by more than the band (a fixed rate: 66 % of 2-s windows
-within), so the case runs with ``--pace``, which paces the sends by the requests in
-flight after the start: reached at 34-40 s, then 86-100 % (five runs, 2026-12-05).
+within), so KV usage is held with its sends paced by the requests in flight after
+the start, by default (``--no-pace`` turns it off): reached at 34-40 s, then
+86-100 % (five runs, 2026-12-05).
 Without the start phase a queue of 48 behind the same batch (64-token requests,
 about 8 req/s) was reached at 60 s (measured once, the start turned off); with
 the 15 s once assumed for the scrape interval the control interval is 32 s, two
@@ -86,7 +87,7 @@ CASES = {
     "kv_cache_usage": (
         "kv_cache_usage=0.5",
         ("--profile", "qwen3-0.6b-eager", "--num-gpu-blocks", "1000"),
-        ("--workload", "random:prompt=64,output=96", "--ignore-eos", "--pace"),
+        ("--workload", "random:prompt=64,output=96", "--ignore-eos"),
     ),
 }
 
@@ -195,6 +196,9 @@ async def test_a_cold_start_reaches_the_setpoint_and_holds_it(
     assert "behind --select every 1 s" in read_text(control.log)
     summary = json.loads(read_text(run_dir / "summary.json"))
     start = float(summary["stages"][0]["start_s"])
+    # KV usage is paced unless told not to; a queue is not.
+    assert summary["control"]["paced"] is (case == "kv_cache_usage"), summary
+
     ticks = _ticks(run_dir)
     # Both steer a count of the client's own (its prompts with no answer yet, its
     # requests in flight) that the gauge calibrates: a change every two polls.

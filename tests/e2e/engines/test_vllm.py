@@ -513,7 +513,10 @@ def test_control_holds_vllms_kv_cache(
     So the test asserts what held in every run, and what the old law broke: the
     mean on the setpoint (within the goal's ±15 %: a fresh clone's run held 31 of
     41 ticks within, its mean 0.4497 after one dip to 0.09 right after the reach),
-    never a full cache, and 40 % within (the old law: 17 %)."""
+    never a full cache, and 40 % within (the old law: 17 %). The sends are paced
+    by the requests in flight (the default for KV usage since 2026-12-05: by hand
+    80 % and 97 % direct; through Prometheus 90-100 % in four runs of four, against
+    43-92 % unpaced), and the summary says so."""
     ticks, after = control_ticks(
         servemon,
         vllm_large_cache.url,
@@ -531,6 +534,7 @@ def test_control_holds_vllms_kv_cache(
     wanted = [t["in_flight_wanted"] for t in after]
     assert all(w is not None and 80 < w < 200 for w in wanted), wanted
     assert max(t["measured"] or 0 for t in ticks) < 0.95, ticks
+    assert any(t["pace"] is not None for t in after), "KV usage is paced by default"
 
 
 # --- the exporter and the probe on the live engine -------------------------------

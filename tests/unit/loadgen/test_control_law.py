@@ -24,7 +24,7 @@ from servemon.loadgen.drivers.controllaw import (
     control_interval,
 )
 from servemon.loadgen.drivers.controlsignal import QueueEstimate
-from servemon.loadgen.run.config import LoadConfig, parse_hold, settings_of
+from servemon.loadgen.run.config import LoadConfig, paces, parse_hold, settings_of
 from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.run.promsource import PrometheusSampler
 
@@ -334,6 +334,13 @@ def test_control_checks_its_settings_before_anything_starts() -> None:
         check("control", hold="waiting=8", pace=True)
     with pytest.raises(ConfigError, match="--pace: only servemon control"):
         check("ramp", pace=True)
+    check("control", hold="waiting=8", pace=False)  # --no-pace: nothing to refuse
+    # KV usage is paced unless --no-pace; TTFT only with --pace.
+    assert paces(None, "kv_cache_usage")
+    assert not paces(False, "kv_cache_usage")
+    assert not paces(None, "ttft_p95")
+    assert paces(True, "ttft_p95")
+    assert not paces(None, "waiting")
     with pytest.raises(ConfigError, match="expected an http"):
         check("capacity", slo="ttft_p95<=1", prometheus="localhost:9090")
 
