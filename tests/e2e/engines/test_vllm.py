@@ -17,17 +17,20 @@ run belong to that run alone.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from servemon.embedded import free_port
 from tests.e2e.engines.conftest import VLLM_BLOCK_SIZE, VLLM_MODEL, Engine, VllmModel
 from tests.e2e.engines.test_real_engines import (
     SEED_SWEEP,
@@ -38,6 +41,8 @@ from tests.e2e.engines.test_real_engines import (
     requests_of,
     run,
 )
+from tests.e2e.test_alerting_stack import PROMETHEUS
+from tests.support.alerting import prometheus_file
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -446,16 +451,26 @@ def control_ticks(
     hold: str,
     duration: str,
     workload: str,
+    *,
+    prometheus: str | None = None,
+    reach_s: float = 30,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``servemon control --hold HOLD`` against ``url`` (0.5-s samples, answers of
-    their full length); every tick, and the ticks from the first within +-15 % of
-    the setpoint on, once that came within 30 s (issue 27's reach)."""
+    """``servemon control --hold HOLD`` against ``url`` (answers of their full
+    length), reading vLLM's ``/metrics`` every 0.5 s or ``prometheus`` (polled every
+    second); every tick, and the ticks from the first within +-15 % of the setpoint
+    on, once that came within ``reach_s`` (issue 27's goal: 30 s)."""
     setpoint = float(hold.partition("=")[2])
+    source = (
+        ("--sample-interval", "0.5")
+        if prometheus is None
+        else ("--prometheus", prometheus)
+    )
     control, _ = run(
         servemon,
         "control",
         *("--target", url, "--hold", hold, "--duration", duration),
-        *("--sample-interval", "0.5", "--workload", workload, "--ignore-eos"),
+        *source,
+        *("--workload", workload, "--ignore-eos"),
         *tok(model),
     )
     ticks = [
@@ -465,8 +480,62 @@ def control_ticks(
     ]
     reached = [i for i, t in enumerate(ticks) if within(t, setpoint)]
     assert reached, ticks
-    assert ticks[reached[0]]["t_s"] <= 30, ticks
+    assert ticks[reached[0]]["t_s"] <= reach_s, ticks
     return ticks, ticks[reached[0] :]
+
+
+@contextlib.contextmanager
+def prometheus_over(
+    servemon: Callable[..., Any], url: str, folder: Path
+) -> Iterator[str]:
+    """``servemon exporter`` in front of the vLLM at ``url`` and Debian's Prometheus
+    scraping it every second, both in pytest's session as vLLM is; yields
+    Prometheus' URL once it has vLLM's KV usage, and stops Prometheus after."""
+    assert PROMETHEUS is not None
+    exporter = free_port()
+    servemon(
+        "exporter",
+        *("--target", f"vllm={url}", "--listen", f"127.0.0.1:{exporter}", "--no-gpu"),
+    )
+    port = free_port()
+    config = prometheus_file(
+        folder / "prometheus.yml", jobs={"servemon": [f"127.0.0.1:{exporter}"]}
+    )
+    with (folder / "prometheus.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={folder / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    query = f"{base}/api/v1/query?query=servemon_engine_kv_cache_usage_ratio"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (folder / "prometheus.log").read_text()
+            with (
+                contextlib.suppress(OSError, ValueError),
+                urllib.request.urlopen(query, timeout=2) as answer,
+            ):
+                if json.load(answer)["data"]["result"]:
+                    break
+            if time.monotonic() > deadline:
+                pytest.fail("Prometheus has no KV usage of vLLM after 60 s")
+            time.sleep(0.5)  # a poll interval under a deadline
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 def within(tick: dict[str, Any], setpoint: float) -> bool:
@@ -498,8 +567,12 @@ def test_control_holds_vllms_queue(
     assert sum(within(t, 96) for t in after) >= 0.7 * len(after), ticks
 
 
-def test_control_holds_vllms_kv_cache(
-    vllm_large_cache: Engine, vllm_model: VllmModel, servemon: Callable[..., Any]
+@pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus")
+def test_control_holds_vllms_kv_cache_through_prometheus(
+    vllm_large_cache: Engine,
+    vllm_model: VllmModel,
+    servemon: Callable[..., Any],
+    tmp_path: Path,
 ) -> None:
     """Half of a cache of 1,024 blocks: about 130 requests of 256 + 300 tokens in
     flight, past the knee of this CPU, where each request sent slows the others (a
@@ -513,21 +586,31 @@ def test_control_holds_vllms_kv_cache(
     So the test asserts what held in every run, and what the old law broke: the
     mean on the setpoint (within the goal's ±15 %: a fresh clone's run held 31 of
     41 ticks within, its mean 0.4497 after one dip to 0.09 right after the reach),
-    never a full cache, and 40 % within (the old law: 17 %). The sends are paced
-    by the requests in flight (the default for KV usage since 2026-12-05: by hand
-    80 % and 97 % direct; through Prometheus 90-100 % in four runs of four, against
-    43-92 % unpaced), and the summary says so."""
-    ticks, after = control_ticks(
-        servemon,
-        vllm_large_cache.url,
-        vllm_model,
-        "kv_cache_usage=0.5",
-        "90",
-        "random:prompt=256,output=300",
-    )
+    never a full cache, and 40 % within (the old law: 17 %).
+
+    Since 2026-12-05 the sends are paced by the requests in flight (the default for
+    KV usage), and the signal is read as a user of a fleet reads it: through a
+    Prometheus that scrapes ``servemon exporter`` every second. Paced, through
+    Prometheus, alternating on this server: reached at 30-34 s, then 90, 100, 100,
+    100 % of ticks within (unpaced 43-92 %); direct, paced, 80, 97 and 85 %; this
+    test's first run 42 s, 96 % (its start grew 1.3-fold a tick, not 2-fold: the
+    count the law wants grows with the load, 6 at 4 s, 135 at the setpoint). So the
+    test asks the reach by 60 s (the goal's 30 s is missed by 0-12 s) and 60 %
+    within (benchmarks/RESULTS.md, "Through Prometheus on vLLM")."""
+    with prometheus_over(servemon, vllm_large_cache.url, tmp_path) as prometheus:
+        ticks, after = control_ticks(
+            servemon,
+            vllm_large_cache.url,
+            vllm_model,
+            "kv_cache_usage=0.5",
+            "90",
+            "random:prompt=256,output=300",
+            prometheus=prometheus,
+            reach_s=60,
+        )
     held = sum(within(t, 0.5) for t in after)
     print(f"kv_cache_usage: {held} of {len(after)} ticks within after")  # noqa: T201
-    assert held >= 0.4 * len(after), ticks
+    assert held >= 0.6 * len(after), ticks
     measured = [t["measured"] for t in after if t["measured"] is not None]
     assert abs(sum(measured) / len(measured) - 0.5) <= 0.15 * 0.5, measured
     # Steered on the client's count: about 130 in flight wanted, none preempted.
