@@ -88,6 +88,10 @@ class Paced(Protocol):
         """A gap drawn at ``now`` without the pace."""
         ...
 
+    def woke(self) -> None:
+        """The gap last paced ended in a wake-up, not a send."""
+        ...
+
     def mean_pace(self) -> float | None:
         """The rate sent over the rate drawn at since the last call."""
         ...
@@ -110,6 +114,8 @@ class Pace:
     #: Sum and count of the stretches (1 / factor) given since :meth:`mean_pace`.
     paced_sum: float = 0.0
     paced_count: int = 0
+    #: The stretch of the last gap drawn.
+    last_stretch: float = 0.0
 
     def factor(self, now: float, rate: float, level: float, unit: float) -> float:
         """The factor on ``rate`` (the law's) of a gap drawn at ``now`` with the
@@ -130,9 +136,18 @@ class Pace:
         factor = raw * math.exp(self.owed / scale)
         factor = max(PACE_MIN, min(PACE_MAX, factor))
         self.owed -= 1.0  # the gap drawn now ends in a send
-        self.paced_sum += 1.0 / factor
+        self.last_stretch = 1.0 / factor
+        self.paced_sum += self.last_stretch
         self.paced_count += 1
         return factor
+
+    def woke(self) -> None:
+        """The gap last drawn was longer than the schedule waits: it ended in a
+        wake-up (:data:`~loadgen.send.arrivals.WAKE`), with nothing sent for it."""
+        if self.paced_count:
+            self.owed += 1.0
+            self.paced_sum -= self.last_stretch
+            self.paced_count -= 1
 
     def unpaced(self, now: float) -> None:
         """A gap drawn at ``now`` without the pace (a drain): nothing is owed for
@@ -219,6 +234,10 @@ class PrefillBacklog:
         """A gap drawn at ``now`` without the pace (a drain)."""
         self.pacer.unpaced(now)
 
+    def woke(self) -> None:
+        """The gap last paced ended in a wake-up, not a send."""
+        self.pacer.woke()
+
     def mean_pace(self) -> float | None:
         """The rate sent over the rate drawn at since the last call."""
         return self.pacer.mean_pace()
@@ -247,6 +266,9 @@ class InFlightPace:
 
     def unpaced(self, now: float) -> None:
         self.pacer.unpaced(now)
+
+    def woke(self) -> None:
+        self.pacer.woke()
 
     def mean_pace(self) -> float | None:
         return self.pacer.mean_pace()

@@ -161,6 +161,7 @@ from servemon.loadgen.drivers.controlsignal import (
     ClientWindow,
     QueueEstimate,
     held_model,
+    idle_floor,
     measure,
     window_mean,
 )
@@ -172,9 +173,12 @@ from servemon.loadgen.run.context import Drive, Driven
 from servemon.loadgen.run.live import ControlGauges
 from servemon.loadgen.run.plan import LOOPBACK_RPS_MAX
 from servemon.loadgen.run.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
-from servemon.loadgen.send.arrivals import Arrival, Due, Stage
+from servemon.loadgen.send.arrivals import WAKE, Arrival, Due, Stage
 
-__all__ = ["ControlSettings", "drive_control"]
+__all__ = ["WAKE_EVERY_S", "ControlSettings", "drive_control"]
+
+#: The longest wait between sends before the schedule reads the law's rate again.
+WAKE_EVERY_S = 1.0
 
 
 def _arrivals(
@@ -186,17 +190,33 @@ def _arrivals(
 ) -> Iterator[Due]:
     """Open-loop sends at the law's current rate, for ``duration_s``: each gap is
     drawn at the rate of the moment it is drawn (times the pace, where there is
-    one)."""
+    one). A gap longer than :data:`WAKE_EVERY_S` is not waited out: the schedule
+    wakes then (:data:`~loadgen.send.arrivals.WAKE`, nothing sent) and draws again
+    at the rate of that moment. A vLLM run through Prometheus drew a gap at 0.125
+    req/s (the hand-over's cut to ``--rps-min`` times the pace's least) and sent
+    nothing for 22 s while the law raised the rate to 200 req/s."""
     rng = random.Random(f"{seed}:control")
     offset = 0.0
     for index in itertools.count():
-        rate = law.rate
-        if paced is not None:
-            if law.draining or (law.starting and not paced.paces_start):
-                paced.unpaced(time.monotonic())
-            else:
-                rate *= paced.pace(time.monotonic(), rate)
-        offset += arrival.gap(rng, rate)
+        while True:
+            rate, pacing = law.rate, False
+            if paced is not None:
+                if law.draining or (law.starting and not paced.paces_start):
+                    paced.unpaced(time.monotonic())
+                else:
+                    rate *= paced.pace(time.monotonic(), rate)
+                    pacing = True
+            gap = arrival.gap(rng, rate)
+            if gap <= WAKE_EVERY_S:
+                break
+            if pacing:
+                assert paced is not None
+                paced.woke()
+            offset += WAKE_EVERY_S
+            if offset > duration_s:
+                return
+            yield Due(WAKE, 0, offset)
+        offset += gap
         if offset > duration_s:
             return
         yield Due(index, 0, offset)
@@ -235,6 +255,11 @@ async def drive_control(run: Drive[ControlSettings], found: Driven) -> None:
     if paces(c.pace, signal):
         paced = backlog if held is None else InFlightPace.every(interval, held.inflight)
     record = run.board.stages[0]
+    if held is not None:
+        # What the cache holds before this run sends anything (other clients,
+        # the server's own blocks), at most half the setpoint.
+        idle = await idle_floor(run, signal, 2.0 * max(c.sample_interval, 1.0))
+        law.floor = min(idle, setpoint / 2)
     start = await wait_for_start(run, found)
     if start is None:
         return
@@ -393,6 +418,7 @@ async def _ticks(
             "scale": law.scale,
             "in_flight": None if held is None else len(held.inflight),
             "in_flight_wanted": law.wanted_count,
+            "floor": None if held is None else law.floor,
             "steered": steered,
             "pace": None if paced is None else paced.mean_pace(),
             "backlog": None if backlog is None else backlog.count(),

@@ -130,8 +130,9 @@ class ControlLaw:
     gives has no fixed gain. Given the client's model of what its requests hold
     (``held``, see :mod:`loadgen.drivers.heldtokens`), the law holds the number of
     requests in flight that holds the setpoint, like a queue: ``scale``, the measured
-    usage per modelled token, follows the gauge (an average, :data:`SCALE_ALPHA` of
-    the way each interval); the setpoint over the scale, over what a request holds
+    usage per modelled token above what the server holds idle (``floor``), follows
+    the gauge (an average, :data:`SCALE_ALPHA` of the way each interval); the
+    setpoint less the floor, over the scale, over what a request holds
     on average over its life, is the count wanted; and the law offers what the
     server served (its mean over :data:`SERVED_LIFETIMES` lifetimes: completions
     an interval echo the sends of a lifetime ago; in the start, the rate sent where
@@ -161,8 +162,23 @@ class ControlLaw:
     draining: bool = False
     #: The proportional gain of the last step (``kp``, or the lag's, see above).
     gain: float = 0.0
-    #: Measured KV usage per token of the client's model (None: not used yet).
+    #: Measured KV usage per token of the client's model (None: not used yet):
+    #: the ratio of the averages of the usage (above ``floor``) and of the tokens
+    #: modelled, not the average of their ratios. A tick with a handful of
+    #: requests in flight (a 1-s scrape catching requests of 0.3 s, block rounding
+    #: on young requests) gave a ratio twice the truth, which an average of
+    #: ratios carried for a dozen ticks; a ratio of averages weighs each tick by
+    #: how much it saw.
     scale: float | None = None
+    #: The averages behind ``scale``.
+    usage_mean: float = 0.0
+    tokens_mean: float = 0.0
+    #: KV usage the server shows with none of the client's requests (read before
+    #: the first send): vLLM's CPU build reads 0.004 idle, as much as a request
+    #: of 512 tokens, so a scale taken through it began 20 times too high and the
+    #: count wanted grew only as the load drowned it out (6 wanted at 4 s, 135 at
+    #: the setpoint; benchmarks/RESULTS.md). The scale is of what is above it.
+    floor: float = 0.0
     #: Completions a second, averaged over two lifetimes (KV usage's law).
     served: float | None = None
     #: The requests in flight that hold the setpoint (KV usage's law; None: not
@@ -317,10 +333,16 @@ class ControlLaw:
     ) -> float:
         """KV usage on the client's model: the queue law on the requests in flight,
         towards the count whose mean hold is the setpoint."""
-        seen = measured / held.seen
-        scale = self.scale
-        self.scale = seen if scale is None else scale + SCALE_ALPHA * (seen - scale)
-        wanted = self.setpoint / self.scale / held.each
+        own = measured - self.floor
+        if own > 0 or self.scale is None:
+            own = max(own, measured / 2)
+            if self.scale is None:
+                self.usage_mean, self.tokens_mean = own, held.seen
+            else:
+                self.usage_mean += SCALE_ALPHA * (own - self.usage_mean)
+                self.tokens_mean += SCALE_ALPHA * (held.seen - self.tokens_mean)
+            self.scale = self.usage_mean / self.tokens_mean
+        wanted = max(self.setpoint - self.floor, 0.0) / self.scale / held.each
         self.wanted_count = wanted
         life = SPREAD_LIFETIMES * (lifetime_s or 0.0)
         return served + (wanted - held.count) / max(self.drain * self.interval_s, life)

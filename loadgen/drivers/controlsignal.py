@@ -12,6 +12,8 @@ signal over the last interval, and what the client knows of it without lag.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -21,7 +23,14 @@ from servemon.loadgen.record.figures import exact_quantile
 from servemon.loadgen.run.context import Drive
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
-__all__ = ["ClientWindow", "QueueEstimate", "held_model", "measure", "window_mean"]
+__all__ = [
+    "ClientWindow",
+    "QueueEstimate",
+    "held_model",
+    "idle_floor",
+    "measure",
+    "window_mean",
+]
 
 #: How fast the queue estimate's offset follows the gauge (per interval).
 OFFSET_ALPHA = 0.3
@@ -88,6 +97,20 @@ def measure(
         if value is not None:
             values.append(value)
     return sum(values) / len(values) if values else None
+
+
+async def idle_floor(run: Drive[ControlSettings], signal: str, wait_s: float) -> float:
+    """The signal's latest reading before the first send (waiting up to ``wait_s``
+    for one; 0 without): what the server shows with none of this run's requests."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        for reading in reversed(run.signals):
+            value = reading.signal(signal)
+            if value is not None:
+                return value
+        if time.monotonic() >= deadline:
+            return 0.0
+        await asyncio.sleep(min(0.05, wait_s))
 
 
 def held_model(

@@ -26,6 +26,7 @@ from typing import Literal
 from servemon.core.errors import ConfigError
 
 __all__ = [
+    "WAKE",
     "Arrival",
     "Due",
     "Shard",
@@ -76,11 +77,18 @@ class Arrival:
 
 @dataclass(frozen=True, slots=True)
 class Due:
-    """One request's place in the schedule."""
+    """One request's place in the schedule (:data:`WAKE`: no request, see there)."""
 
     index: int
     stage: int
     offset_s: float
+
+
+#: The index of a due that sends nothing: a schedule drawn as it goes (``servemon
+#: control``'s) wakes there to read its rate again, rather than wait out a gap drawn
+#: at a rate since raised. For Poisson arrivals, waking and drawing the rest of a
+#: gap afresh is exact (the wait has no memory).
+WAKE = -1
 
 
 def parse_arrival(text: str) -> Arrival:

@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from servemon.loadgen.send.arrivals import Due
+from servemon.loadgen.send.arrivals import WAKE, Due
 
 __all__ = ["DispatchCounts", "KernelTimer", "OpenLoop", "Pacer"]
 
@@ -319,6 +319,8 @@ class OpenLoop:
                     self._on_stage(stage)
             at = start_s + due.offset_s
             await self._sleep_until(at - LEAD_S)
+            if due.index == WAKE:
+                continue  # nothing to send: the schedule reads its rate again
             if self.in_flight >= self._max:
                 self.counts.held_back[stage] += 1
                 if self._on_hold is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,6 +18,7 @@ from aiohttp import web
 
 from servemon.core.errors import ConfigError
 from servemon.core.signals import SIGNALS, parse_selector, queries
+from servemon.loadgen.drivers.control import _arrivals
 from servemon.loadgen.drivers.controllaw import (
     KP_MAX,
     ControlLaw,
@@ -27,6 +29,8 @@ from servemon.loadgen.drivers.controlsignal import QueueEstimate
 from servemon.loadgen.run.config import LoadConfig, paces, parse_hold, settings_of
 from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.run.promsource import PrometheusSampler
+from servemon.loadgen.send.arrivals import WAKE, Arrival, Due
+from servemon.loadgen.send.dispatch import OpenLoop
 
 
 def test_the_queue_law_holds_a_queue_whatever_the_servers_speed() -> None:
@@ -513,3 +517,38 @@ def test_a_queue_through_prometheus_is_the_clients_count_and_the_gauges_offset()
         queue = estimate.update(65.0, 45.0, 45.0)
     assert queue == pytest.approx(65.0, abs=0.1)
     assert estimate.update(0.0, 90.0, 0.0) == 0.0  # never below an empty queue
+
+
+def test_a_gap_drawn_at_a_low_rate_is_not_waited_out() -> None:
+    """``servemon control`` draws each gap at the rate of the moment; one drawn at
+    0.05 req/s is 20 s on average, and a law that raises the rate meanwhile must
+    not wait for it: the schedule wakes every second (sending nothing, using no
+    request index) and draws again at the rate then."""
+    law = ControlLaw("waiting", 8.0, 0.05, 1000.0, rate=0.05, interval_s=2.0)
+    dues = _arrivals(law, Arrival("poisson"), seed=1, duration_s=60.0)
+    woken = [next(dues) for _ in range(3)]
+    assert [(d.index, d.offset_s) for d in woken] == [
+        (WAKE, 1.0),
+        (WAKE, 2.0),
+        (WAKE, 3.0),
+    ]
+    law.rate = 100.0
+    sent = [next(dues) for _ in range(50)]
+    assert [d.index for d in sent] == list(range(50))
+    assert 3.0 < sent[0].offset_s < 3.2
+    assert 40 < 50 / (sent[-1].offset_s - 3.0) < 160  # sent at about the new rate
+
+
+@pytest.mark.asyncio
+async def test_the_dispatcher_sends_nothing_at_a_wake_up() -> None:
+    sent: list[int] = []
+
+    async def send(due: Due, at: float, _: object) -> None:
+        sent.append(due.index)
+
+    loop = OpenLoop(send, max_inflight=10)
+    schedule = [Due(WAKE, 0, 0.0), Due(0, 0, 0.01), Due(WAKE, 0, 0.02), Due(1, 0, 0.03)]
+    await loop.run(schedule, time.monotonic())
+    await asyncio.gather(*loop.tasks)
+    assert sent == [0, 1]
+    assert loop.counts.sent[0] == 2

@@ -109,6 +109,28 @@ def test_the_law_holds_the_count_in_flight_that_holds_the_setpoint() -> None:
     assert blind.update(0.7, 10.0, None, 25.0) == pytest.approx(10.0)
 
 
+def test_what_the_server_holds_idle_is_not_scaled_with_the_clients_tokens() -> None:
+    """vLLM's CPU build shows 0.004 of its cache used with nothing running. With two
+    of the client's requests in flight (1,000 tokens modelled, 0.01 of the cache
+    by the true weight) a scale through the gauge's idle floor is 40 % too high,
+    and the count wanted 40 % too low; above the floor, each the truth."""
+    truth = 1e-5  # usage per token
+    low = Held(seen=1_000.0, count=2, each=500.0)
+    measured = 0.004 + truth * low.seen
+    naive = ControlLaw("kv_cache_usage", 0.5, 0.5, 1000.0, rate=2.0, interval_s=2.0)
+    naive.update(measured, 2.0, None, 0.5, low)
+    assert naive.scale == pytest.approx(1.4 * truth)
+    law = ControlLaw("kv_cache_usage", 0.5, 0.5, 1000.0, rate=2.0, interval_s=2.0)
+    law.floor = 0.004
+    law.update(measured, 2.0, None, 0.5, low)
+    assert law.scale == pytest.approx(truth)
+    assert law.wanted_count == pytest.approx((0.5 - 0.004) / truth / 500.0)
+    assert naive.wanted_count == pytest.approx(0.5 / (1.4 * truth) / 500.0)
+    # A gauge at or under the floor (other clients left) keeps the last scale.
+    law.update(0.003, 2.0, None, 0.5, low)
+    assert law.scale == pytest.approx(truth)
+
+
 def test_what_was_served_is_averaged_over_two_lifetimes() -> None:
     """Completions an interval echo the sends a lifetime ago: a burst of them moves
     the law's idea of what the server takes by an interval's share of two
