@@ -22,9 +22,9 @@ on the simulator its 10-s intervals sent 0.96-0.97 of the law's rate on average,
 spread 0.12-0.14, against 0.99 and 0.09 with the sends owed; see
 ``benchmarks/RESULTS.md``.) The sends stay open loop (none waits for an
 answer), but less bursty than the process they are drawn from: each interval
-records what went out over what was drawn at (:meth:`PrefillBacklog.mean_pace`).
+records what went out over what was drawn at (:meth:`Pace.mean_pace`).
 The law does not pace while it drains a backlog (a TTFT far over its setpoint,
-:data:`loadgen.drivers.controllaw.TTFT_DRAIN_OVER`; :meth:`PrefillBacklog.unpaced`); it
+:data:`loadgen.drivers.controllaw.TTFT_DRAIN_OVER`; :meth:`Pace.unpaced`); it
 drains the count of requests here.
 """
 
@@ -75,25 +75,15 @@ IN_FLIGHT_GAIN = 3.0
 
 
 class Paced(Protocol):
-    """What paces the sends of ``servemon control`` (never while it drains)."""
+    """What paces the sends of ``servemon control`` (never while it drains): a
+    :class:`Pace` (what was drawn, owed and sent) on a level of its own."""
 
     #: Whether the start phase is paced too.
     paces_start: ClassVar[bool]
+    pacer: Pace
 
     def pace(self, now: float, rate: float) -> float:
         """The factor on ``rate`` (the law's) of a gap drawn at ``now``."""
-        ...
-
-    def unpaced(self, now: float) -> None:
-        """A gap drawn at ``now`` without the pace."""
-        ...
-
-    def woke(self) -> None:
-        """The gap last paced ended in a wake-up, not a send."""
-        ...
-
-    def mean_pace(self) -> float | None:
-        """The rate sent over the rate drawn at since the last call."""
         ...
 
 
@@ -230,18 +220,6 @@ class PrefillBacklog:
         module)."""
         return self.pacer.factor(now, rate, self.tokens(), self.prompt_size())
 
-    def unpaced(self, now: float) -> None:
-        """A gap drawn at ``now`` without the pace (a drain)."""
-        self.pacer.unpaced(now)
-
-    def woke(self) -> None:
-        """The gap last paced ended in a wake-up, not a send."""
-        self.pacer.woke()
-
-    def mean_pace(self) -> float | None:
-        """The rate sent over the rate drawn at since the last call."""
-        return self.pacer.mean_pace()
-
 
 @dataclass(slots=True)
 class InFlightPace:
@@ -263,12 +241,3 @@ class InFlightPace:
 
     def pace(self, now: float, rate: float) -> float:
         return self.pacer.factor(now, rate, float(len(self.inflight)), 1.0)
-
-    def unpaced(self, now: float) -> None:
-        self.pacer.unpaced(now)
-
-    def woke(self) -> None:
-        self.pacer.woke()
-
-    def mean_pace(self) -> float | None:
-        return self.pacer.mean_pace()

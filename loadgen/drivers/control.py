@@ -202,7 +202,7 @@ def _arrivals(
             rate, pacing = law.rate, False
             if paced is not None:
                 if law.draining or (law.starting and not paced.paces_start):
-                    paced.unpaced(time.monotonic())
+                    paced.pacer.unpaced(time.monotonic())
                 else:
                     rate *= paced.pace(time.monotonic(), rate)
                     pacing = True
@@ -211,7 +211,7 @@ def _arrivals(
                 break
             if pacing:
                 assert paced is not None
-                paced.woke()
+                paced.pacer.woke()
             offset += WAKE_EVERY_S
             if offset > duration_s:
                 return
@@ -420,7 +420,7 @@ async def _ticks(
             "in_flight_wanted": law.wanted_count,
             "floor": None if held is None else law.floor,
             "steered": steered,
-            "pace": None if paced is None else paced.mean_pace(),
+            "pace": None if paced is None else paced.pacer.mean_pace(),
             "backlog": None if backlog is None else backlog.count(),
             "state": state,
             "phase": law.phase,

@@ -64,8 +64,8 @@ def test_a_burst_slows_the_sends_and_a_lull_speeds_them() -> None:
     assert 1.0 < fast <= PACE_MAX
     # What went out over what was drawn at: the inverse of the mean stretch.
     stretches = sum(1 / f for f in factors) + 1 / slow + 1 / fast
-    assert backlog.mean_pace() == pytest.approx(102 / stretches)
-    assert backlog.mean_pace() is None
+    assert backlog.pacer.mean_pace() == pytest.approx(102 / stretches)
+    assert backlog.pacer.mean_pace() is None
 
 
 def test_sends_owed_to_the_rate_speed_the_pace_and_sends_ahead_slow_it() -> None:
@@ -78,7 +78,7 @@ def test_sends_owed_to_the_rate_speed_the_pace_and_sends_ahead_slow_it() -> None
         ahead = backlog.pace(0.0, 10.0)  # ten gaps drawn at once
     assert behind > 1.5
     assert ahead < 0.7
-    backlog.unpaced(5.0)  # a drain: nothing owed for the time unpaced
+    backlog.pacer.unpaced(5.0)  # a drain: nothing owed for the time unpaced
     assert backlog.pace(5.0, 10.0) == pytest.approx(1.0)
 
 
