@@ -19,11 +19,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic
 from urllib.parse import urlsplit
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
 
 from servemon.core.errors import ConfigError, RecordError
 from servemon.core.version import __version__
@@ -39,7 +36,7 @@ from servemon.loadgen.record.runrecord import (
     RunSummary,
     write_record,
 )
-from servemon.loadgen.run.config import LoadConfig, auth_headers
+from servemon.loadgen.run.config import LoadConfig, Settings, auth_headers
 from servemon.loadgen.run.context import Drive, Driven, RunContext
 from servemon.loadgen.run.energy import EnergySampler, open_energy
 from servemon.loadgen.run.live import LiveMetrics
@@ -96,16 +93,14 @@ __all__ = [
     "run_load",
 ]
 
-S = TypeVar("S", bound="DataclassInstance")
-
 
 @dataclass(frozen=True, slots=True)
-class Driver(Generic[S]):
+class Driver(Generic[Settings]):
     """A kind of run's driver, and the settings it reads (a dataclass of
     :class:`LoadConfig`'s fields, see :func:`~loadgen.run.config.settings_of`)."""
 
-    settings: type[S]
-    drive: Callable[[Drive[S], Driven], Awaitable[None]]
+    settings: type[Settings]
+    drive: Callable[[Drive[Settings], Driven], Awaitable[None]]
 
     async def __call__(self, ctx: RunContext, arrival: Arrival, found: Driven) -> None:
         await self.drive(ctx.drive(self.settings, arrival), found)

@@ -122,10 +122,10 @@ Why this shape:
   law on the p95 still sets the level. The sends stay open loop
   (none waits for an answer) but are less bursty than the ``--arrival`` asked
   for, which is why it is not the default. Every tick records ``pace`` (what went
-  out over what was drawn at) and ``backlog``. For KV usage ``--pace`` paces by the
-  count of requests in flight, after the start phase
-  (:class:`~loadgen.drivers.backlog.InFlightPace`): Poisson arrivals swing that
-  count, and the usage with it, by more than the ±15 % band.
+  out over what was drawn at) and ``backlog``. KV usage is paced by default
+  (``--no-pace`` turns it off), by the count of requests in flight after the start
+  phase (:class:`~loadgen.drivers.backlog.InFlightPace`): Poisson arrivals swing
+  that count, and the usage with it, by more than the ±15 % band.
 - **Unreachable.** When the rate has sat at a bound for three intervals with the
   signal still off by more than the tolerance, the setpoint cannot be reached with
   these bounds; the run says so (once, and in every tick's ``state``) and holds the

@@ -52,6 +52,7 @@ __all__ = [
     "PROMETHEUS_ONLY",
     "Hold",
     "LoadConfig",
+    "Settings",
     "auth_headers",
     "config_headers",
     "config_text",
@@ -321,6 +322,7 @@ def paces(pace: bool | None, signal: str) -> bool:
     return signal in PACED_BY_DEFAULT if pace is None else pace
 
 
+#: A driver's settings: a dataclass of :class:`LoadConfig`'s fields.
 Settings = TypeVar("Settings", bound="DataclassInstance")
 
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from servemon.loadgen.record.record import RunDirectory
 from servemon.loadgen.record.runrecord import CapacityResult, ControlResult
 from servemon.loadgen.record.tally import Tally
 from servemon.loadgen.run.clientwatch import CHECK_S, ClientWatch, Verdict
-from servemon.loadgen.run.config import LoadConfig, settings_of
+from servemon.loadgen.run.config import LoadConfig, Settings, settings_of
 from servemon.loadgen.run.guard import GuardRail
 from servemon.loadgen.run.live import ControlGauges, LiveMetrics
 from servemon.loadgen.run.plan import Kind, StageRecord
@@ -45,13 +45,8 @@ from servemon.loadgen.workloads.replayplan import ReplayPlan
 
 __all__ = ["Board", "Drive", "Driven", "RunContext", "Sending"]
 
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
-
 #: A driver's own settings, as a driver reads them.
 S = TypeVar("S", covariant=True)
-#: A driver's own settings, as the run fills them in.
-D = TypeVar("D", bound="DataclassInstance")
 
 
 @dataclass(slots=True)
@@ -214,7 +209,7 @@ class RunContext:
             self.stages, self.live, self.progress, self.tally, self.rundir
         )
 
-    def drive(self, settings: type[D], arrival: Arrival) -> Drive[D]:
+    def drive(self, settings: type[Settings], arrival: Arrival) -> Drive[Settings]:
         """The parts of this run its driver gets, its ``settings`` among them."""
         return Drive(
             settings=settings_of(settings, self.config),
