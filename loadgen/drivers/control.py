@@ -90,13 +90,16 @@ Why this shape:
   ``benchmarks/RESULTS.md``). The client knows the population without lag
   (:mod:`loadgen.drivers.heldtokens`): what each request in flight holds now, at
   the decode speed of the last seconds of recent streams. The law scales that
-  model to the gauge (an average of their ratio), turns the setpoint into the
+  model to the gauge (the ratio of their averages), turns the setpoint into the
   number of requests in flight that holds it (each holding its prompt and half its
   output), and holds that number with the queue law: what the server served (its
   mean over about two lifetimes, since completions echo the sends of a lifetime
-  ago) plus the count's error spread over two intervals or half a lifetime, whichever
-  is longer (faster re-forms cohorts of requests of one age). The count has no
-  delay and the gauge only weighs it, so the interval is two of servemon's
+  ago; at the start's hand-over, when that mean still lags the doublings, what the
+  requests in flight complete a second by Little's law, at most the rate sent and
+  twice the last interval's completions) plus the count's error spread over two
+  intervals or half a lifetime, whichever is longer (faster re-forms cohorts of
+  requests of one age). The count has no delay and the gauge only weighs it, so
+  the interval is two of servemon's
   samples (at least 2 s) even through Prometheus, and the rate may double an
   interval, as in the start. Until a few requests have finished, the
   integral step with the proportional gain ``kp = ki * a / (1 - a)``,

@@ -14,6 +14,7 @@ from servemon.loadgen.run.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
 
 __all__ = [
     "FAST_START",
+    "HANDOVER_SERVED",
     "KP_MAX",
     "LAGGED_BY_LIFETIME",
     "SATURATING",
@@ -92,6 +93,12 @@ START_UNTIL = 0.5
 #: once the server takes no more, so the rate is at or past its capacity (a
 #: transient queue below it only hands over to the careful law early).
 START_QUEUE = 1.0
+#: At the start's hand-over, KV usage's law goes on from what the requests in
+#: flight complete a second by Little's law, but at most this many times what was
+#: served over the last interval: where each request slows the others (a CPU), the
+#: lifetime measured at the start's light load is a fraction of the one to come,
+#: and Little's rate alone overshot a toy CPU server's cache to 0.99.
+HANDOVER_SERVED = 2.0
 #: How much the start may grow the rate an interval (x2).
 START_UP = 1.0
 
@@ -136,8 +143,9 @@ class ControlLaw:
     on average over its life, is the count wanted; and the law offers what the
     server served (its mean over :data:`SERVED_LIFETIMES` lifetimes: completions
     an interval echo the sends of a lifetime ago; in the start, the rate sent where
-    that is higher) plus the count's error spread over ``drain`` intervals or
-    :data:`SPREAD_LIFETIMES` of a lifetime. The count
+    that is higher; at the hand-over, at least the count in flight over the
+    lifetime, within :data:`HANDOVER_SERVED`) plus the count's error spread over
+    ``drain`` intervals or :data:`SPREAD_LIFETIMES` of a lifetime. The count
     is the client's own, without lag, so a bunch of arrivals is answered when it
     happens, and how fast the server then serves does not matter. Until the model
     has a shape (a few requests finished), the integral step with the proportional
@@ -269,6 +277,16 @@ class ControlLaw:
             step = math.log(max(wanted, 1e-9) / self.rate)
         elif self.signal == "kv_cache_usage" and held and held.seen > 0 < measured:
             served = self._served(served_rps, lifetime_s)
+            if started and not self.starting and lifetime_s:
+                # The hand-over: the mean of what was served lags the start's
+                # doublings by a lifetime or two (on the simulator a third of
+                # what the count in flight needed, which then sank for 10 s).
+                little = min(
+                    held.count / lifetime_s,
+                    self.rate,
+                    HANDOVER_SERVED * served_rps,
+                )
+                self.served = served = max(served, little)
             # In the start, far below the setpoint, the server takes all it is
             # sent, and what it served lags the rate by a lifetime: the rate sent
             # is the base (as the queue law's without a queue).

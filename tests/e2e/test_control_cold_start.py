@@ -8,16 +8,17 @@ Each case must reach its setpoint (a tick within ±15 %) within :data:`REACH_S` 
 the start and then hold it within ±15 % in at least :data:`MIN_WITHIN` of the
 ticks, their mean within :data:`MEAN_WITHIN`. The goal is 30 s and 80 %
 (``benchmarks/control_hold.py --cold``, figures in ``benchmarks/RESULTS.md``);
-the margins are for a busy 2-core machine, where a load average of 6 (other
-sessions, a vLLM server) stalls the simulator for seconds. KV usage is the
-weaker case: its requests live under two ticks, and with what was served
-averaged over one lifetime it held 31-55 % of ticks (one CI run 31 %); over two,
-reached at 36 s, then 57-61 % (three runs alone, 2026-12-05); with the start
-growing from the rate sent, 24 and 34 s, then 53 and 59 % (two runs). Poisson
-arrivals alone swing it by more than the band (a fixed rate: 66 % of 2-s windows
-within), so KV usage is held with its sends paced by the requests in flight after
-the start, by default (``--no-pace`` turns it off): reached at 34-40 s, then
-86-100 % (five runs, 2026-12-05).
+the test asks the goal's 30 s and 60 % within, a margin for a busy 2-core
+machine, where a load average of 6 (other workers, a vLLM server) stalls the
+simulator for seconds. The queue was reached at 14-16 s, then 92-97 %. KV usage
+is the weaker case: its requests live under two ticks, and Poisson arrivals
+alone swing it by more than the band (a fixed rate: 66 % of 2-s windows
+within), so KV usage is held with its sends paced by the requests in flight
+after the start, by default (``--no-pace`` turns it off). It was reached at
+36-42 s in two runs of three while the law went on from a served rate that
+lagged the start's doublings, and cut the rate to a third at the hand-over;
+going on from the count in flight (Little), at 20, 20, 20, 28, 20, 20 s, then
+86-97 % of ticks within (six runs, 2026-12-05).
 Without the start phase a queue of 48 behind the same batch (64-token requests,
 about 8 req/s) was reached at 60 s (measured once, the start turned off); with
 the 15 s once assumed for the scrape interval the control interval is 32 s, two
@@ -34,7 +35,7 @@ import json
 import re
 import shutil
 import signal
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +68,11 @@ pytestmark = [
 READY_SIM = re.compile(r"servemon sim: serving .* on (http://127\.0\.0\.1:\d+)")
 READY_EXPORTER = re.compile(r"servemon exporter: serving (http://127\.0\.0\.1:\d+)/")
 DURATION_S = 90.0
-#: Seconds from the start by which a tick must be within ±15 % (goal: 30).
-REACH_S = 45.0
+#: Seconds from the start by which a tick must be within ±15 % (the goal).
+REACH_S = 30.0
 #: The share of ticks from then on within ±15 % (goal: 0.8), and how far their
 #: mean may be from the setpoint.
-MIN_WITHIN = 1 / 3
+MIN_WITHIN = 0.6
 MEAN_WITHIN = 0.25
 TOLERANCE = 0.15
 #: (hold, simulator flags, control flags): a queue behind a batch of 16 (requests
@@ -162,7 +163,7 @@ def _ticks(run_dir: Path) -> list[dict[str, Any]]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", list(CASES))
 async def test_a_cold_start_reaches_the_setpoint_and_holds_it(
-    tmp_path: Path, case: str
+    tmp_path: Path, case: str, record_property: Callable[[str, object], None]
 ) -> None:
     hold, sim_args, control_args = CASES[case]
     setpoint = float(hold.partition("=")[2])
@@ -222,6 +223,9 @@ async def test_a_cold_start_reaches_the_setpoint_and_holds_it(
         f"{case}: reached at {reached:.0f} s, {within:.0%} of {len(after)} ticks "
         "within ±15 % after"
     )
+    # In the JUnit XML (SERVEMON_JUNIT_DIR), what a CI run held.
+    record_property("reached_s", round(reached, 1))
+    record_property("within", round(within, 3))
     assert reached <= REACH_S, rows
     assert len(after) >= 8, rows
     assert within >= MIN_WITHIN, rows

@@ -543,28 +543,46 @@ def within(tick: dict[str, Any], setpoint: float) -> bool:
     return measured is not None and abs(measured - setpoint) <= 0.15 * setpoint
 
 
-def test_control_holds_vllms_queue(
-    vllm_server: Engine, vllm_model: VllmModel, servemon: Callable[..., Any]
+@pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus")
+def test_control_holds_vllms_queue_through_prometheus(
+    vllm_server: Engine,
+    vllm_model: VllmModel,
+    servemon: Callable[..., Any],
+    tmp_path: Path,
+    record_property: Callable[[str, object], None],
 ) -> None:
+    """A queue that is a signal: 16 slots always busy, no preemption (64 + 300
+    tokens hold 3 of the 64 blocks, 48 for 16), and a setpoint large beside a
+    tick's arrivals (about 28 req/s are served: 28 +- 5 a 1-s tick against a band
+    of +-14). A setpoint of 4 with 512 + 128 tokens (the KV cache full at 12
+    requests, preempting) swung from 0 to 46 between ticks at a steady rate.
+
+    Read as a fleet's user reads it, through a Prometheus scraping ``servemon
+    exporter`` every second: the law steers the client's own prompts with no
+    answer yet, which the gauge calibrates. Issue 27's goal: the setpoint within
+    30 s of the start, then within +-15 % in at least 80 % of the ticks. By hand
+    (90-s runs, 2026-12-05): reached at 22 s, then 94, 97, 94 %; read directly
+    from vLLM's ``/metrics``, 8-10 s and 93-100 %. The test asks 70 %: in a
+    fresh-clone run (direct) vLLM stopped answering for 4 s (three blind ticks;
+    its queue drained and refilled) and 38 of 50 ticks were within."""
     wait_idle(vllm_server.url)
-    # A queue that is a signal: 16 slots always busy, no preemption (64 + 300
-    # tokens hold 3 of the 64 blocks, 48 for 16), and a setpoint large beside a
-    # tick's arrivals (about 28 req/s are served: 28 +- 5 a 1-s tick against a
-    # band of +-14). A setpoint of 4 with 512 + 128 tokens (the KV cache full at
-    # 12 requests, preempting) swung from 0 to 46 between ticks at a steady rate.
-    ticks, after = control_ticks(
-        servemon,
-        vllm_server.url,
-        vllm_model,
-        "waiting=96",
-        "60",
-        "random:prompt=64,output=300",
-    )
-    # Issue 27's goal: the setpoint within 30 s of the start, then within +-15 %
-    # in at least 80 % of the ticks (reached at 8-10 s, then 93-100 % on 2026-12-05).
-    # The test asks 70 %: in a fresh-clone run vLLM stopped answering for 4 s (three
-    # blind ticks; its queue drained and refilled) and 38 of 50 ticks were within.
-    assert sum(within(t, 96) for t in after) >= 0.7 * len(after), ticks
+    with prometheus_over(servemon, vllm_server.url, tmp_path) as prometheus:
+        ticks, after = control_ticks(
+            servemon,
+            vllm_server.url,
+            vllm_model,
+            "waiting=96",
+            "60",
+            "random:prompt=64,output=300",
+            prometheus=prometheus,
+        )
+    held = sum(within(t, 96) for t in after)
+    print(f"waiting: {held} of {len(after)} ticks within after")  # noqa: T201
+    record_property("reached_s", round(after[0]["t_s"], 1))
+    record_property("within", round(held / len(after), 3))
+    assert held >= 0.7 * len(after), ticks
+    # The law steered the client's count, calibrated by the gauge.
+    assert any(t["steered"] is not None for t in after), ticks
 
 
 @pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus")
@@ -573,6 +591,7 @@ def test_control_holds_vllms_kv_cache_through_prometheus(
     vllm_model: VllmModel,
     servemon: Callable[..., Any],
     tmp_path: Path,
+    record_property: Callable[[str, object], None],
 ) -> None:
     """Half of a cache of 1,024 blocks: about 130 requests of 256 + 300 tokens in
     flight, past the knee of this CPU, where each request sent slows the others (a
@@ -611,6 +630,8 @@ def test_control_holds_vllms_kv_cache_through_prometheus(
         )
     held = sum(within(t, 0.5) for t in after)
     print(f"kv_cache_usage: {held} of {len(after)} ticks within after")  # noqa: T201
+    record_property("reached_s", round(after[0]["t_s"], 1))
+    record_property("within", round(held / len(after), 3))
     assert held >= 0.6 * len(after), ticks
     measured = [t["measured"] for t in after if t["measured"] is not None]
     assert abs(sum(measured) / len(measured) - 0.5) <= 0.15 * 0.5, measured

@@ -142,6 +142,38 @@ def test_what_was_served_is_averaged_over_two_lifetimes() -> None:
     assert law.served == pytest.approx(11.5)
 
 
+def test_the_hand_over_goes_on_from_what_the_count_in_flight_completes() -> None:
+    """The simulator's cold start through Prometheus (2026-12-05): the start doubled
+    to 16.7 req/s while completions, a lifetime behind, averaged 5; going on from
+    that mean the law cut to 5.4 req/s with the count in flight where it wanted
+    it, and the count sank for 10 s. Little's law on the count (51 in flight, 3.1
+    s each) is the base, at most the rate sent and twice what was served."""
+    scale = 1e-4  # usage per modelled token, every tick
+    each = 0.5 / scale / 51  # so that the count wanted is the 51 in flight
+
+    def held(count: int, usage: float) -> Held:
+        return Held(seen=usage / scale, count=count, each=each)
+
+    def started() -> ControlLaw:
+        law = ControlLaw("kv_cache_usage", 0.5, 0.5, 200.0, rate=2.0, interval_s=2.0)
+        for usage, served, count in [(0.02, 1.0, 4), (0.05, 2.0, 8), (0.2, 5.5, 36)]:
+            law.update(usage, served, None, 3.1, held(count, usage))
+        assert law.phase == "start"
+        law.rate = 16.7
+        return law
+
+    law = started()
+    law.update(0.32, 10.0, None, 3.1, held(51, 0.32))
+    assert law.phase == "hold"
+    assert law.wanted_count == pytest.approx(51)
+    assert law.rate == pytest.approx(51 / 3.1)
+    # Where few were served (the lifetime measured at the start's light load is
+    # a fraction of the one to come), no more than twice that.
+    slow = started()
+    slow.update(0.32, 4.0, None, 3.1, held(51, 0.32))
+    assert slow.rate == pytest.approx(8.0)
+
+
 def _gpu(t: float, _running: int) -> float:
     """A GPU's decode speed: flat with the batch; 30 % slower from 300 s."""
     return 20.0 if t < 300.0 else 14.0
