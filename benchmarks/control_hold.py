@@ -27,6 +27,11 @@ default start of 1 req/s. It prints when the signal first came within ±15 % of 
 setpoint (the reach time, from the start) and the share of ticks within ±15 % after
 that, over ``--soak`` seconds (``--repeat`` runs, seeds ``--seed`` up).
 
+With ``--cold --vllm`` the cases of :data:`COLD_VLLM` are held on vLLM's CPU build
+instead, started as the test suite starts it (``benchmarks/vllm_calibration.py``:
+the tiny model, in this script's session) with the cache and slots of the tier's
+control tests; ``--repeat`` runs share one server a case, each from an idle one.
+
 With ``--pin RATE`` the law's rate is pinned (``--rps-min = --rps-max = RATE``) and
 no speed change is made: for ``ttft_p95``, runs with and without ``--no-pace``
 print the share of 30-s p95s within ±15 % of their own median: the noise floor of
@@ -47,10 +52,11 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from _common import SERVEMON, sim_process
+from vllm_calibration import samples, vllm_process
 
 #: signal -> (setpoint, simulator flags, control flags)
 CASES: dict[str, tuple[float, list[str], list[str]]] = {
@@ -133,6 +139,24 @@ COLD: dict[str, tuple[str, float, list[str], list[str]]] = {
 }
 
 
+#: --cold --vllm: case -> (signal, setpoint, (KV blocks, --max-num-seqs), control
+#: flags): the tier's control tests (tests/e2e/engines/test_vllm.py) held longer.
+COLD_VLLM: dict[str, tuple[str, float, tuple[int, int], list[str]]] = {
+    "vllm-waiting": (
+        "waiting",
+        96.0,
+        (64, 16),
+        ["--workload", "random:prompt=64,output=300", "--ignore-eos"],
+    ),
+    "vllm-kv": (
+        "kv_cache_usage",
+        0.5,
+        (1024, 256),
+        ["--workload", "random:prompt=256,output=300", "--ignore-eos"],
+    ),
+}
+
+
 def _slow_down(url: str, at: float) -> None:
     time.sleep(max(0.0, at - time.monotonic()))
     body = json.dumps({"speed": SPEED_AFTER}).encode()
@@ -195,86 +219,146 @@ def run_case(
 
 
 @contextlib.contextmanager
-def prometheus_stack(sim_args: list[str], work: Path) -> Iterator[tuple[str, str]]:
-    """``servemon sim`` behind ``servemon exporter``, scraped every second by
-    Debian's Prometheus; yields (the simulator's URL, Prometheus' URL) once
-    Prometheus has the simulator's queue."""
+def prometheus_over(url: str, target: str, work: Path) -> Iterator[str]:
+    """``servemon exporter`` in front of ``url`` (named ``target``), scraped every
+    second by Debian's Prometheus; yields Prometheus' URL once it has the target's
+    queue."""
     prometheus = shutil.which("prometheus")
     if prometheus is None:
         raise SystemExit("--cold needs Debian's prometheus (scripts/system-deps)")
     procs: list[subprocess.Popen[bytes]] = []
-    with sim_process("--profile", "qwen3-0.6b-eager", *sim_args) as url:
-        try:
-            log = (work / "exporter.log").open("wb")
-            exporter = subprocess.Popen(
-                [str(SERVEMON), "exporter", "--target", f"sim={url}",
-                 "--listen", "127.0.0.1:0", "--no-gpu"],
-                stdout=subprocess.PIPE, stderr=log,
-            )  # fmt: skip
-            procs.append(exporter)
-            assert exporter.stdout is not None
-            ready = exporter.stdout.readline().decode()
-            found = re.search(r"http://127\.0\.0\.1:(\d+)", ready)
-            if found is None:
-                raise SystemExit(f"servemon exporter did not start: {ready!r}")
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
-            config = work / "prometheus.yml"
-            config.write_text(
-                "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
-                "scrape_configs:\n  - job_name: servemon\n"
-                f"    static_configs: [{{targets: ['127.0.0.1:{found.group(1)}']}}]\n"
+    try:
+        log = (work / "exporter.log").open("wb")
+        exporter = subprocess.Popen(
+            [str(SERVEMON), "exporter", "--target", f"{target}={url}",
+             "--listen", "127.0.0.1:0", "--no-gpu"],
+            stdout=subprocess.PIPE, stderr=log,
+        )  # fmt: skip
+        procs.append(exporter)
+        assert exporter.stdout is not None
+        ready = exporter.stdout.readline().decode()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)", ready)
+        if found is None:
+            raise SystemExit(f"servemon exporter did not start: {ready!r}")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        config = work / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
+            "scrape_configs:\n  - job_name: servemon\n"
+            f"    static_configs: [{{targets: ['127.0.0.1:{found.group(1)}']}}]\n"
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    prometheus,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={work / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=warn",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=(work / "prometheus.log").open("wb"),
             )
-            procs.append(
-                subprocess.Popen(
-                    [
-                        prometheus,
-                        f"--config.file={config}",
-                        f"--storage.tsdb.path={work / 'tsdb'}",
-                        f"--web.listen-address=127.0.0.1:{port}",
-                        "--log.level=warn",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=(work / "prometheus.log").open("wb"),
-                )
-            )
-            prom = f"http://127.0.0.1:{port}"
-            query = prom + "/api/v1/query?query=servemon_engine_requests_waiting"
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    with urllib.request.urlopen(query, timeout=2) as resp:
-                        if json.load(resp)["data"]["result"]:
-                            break
-                except OSError:
-                    pass
-                time.sleep(0.5)
-            else:
-                raise SystemExit("Prometheus did not scrape the exporter in 60 s")
-            yield url, prom
-        finally:
-            for proc in reversed(procs):
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        )
+        prom = f"http://127.0.0.1:{port}"
+        query = prom + "/api/v1/query?query=servemon_engine_requests_waiting"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(query, timeout=2) as resp:
+                    if json.load(resp)["data"]["result"]:
+                        break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise SystemExit("Prometheus did not scrape the exporter in 60 s")
+        yield prom
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@contextlib.contextmanager
+def prometheus_stack(sim_args: list[str], work: Path) -> Iterator[tuple[str, str]]:
+    """``servemon sim`` behind :func:`prometheus_over`; yields (the simulator's
+    URL, Prometheus' URL)."""
+    with (
+        sim_process("--profile", "qwen3-0.6b-eager", *sim_args) as url,
+        prometheus_over(url, "sim", work) as prom,
+    ):
+        yield url, prom
 
 
 def cold(case: str, soak: float, work: Path, seed: int) -> str:
-    """One cold start through Prometheus (see the module): a row."""
+    """One cold start of the simulator through Prometheus (see the module): a row."""
     signal, setpoint, sim_args, control_args = COLD[case]
     out = work / f"cold-{case}-{seed}"
     out.mkdir(parents=True)
     with prometheus_stack(sim_args, out) as (url, prom):
-        command = [
-            str(SERVEMON), "control", "--target", url, "--prometheus", prom,
-            "--hold", f"{signal}={setpoint:g}", "--duration", f"{soak:g}",
-            "--metrics-port", "0", "--out", str(out / "runs"), "--seed", str(seed),
-            *control_args,
-        ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        return cold_run(
+            case, signal, setpoint, (url, prom), soak, out, seed, control_args
+        )
+
+
+def cold_vllm(
+    case: str, soak: float, work: Path, seeds: Iterable[int]
+) -> Iterator[str]:
+    """Cold starts of vLLM's CPU build through Prometheus, one server for the case,
+    each run from an idle one: a row each."""
+    signal, setpoint, (blocks, max_num_seqs), control_args = COLD_VLLM[case]
+    out = work / f"cold-{case}"
+    out.mkdir(parents=True)
+    with (
+        vllm_process(out, blocks, max_num_seqs) as (url, _log),
+        prometheus_over(url, "vllm", out) as prom,
+    ):
+        tokenizer = out / "model" / "hf" / "tokenizer.json"
+        for seed in seeds:
+            deadline = time.monotonic() + 120
+            while (busy := _busy(url)) and time.monotonic() < deadline:
+                time.sleep(0.5)  # a poll interval under a deadline
+            if busy:
+                raise SystemExit(f"vLLM still busy after 120 s: {busy}")
+            flags = [*control_args, "--tokenizer", str(tokenizer)]
+            run = out / f"seed-{seed}"
+            run.mkdir()
+            yield cold_run(case, signal, setpoint, (url, prom), soak, run, seed, flags)
+
+
+def _busy(url: str) -> float:
+    """vLLM's requests running and waiting."""
+    found = samples(url)
+    return found.get("vllm:num_requests_running", 0.0) + found.get(
+        "vllm:num_requests_waiting", 0.0
+    )
+
+
+def cold_run(
+    case: str,
+    signal: str,
+    setpoint: float,
+    urls: tuple[str, str],
+    soak: float,
+    out: Path,
+    seed: int,
+    control_args: list[str],
+) -> str:
+    """``servemon control`` against ``urls`` (the target, Prometheus): a row."""
+    url, prom = urls
+    command = [
+        str(SERVEMON), "control", "--target", url, "--prometheus", prom,
+        "--hold", f"{signal}={setpoint:g}", "--duration", f"{soak:g}",
+        "--metrics-port", "0", "--out", str(out / "runs"), "--seed", str(seed),
+        *control_args,
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"servemon control failed: {done.stderr[-2000:]}")
     (run,) = (out / "runs").glob("*-control")
@@ -362,12 +446,16 @@ def main() -> None:
         help="cold starts through Prometheus at 1 s (see the module)",
     )
     parser.add_argument("--repeat", type=int, default=1, help="--cold: runs a signal")
+    parser.add_argument(
+        "--vllm", action="store_true", help="--cold: on vLLM's CPU build (see above)"
+    )
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="control-hold-"))
     if args.cold:
+        server = "vLLM's CPU build" if args.vllm else "servemon sim (qwen3-0.6b-eager)"
         print(
             f"control_hold --cold: servemon control through Prometheus (1 s scrapes "
-            f"of servemon exporter) against servemon sim (qwen3-0.6b-eager), "
+            f"of servemon exporter) against {server}, "
             f"{args.soak:g} s from 1 req/s, no --scrape-interval, Poisson arrivals"
         )
         print(
@@ -375,9 +463,17 @@ def main() -> None:
             f"{'interval':>8} {'start':>6} {'reach':>7} {'ticks':>5} {'within':>7} "
             f"{'rps':>8}"
         )
-        signals = args.signals if args.signals != DEFAULT_SIGNALS else ",".join(COLD)
+        cases = COLD_VLLM if args.vllm else COLD
+        signals = args.signals if args.signals != DEFAULT_SIGNALS else ",".join(cases)
+        seeds = range(args.seed, args.seed + args.repeat)
         for case in signals.split(","):
-            for seed in range(args.seed, args.seed + args.repeat):
+            if case not in cases:
+                raise SystemExit(f"--signals: no --cold case {case!r}: {list(cases)}")
+            if args.vllm:
+                for row in cold_vllm(case, args.soak, work, seeds):
+                    print(row, flush=True)
+                continue
+            for seed in seeds:
                 print(cold(case, args.soak, work, seed), flush=True)
         if args.keep is None:
             subprocess.run(["rm", "-rf", str(work)], check=False)

@@ -95,8 +95,12 @@ def healthy(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def vllm_process(workdir: Path) -> Iterator[tuple[str, Path]]:
-    """vLLM's CPU build as the test suite starts it; its URL and log."""
+def vllm_process(
+    workdir: Path, blocks: int = BLOCKS, max_num_seqs: int = MAX_NUM_SEQS
+) -> Iterator[tuple[str, Path]]:
+    """vLLM's CPU build as the test suite starts it (``blocks`` of KV cache,
+    ``max_num_seqs`` slots); its URL and log. The model and its tokenizer are under
+    ``workdir/model/hf``."""
     out = workdir / "model"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     subprocess.run(
@@ -118,8 +122,8 @@ def vllm_process(workdir: Path) -> Iterator[tuple[str, Path]]:
         "--enable-prefix-caching",
         "--enable-prompt-tokens-details",
         "--enable-per-request-metrics",
-        *("--num-gpu-blocks-override", str(BLOCKS)),
-        *("--max-num-seqs", str(MAX_NUM_SEQS)),
+        *("--num-gpu-blocks-override", str(blocks)),
+        *("--max-num-seqs", str(max_num_seqs)),
         "--disable-uvicorn-access-log",
     ]
     log = workdir / "vllm.log"
