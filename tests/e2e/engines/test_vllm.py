@@ -543,6 +543,34 @@ def within(tick: dict[str, Any], setpoint: float) -> bool:
     return measured is not None and abs(measured - setpoint) <= 0.15 * setpoint
 
 
+def held_through_prometheus(
+    servemon: Callable[..., Any],
+    url: str,
+    model: VllmModel,
+    run: tuple[str, str, str],
+    folder: Path,
+    request: pytest.FixtureRequest,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+    """:func:`control_ticks` for ``run`` (hold, duration, workload) with the signal
+    read through :func:`prometheus_over`: every tick, the ticks from the reach on,
+    and the share of those within +-15 %, which it prints and records with the
+    reach in the JUnit XML (``SERVEMON_JUNIT_DIR``)."""
+    hold, duration, workload = run
+    with prometheus_over(servemon, url, folder) as prometheus:
+        ticks, after = control_ticks(
+            servemon, url, model, hold, duration, workload, prometheus=prometheus
+        )
+    setpoint = float(hold.partition("=")[2])
+    held = sum(within(t, setpoint) for t in after) / len(after)
+    signal = hold.partition("=")[0]
+    print(f"{signal}: {held:.0%} of {len(after)} ticks within after")  # noqa: T201
+    request.node.user_properties += [
+        ("reached_s", round(after[0]["t_s"], 1)),
+        ("within", round(held, 3)),
+    ]
+    return ticks, after, held
+
+
 @pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus")
 def test_control_holds_vllms_queue_through_prometheus(
     vllm_server: Engine,
@@ -566,23 +594,15 @@ def test_control_holds_vllms_queue_through_prometheus(
     fresh-clone run (direct) vLLM stopped answering for 4 s (three blind ticks;
     its queue drained and refilled) and 38 of 50 ticks were within."""
     wait_idle(vllm_server.url)
-    with prometheus_over(servemon, vllm_server.url, tmp_path) as prometheus:
-        ticks, after = control_ticks(
-            servemon,
-            vllm_server.url,
-            vllm_model,
-            "waiting=96",
-            "60",
-            "random:prompt=64,output=300",
-            prometheus=prometheus,
-        )
-    held = sum(within(t, 96) for t in after)
-    print(f"waiting: {held} of {len(after)} ticks within after")  # noqa: T201
-    request.node.user_properties += [  # in the JUnit XML
-        ("reached_s", round(after[0]["t_s"], 1)),
-        ("within", round(held / len(after), 3)),
-    ]
-    assert held >= 0.7 * len(after), ticks
+    ticks, after, held = held_through_prometheus(
+        servemon,
+        vllm_server.url,
+        vllm_model,
+        ("waiting=96", "60", "random:prompt=64,output=300"),
+        tmp_path,
+        request,
+    )
+    assert held >= 0.7, ticks
     # The law steered the client's count, calibrated by the gauge.
     assert any(t["steered"] is not None for t in after), ticks
 
@@ -620,23 +640,15 @@ def test_control_holds_vllms_kv_cache_through_prometheus(
     and the scale a ratio of averages above the idle usage: reached at 16 s in
     three runs of three, then 95, 89, 82 % (benchmarks/RESULTS.md, "The KV law's
     scale"). The test asks the goal's 30 s and 60 % within."""
-    with prometheus_over(servemon, vllm_large_cache.url, tmp_path) as prometheus:
-        ticks, after = control_ticks(
-            servemon,
-            vllm_large_cache.url,
-            vllm_model,
-            "kv_cache_usage=0.5",
-            "90",
-            "random:prompt=256,output=300",
-            prometheus=prometheus,
-        )
-    held = sum(within(t, 0.5) for t in after)
-    print(f"kv_cache_usage: {held} of {len(after)} ticks within after")  # noqa: T201
-    request.node.user_properties += [  # in the JUnit XML
-        ("reached_s", round(after[0]["t_s"], 1)),
-        ("within", round(held / len(after), 3)),
-    ]
-    assert held >= 0.6 * len(after), ticks
+    ticks, after, held = held_through_prometheus(
+        servemon,
+        vllm_large_cache.url,
+        vllm_model,
+        ("kv_cache_usage=0.5", "90", "random:prompt=256,output=300"),
+        tmp_path,
+        request,
+    )
+    assert held >= 0.6, ticks
     measured = [t["measured"] for t in after if t["measured"] is not None]
     assert abs(sum(measured) / len(measured) - 0.5) <= 0.15 * 0.5, measured
     # Steered on the client's count: about 130 in flight wanted, none preempted.
