@@ -235,11 +235,11 @@ def replay(trace: Path, config_file: Path | None, **flags: Any) -> None:
 @click.option(
     "--pace/--no-pace",
     default=None,
-    help="ttft_p95, kv_cache_usage: draw each gap at the rate times a factor from "
-    "what the client knows without lag (ttft_p95: its prefill backlog, prompts "
-    "sent with no first token yet; kv_cache_usage: its requests in flight), so "
-    "bursts do not pile up; the sends are then less bursty than --arrival. "
-    "[default: paced for kv_cache_usage, not for ttft_p95]",
+    help="ttft_p95, waiting, kv_cache_usage: draw each gap at the rate times a "
+    "factor from what the client knows without lag (ttft_p95, waiting: its "
+    "prompts sent with no first token yet; kv_cache_usage: its requests in "
+    "flight), so bursts do not pile up; the sends are then less bursty than "
+    "--arrival. [default: paced for kv_cache_usage only]",
 )
 @options.arrival()
 @options.prometheus()

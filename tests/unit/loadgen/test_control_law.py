@@ -334,8 +334,9 @@ def test_control_checks_its_settings_before_anything_starts() -> None:
         check("ramp", hold="waiting=8")
     check("control", hold="ttft_p95=0.4", pace=True)
     check("control", hold="kv_cache_usage=0.5", pace=True)
+    check("control", hold="waiting=8", pace=True)
     with pytest.raises(ConfigError, match="--pace: paces the sends of --hold ttft_p95"):
-        check("control", hold="waiting=8", pace=True)
+        check("control", hold="burn_rate=2", prometheus="http://p:9090", pace=True)
     with pytest.raises(ConfigError, match="--pace: only servemon control"):
         check("ramp", pace=True)
     check("control", hold="waiting=8", pace=False)  # --no-pace: nothing to refuse
