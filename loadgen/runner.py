@@ -29,6 +29,7 @@ from servemon.loadgen.drivers.control import ControlSettings, drive_control
 from servemon.loadgen.drivers.ramp import RampSettings, drive_ramp
 from servemon.loadgen.drivers.replay import drive_replay
 from servemon.loadgen.drivers.sweep import SweepSettings, drive_sweep
+from servemon.loadgen.record.reading import server_hit_rates
 from servemon.loadgen.record.record import RunDirectory
 from servemon.loadgen.record.runrecord import (
     RunInfo,
@@ -52,7 +53,6 @@ from servemon.loadgen.run.prefixcache import (
     find_prefix_target,
     prefix_record,
     send_warm,
-    server_hit_rates,
 )
 from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.run.promsource import PrometheusSampler

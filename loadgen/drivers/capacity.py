@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from servemon.core.slo import SloTerm
 from servemon.loadgen.drivers.ramp import open_loop
+from servemon.loadgen.record.reading import Reading
 from servemon.loadgen.record.runrecord import CapacityResult, StepVerdict
 from servemon.loadgen.record.summary import Summarizer, Summary
 from servemon.loadgen.run.clientwatch import (
@@ -53,7 +54,6 @@ from servemon.loadgen.run.plan import (
     rate_label,
     step_seconds,
 )
-from servemon.loadgen.run.reading import Reading
 from servemon.loadgen.send.arrivals import Stage
 from servemon.loadgen.send.timing import RequestTiming
 

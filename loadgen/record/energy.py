@@ -18,15 +18,21 @@ produced, so they are the cost of a good token at that operating point:
 The window is the stage's, the tokens its requests': a request that ends after its
 stage's end spent some of its energy in the next one, which evens out in a steady
 stage and is why the figures of a very short stage are rough.
+
+:class:`EnergyCounters` holds the counters' readings and gives any window's
+energy: the run's sampler fills it as it reads, and a killed run's rebuilt
+summary fills it again from the readings ``server_metrics.jsonl`` kept, so both
+interpolate the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+import bisect
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-__all__ = ["ENERGY_KEYS", "Energy"]
+__all__ = ["ENERGY_KEYS", "Energy", "EnergyCounters", "Window"]
 
 #: The figures :meth:`Energy.figure` gives (``Summary.value`` looks them up).
 ENERGY_KEYS = (
@@ -104,3 +110,102 @@ class Energy:
             return cls(**{k: v for k, v in data.items() if k in known})
         except TypeError:
             return None
+
+
+#: A window: its start and end (monotonic seconds; None where not known).
+Window = tuple[float | None, float | None]
+
+
+@dataclass(slots=True)
+class EnergyCounters:
+    """The GPUs' energy counters as read (the total of every GPU, monotonic
+    times), and the energy of any window between them."""
+
+    #: Where they were read (:attr:`Energy.source`).
+    source: str
+    #: How often they were read: two readings closer than half of it with the
+    #: same total are one snapshot, and a window's end may lie up to one and a
+    #: half of it outside the readings.
+    interval_s: float = 1.0
+    times: list[float] = field(default_factory=list)
+    joules: list[float] = field(default_factory=list)
+    #: The most GPUs one reading counted.
+    gpus: int = 0
+
+    def add(self, at: float, joules: float, gpus: int) -> bool:
+        """One reading; False where it adds nothing (not later than the last, or
+        the same snapshot again). A total below the last is a reset: the
+        readings start over from it."""
+        if self.times and (
+            at <= self.times[-1]
+            or (joules == self.joules[-1] and at - self.times[-1] < self.interval_s / 2)
+        ):
+            # The same snapshot again: its age moves its time by the jitter of
+            # the read (milliseconds), and a second point that close with the same
+            # total would make the counter look flat around it.
+            return False
+        if self.joules and joules < self.joules[-1]:
+            self.times.clear()
+            self.joules.clear()
+        self.times.append(at)
+        self.joules.append(joules)
+        self.gpus = max(self.gpus, gpus)
+        return True
+
+    def at(self, mono_s: float) -> float | None:
+        """The total at ``mono_s``, between the readings around it (or from the
+        nearest two, at most one and a half intervals outside them); None where
+        no reading is near."""
+        times, joules = self.times, self.joules
+        if len(times) < 2:
+            return None
+        slack = 1.5 * self.interval_s
+        if mono_s < times[0] - slack or mono_s > times[-1] + slack:
+            return None
+        i = min(max(bisect.bisect_left(times, mono_s), 1), len(times) - 1)
+        t0, t1, j0, j1 = times[i - 1], times[i], joules[i - 1], joules[i]
+        if t1 <= t0:
+            return j1
+        return j0 + (j1 - j0) * (mono_s - t0) / (t1 - t0)
+
+    def window(
+        self, window: Window, prices: tuple[float | None, float | None]
+    ) -> Energy | None:
+        """The energy between two monotonic times, at ``prices`` (per GPU-hour,
+        per node-hour); None where the readings do not cover them."""
+        start_s, end_s = window
+        if start_s is None or end_s is None or end_s <= start_s:
+            return None
+        first, last = self.at(start_s), self.at(end_s)
+        if first is None or last is None or last < first:
+            return None
+        return Energy(
+            joules=last - first,
+            seconds=end_s - start_s,
+            gpus=self.gpus,
+            source=self.source,
+            gpu_hour_cost=prices[0],
+            node_hour_cost=prices[1],
+        )
+
+    @classmethod
+    def from_lines(
+        cls, lines: Iterable[Mapping[str, Any]], interval_s: float
+    ) -> EnergyCounters | None:
+        """The readings a run kept in ``server_metrics.jsonl`` (its lines with an
+        ``energy`` entry; any other line, or one servemon did not write, is
+        skipped); None where it kept none."""
+        counters: EnergyCounters | None = None
+        for line in lines:
+            energy = line.get("energy")
+            if not isinstance(energy, Mapping):
+                continue
+            try:
+                at, joules = float(line["mono_s"]), float(energy["joules"])
+                gpus, source = int(energy.get("gpus") or 0), str(energy["source"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if counters is None:
+                counters = cls(source, interval_s)
+            counters.add(at, joules, gpus)
+        return counters

@@ -40,8 +40,10 @@ from typing import Any
 import orjson
 
 from servemon.core.errors import RecordError
+from servemon.loadgen.record.energy import EnergyCounters, Window
 from servemon.loadgen.record.findings import ControlResult
 from servemon.loadgen.record.line import request_line, timing_from_line
+from servemon.loadgen.record.reading import Reading, reading_of, server_hit_rates
 from servemon.loadgen.record.runrecord import (
     RunInfo,
     RunResult,
@@ -50,7 +52,7 @@ from servemon.loadgen.record.runrecord import (
     read_record,
     write_record,
 )
-from servemon.loadgen.record.tally import Tally
+from servemon.loadgen.record.tally import Tally, with_energy
 from servemon.loadgen.send.timing import RequestTiming
 
 __all__ = [
@@ -213,16 +215,20 @@ UNFINISHED = (
 
 def rebuild_summary(run_dir: Path, info: RunInfo) -> RunSummary:
     """``summary.json`` for a run that never wrote it, from one pass over its
-    ``requests.jsonl``.
+    ``requests.jsonl`` and one over its ``server_metrics.jsonl``.
 
     Stages are the ones ``run.json`` planned plus any a request names; throughput
     divides by the span of each stage's requests, since how far a stage got is
-    not known. A control run's section comes back from ``control.jsonl``. The
-    status is ``unfinished``.
+    not known. A stage's window (for the server's prefix-cache hit rate and the
+    GPUs' energy, read from the samples the run kept as a finished run reads
+    them) runs from its first request's scheduled time to the next stage's, the
+    last one's to its last request's end. A control run's section comes back
+    from ``control.jsonl``. The status is ``unfinished``.
     """
     slo = info.terms()
     tally = Tally(slo)
     sent: dict[int, int] = {}
+    spans: dict[int, tuple[float, float]] = {}
     for line in read_jsonl(run_dir / "requests.jsonl"):
         try:
             timing = timing_from_line(line)
@@ -230,6 +236,11 @@ def rebuild_summary(run_dir: Path, info: RunInfo) -> RunSummary:
             continue  # not a request line servemon wrote: skipped, not fatal
         tally.add(timing)
         sent[timing.stage] = sent.get(timing.stage, 0) + 1
+        first, last = spans.get(timing.stage, (timing.scheduled_s, timing.end_s))
+        spans[timing.stage] = (
+            min(first, timing.scheduled_s),
+            max(last, timing.end_s),
+        )
     planned = {s.stage: s for s in info.stages}
     indices = sorted(set(planned) | set(sent))
     stages = [
@@ -247,6 +258,31 @@ def rebuild_summary(run_dir: Path, info: RunInfo) -> RunSummary:
     ]
     durations: list[float | None] = [None] * len(stages)
     results, overall = tally.results(stages, durations)
+    windows = _windows(indices, spans)
+    counted: list[Reading] = []  # the prefix cache's counters; the lines are big
+
+    def energy_lines() -> Iterator[dict[str, Any]]:
+        """The energy lines, the readings with the cache's counters kept aside:
+        one pass over a file that holds every sample of the run."""
+        for line in read_jsonl(run_dir / "server_metrics.jsonl"):
+            if "energy" in line:
+                yield line
+            elif (reading := _reading(line)) and reading.prefix_queries is not None:
+                counted.append(reading)
+
+    interval = _number(info.config, "sample_interval", 1.0) or 1.0
+    energy = EnergyCounters.from_lines(energy_lines(), interval)
+    rates = server_hit_rates(counted, windows)
+    results = [
+        replace(s, server_hit_rate=None if rate is None else round(rate, 6))
+        for s, rate in zip(results, rates, strict=True)
+    ]
+    if energy is not None:
+        prices = (
+            _number(info.config, "gpu_hour_cost", None),
+            _number(info.config, "node_hour_cost", None),
+        )
+        results, overall = with_energy(energy, windows, results, overall, prices)
     return RunSummary(
         kind=info.kind,
         status="unfinished",
@@ -258,6 +294,40 @@ def rebuild_summary(run_dir: Path, info: RunInfo) -> RunSummary:
         control=_rebuilt_control(run_dir, info),
         **tally.groups(stages, durations),
     )
+
+
+def _windows(
+    indices: list[int], spans: Mapping[int, tuple[float, float]]
+) -> list[Window]:
+    """Each stage's window from its requests (see :func:`rebuild_summary`)."""
+    out: list[Window] = []
+    for n, i in enumerate(indices):
+        span = spans.get(i)
+        if span is None:
+            out.append((None, None))
+            continue
+        later = [spans[j][0] for j in indices[n + 1 :] if j in spans]
+        out.append((span[0], later[0] if later else span[1]))
+    return out
+
+
+def _reading(line: Mapping[str, Any]) -> Reading | None:
+    """A sample line's reading; None for one servemon did not write."""
+    try:
+        return reading_of(line)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _number(config: Mapping[str, Any], key: str, default: float | None) -> float | None:
+    """A number the run's recorded config holds, else ``default``."""
+    value = config.get(key)
+    if isinstance(value, bool):
+        return default
+    try:
+        return default if value is None else float(value)
+    except (TypeError, ValueError):
+        return default
 
 
 def _rebuilt_control(run_dir: Path, info: RunInfo) -> ControlResult | None:

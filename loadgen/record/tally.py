@@ -1,6 +1,7 @@
 """A run's summaries as its requests finish (:class:`Tally`): per stage, per
 level of a repeated run, per turn of a conversation and per model of a mix. The
-runner, ``merge`` and a rebuild all count through it."""
+runner, ``merge`` and a rebuild all count through it, and give the stages their
+energy through :func:`with_energy`."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from dataclasses import replace
 from typing import Any, TypedDict
 
 from servemon.core.slo import SloTerm
-from servemon.loadgen.record.energy import Energy
+from servemon.loadgen.record.energy import Energy, EnergyCounters, Window
 from servemon.loadgen.record.runrecord import StageResult
 from servemon.loadgen.record.summary import Summarizer, Summary
 from servemon.loadgen.send.timing import RequestTiming
 
-__all__ = ["Groups", "Tally"]
+__all__ = ["Groups", "Tally", "with_energy"]
 
 
 class Groups(TypedDict):
@@ -133,3 +134,24 @@ def _together(parts: Sequence[Energy | None]) -> Energy | None:
     for part in known[1:]:
         total = total.plus(part)
     return total
+
+
+def with_energy(
+    counters: EnergyCounters,
+    windows: Sequence[Window],
+    stages: list[StageResult],
+    overall: Summary,
+    prices: tuple[float | None, float | None],
+) -> tuple[list[StageResult], Summary]:
+    """Each stage's summary with the energy of its window, and the whole run's
+    with the energy from the first window's start to the last one's end."""
+    out = []
+    for window, stage in zip(windows, stages, strict=True):
+        energy = counters.window(window, prices)
+        if energy is not None and stage.summary is not None:
+            stage = replace(stage, summary=replace(stage.summary, energy=energy))
+        out.append(stage)
+    began = [s for s, _ in windows if s is not None]
+    ended = [e for _, e in windows if e is not None]
+    whole = (min(began, default=None), max(ended, default=None))
+    return out, replace(overall, energy=counters.window(whole, prices))

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
+from servemon.loadgen.record.reading import Reading, reading_of
 from servemon.loadgen.record.record import RunDirectory
 from servemon.loadgen.record.runrecord import CapacityResult, ControlResult
 from servemon.loadgen.record.tally import Tally
@@ -35,7 +36,6 @@ from servemon.loadgen.run.guard import GuardRail
 from servemon.loadgen.run.live import ControlGauges, LiveMetrics
 from servemon.loadgen.run.plan import Kind, StageRecord
 from servemon.loadgen.run.progress import Progress
-from servemon.loadgen.run.reading import Reading, reading_of
 from servemon.loadgen.run.sender import Sender
 from servemon.loadgen.send.arrivals import Arrival
 from servemon.loadgen.send.dispatch import OpenLoop

@@ -23,10 +23,9 @@ zero. Nothing from the network raises out of a reading: a failed one is skipped.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -35,9 +34,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from servemon.core import names, promql
 from servemon.core.signals import SignalQuery, freshness
 from servemon.core.wire.limits import read_body
-from servemon.loadgen.record.energy import Energy
+from servemon.loadgen.record.energy import EnergyCounters
 from servemon.loadgen.record.runrecord import StageResult
 from servemon.loadgen.record.summary import Summary
+from servemon.loadgen.record.tally import with_energy
 from servemon.loadgen.run.plan import StageRecord
 from servemon.loadgen.run.promsource import PrometheusSampler
 from servemon.monitor.gpu import GpuReader, GpuSnapshot, GpuUnavailable, one_line
@@ -56,17 +56,19 @@ class EnergyUnavailable(Exception):
 
 @dataclass(slots=True)
 class EnergySampler:
-    """Reads the counters every ``interval_s`` into memory and ``sink``."""
+    """Reads the counters every ``interval_s`` into :attr:`counters` and
+    ``sink``."""
 
     read: Callable[[], Awaitable[EnergyReading]]
     source: str
     sink: Callable[[Mapping[str, Any]], None]
     interval_s: float = 1.0
     close: Callable[[], Awaitable[None]] | None = None
-    #: The readings: when (monotonic), the total, and the most GPUs seen.
-    times: list[float] = field(default_factory=list)
-    joules: list[float] = field(default_factory=list)
-    gpus: int = 0
+    #: The readings, and the energy of any window between them.
+    counters: EnergyCounters = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.counters = EnergyCounters(self.source, self.interval_s)
 
     async def sample_once(self) -> None:
         """One reading (a failed one is skipped: the stage ends interpolate)."""
@@ -75,28 +77,13 @@ class EnergySampler:
         except (EnergyUnavailable, aiohttp.ClientError, TimeoutError, ValueError):
             return
         now = time.monotonic() - max(0.0, age)
-        if self.times and (
-            now <= self.times[-1]
-            or (
-                joules == self.joules[-1] and now - self.times[-1] < self.interval_s / 2
+        if self.counters.add(now, joules, gpus):
+            self.sink(
+                {
+                    "mono_s": now,
+                    "energy": {"joules": joules, "gpus": gpus, "source": self.source},
+                }
             )
-        ):
-            # The same snapshot again: its age moves its time by the jitter of
-            # the read (milliseconds), and a second point that close with the same
-            # total would make the counter look flat around it.
-            return
-        if self.joules and joules < self.joules[-1]:  # a reset: start over
-            self.times.clear()
-            self.joules.clear()
-        self.times.append(now)
-        self.joules.append(joules)
-        self.gpus = max(self.gpus, gpus)
-        self.sink(
-            {
-                "mono_s": now,
-                "energy": {"joules": joules, "gpus": gpus, "source": self.source},
-            }
-        )
 
     async def run(self) -> None:
         """Read until cancelled, on a fixed cadence (missed rounds skipped)."""
@@ -111,44 +98,6 @@ class EnergySampler:
             if self.close is not None:
                 await self.close()
 
-    def at(self, mono_s: float) -> float | None:
-        """The counters' total at ``mono_s``, between the readings around it (or
-        from the nearest two, at most one interval outside them); None where no
-        reading is near."""
-        times, joules = self.times, self.joules
-        if len(times) < 2:
-            return None
-        slack = 1.5 * self.interval_s
-        if mono_s < times[0] - slack or mono_s > times[-1] + slack:
-            return None
-        i = min(max(bisect.bisect_left(times, mono_s), 1), len(times) - 1)
-        t0, t1, j0, j1 = times[i - 1], times[i], joules[i - 1], joules[i]
-        if t1 <= t0:
-            return j1
-        return j0 + (j1 - j0) * (mono_s - t0) / (t1 - t0)
-
-    def window(
-        self,
-        start_s: float | None,
-        end_s: float | None,
-        prices: tuple[float | None, float | None],
-    ) -> Energy | None:
-        """The energy between two monotonic times, at ``prices`` (per GPU-hour,
-        per node-hour); None where the readings do not cover them."""
-        if start_s is None or end_s is None or end_s <= start_s:
-            return None
-        first, last = self.at(start_s), self.at(end_s)
-        if first is None or last is None or last < first:
-            return None
-        return Energy(
-            joules=last - first,
-            seconds=end_s - start_s,
-            gpus=self.gpus,
-            source=self.source,
-            gpu_hour_cost=prices[0],
-            node_hour_cost=prices[1],
-        )
-
     def annotate(
         self,
         records: Sequence[StageRecord],
@@ -156,19 +105,11 @@ class EnergySampler:
         overall: Summary,
         prices: tuple[float | None, float | None],
     ) -> tuple[list[StageResult], Summary]:
-        """Each stage's summary with the energy of its window, and the whole
-        run's with the energy from the first stage's start to the last one's
-        end."""
-        out = []
-        for record, stage in zip(records, stages, strict=True):
-            window = self.window(record.start_s, record.until_s(), prices)
-            if window is not None and stage.summary is not None:
-                stage = replace(stage, summary=replace(stage.summary, energy=window))
-            out.append(stage)
-        began = [r.start_s for r in records if r.start_s is not None]
-        ended = [e for r in records if (e := r.until_s()) is not None]
-        whole = self.window(min(began, default=None), max(ended, default=None), prices)
-        return out, replace(overall, energy=whole)
+        """Each stage's summary with the energy of its window (its start to its
+        end), and the whole run's (the first stage's start to the last one's
+        end)."""
+        windows = [(r.start_s, r.until_s()) for r in records]
+        return with_energy(self.counters, windows, stages, overall, prices)
 
 
 async def open_energy(
@@ -207,7 +148,7 @@ async def open_energy(
         except EnergyUnavailable as exc:
             tried.append(f"{_name(option)}: {exc}")
             continue
-        sampler.interval_s = interval_s
+        sampler.interval_s = sampler.counters.interval_s = interval_s
         await sampler.sample_once()
         return (
             sampler,

@@ -14,7 +14,7 @@ otherwise) counts as adding nothing.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -23,7 +23,6 @@ import aiohttp
 from servemon.core.errors import TargetError
 from servemon.core.wire.http import NotAnswered, post, post_json
 from servemon.core.wire.limits import ResponseTooLarge, read_body
-from servemon.loadgen.run.reading import Reading
 from servemon.loadgen.run.sampler import parse_engine_samples
 from servemon.loadgen.workloads.prefix import PrefixWorkload
 from servemon.loadgen.workloads.prompts import Workload
@@ -34,7 +33,6 @@ __all__ = [
     "find_prefix_target",
     "prefix_record",
     "send_warm",
-    "server_hit_rates",
 ]
 
 #: vLLM's block size when the engine does not say its own.
@@ -135,33 +133,6 @@ def prefix_record(workload: Workload, prefix: PrefixTarget | None) -> dict[str, 
         "groups": workload.groups,
         **asdict(prefix),
     }
-
-
-def server_hit_rates(
-    readings: Iterable[Reading],
-    windows: Sequence[tuple[float | None, float | None]],
-) -> list[float | None]:
-    """Each window's prefix-cache hit rate by the server's own counters: the rise
-    of its prefix-cache hits over the rise of its queries (tokens; every rank
-    summed) between the readings around the window's start and end. None where the
-    target does not count them, the window has no readings around it, or nothing
-    was asked of the cache."""
-    counters = [
-        (r.at, r.prefix_hits or 0.0, r.prefix_queries)
-        for r in readings
-        if r.prefix_queries is not None
-    ]
-    out: list[float | None] = []
-    for start, end in windows:
-        if start is None or end is None or not counters:
-            out.append(None)
-            continue
-        before = [c for c in counters if c[0] <= start] or counters[:1]
-        after = [c for c in counters if c[0] >= end] or counters[-1:]
-        first, last = before[-1], after[0]
-        asked = last[2] - first[2]
-        out.append((last[1] - first[1]) / asked if asked > 0 else None)
-    return out
 
 
 async def _get_text(

@@ -209,6 +209,50 @@ async def test_each_stage_gets_the_gpus_power_and_its_energy_per_token(
 
 
 @pytest.mark.asyncio(loop_scope="module")
+async def test_a_killed_runs_rebuilt_summary_keeps_each_stages_energy_and_hit_rate(
+    stack: Stack,
+) -> None:
+    """The run as a kill leaves it (no ``summary.json``): ``servemon report``
+    rebuilds its summary with each stage's energy and the server's prefix-cache
+    hit rate from the samples the run kept, as the finished run had them (the
+    windows from the requests, so the seconds differ by about a request)."""
+    _, run_dir = await stack.run(
+        "ramp-killed",
+        "ramp",
+        *("--stages", "4:3,8:3", "--energy", stack.energy_url),
+        *("--gpu-hour-cost", f"{PRICE:g}"),
+        # Prompts the simulator's prefix cache serves in part (the last flag wins).
+        *("--workload", f"shared-prefix:prefix=64,prompts=2,suffix=16,output={OUTPUT}"),
+    )
+    finished = summary_of(run_dir)
+    killed = run_dir.parent / "killed"
+    shutil.copytree(run_dir, killed)
+    for name in ("summary.json", "summary.csv", "report.html"):
+        (killed / name).unlink(missing_ok=True)
+    await stack.servemon("report-killed", "report", str(killed))
+    rebuilt = summary_of(killed)
+    assert rebuilt["status"] == "unfinished"
+    # Each stage's window: its first request's schedule to the next stage's, the
+    # last stage's to its last request's end.
+    first: dict[int, float] = {}
+    end = 0.0
+    for line in (run_dir / "requests.jsonl").read_text().splitlines():
+        request = json.loads(line)
+        stage, at = request["stage"], request["scheduled_s"]
+        first[stage] = min(first.get(stage, at), at)
+        end = max(end, request["sent_s"] + request["e2e_s"])
+    windows = [first[1] - first[0], end - first[1]]
+    for was, now, seconds in zip(
+        finished["stages"], rebuilt["stages"], windows, strict=True
+    ):
+        check_stage(now["summary"])  # the exporter's GPUs' 600 W, at the price
+        assert now["summary"]["energy"]["seconds"] == pytest.approx(seconds)
+        assert was["server_hit_rate"] > 0.1  # the server's own counters
+        assert now["server_hit_rate"] == pytest.approx(was["server_hit_rate"], abs=0.05)
+    assert rebuilt["overall"]["energy"]["gpus"] == GPUS
+
+
+@pytest.mark.asyncio(loop_scope="module")
 async def test_capacity_names_the_energy_and_cost_at_the_capacity_found(
     stack: Stack,
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from servemon.loadgen.drivers.capacity import blind
-from servemon.loadgen.run.reading import Reading, reading_of
+from servemon.loadgen.record.reading import Reading, reading_of
 
 FRESH = {"waiting": 0.0, "running": 3.0, "kv_cache_usage": 0.2, "preemptions": 0.0}
 STALE = {"waiting": None, "running": None, "kv_cache_usage": None, "preemptions": None}

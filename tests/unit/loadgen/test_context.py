@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from servemon.core.signals import SIGNALS
-from servemon.loadgen.run.reading import Reading, reading_of
+from servemon.loadgen.record.reading import Reading, reading_of
 from servemon.loadgen.run.sampler import parse_engine_samples
 
 

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from servemon.core.errors import ConfigError
-from servemon.loadgen.record.energy import ENERGY_KEYS, Energy
+from servemon.loadgen.record.energy import ENERGY_KEYS, Energy, EnergyCounters
 from servemon.loadgen.record.summary import Summary
 from servemon.loadgen.run.config import LoadConfig
 from servemon.loadgen.run.energy import EnergyReading, EnergySampler, open_energy
@@ -22,33 +22,24 @@ from servemon.monitor.fakegpu import FakeGpuReader
 NO_PRICE = (None, None)
 
 
-def sampler(times: list[float], joules: list[float], gpus: int = 2) -> EnergySampler:
-    async def never() -> EnergyReading:
-        raise AssertionError("these tests give the readings themselves")
-
-    return EnergySampler(
-        never,
-        "test",
-        lambda line: None,
-        interval_s=1.0,
-        times=list(times),
-        joules=list(joules),
-        gpus=gpus,
+def counters(times: list[float], joules: list[float], gpus: int = 2) -> EnergyCounters:
+    return EnergyCounters(
+        "test", interval_s=1.0, times=list(times), joules=list(joules), gpus=gpus
     )
 
 
 def test_a_linear_counter_gives_the_exact_rise_between_any_two_times() -> None:
     # 600 W from t=100: joules = 600 * (t - 100), read once a second.
     times = [100.0 + i for i in range(11)]
-    s = sampler(times, [600.0 * (t - 100.0) for t in times])
-    energy = s.window(101.25, 107.5, NO_PRICE)
+    s = counters(times, [600.0 * (t - 100.0) for t in times])
+    energy = s.window((101.25, 107.5), NO_PRICE)
     assert energy is not None
     assert energy.joules == pytest.approx(600.0 * 6.25)
     assert energy.seconds == pytest.approx(6.25)
     assert energy.watts == pytest.approx(600.0)
     assert (energy.gpus, energy.source) == (2, "test")
     # Up to 1.5 intervals past the readings, from the nearest two.
-    edge = s.window(99.0, 111.0, NO_PRICE)
+    edge = s.window((99.0, 111.0), NO_PRICE)
     assert edge is not None
     assert edge.joules == pytest.approx(600.0 * 12.0)
 
@@ -61,12 +52,12 @@ def test_a_window_the_readings_do_not_reach_has_no_energy(
     start: float | None, end: float | None
 ) -> None:
     times = [100.0 + i for i in range(11)]
-    s = sampler(times, [600.0 * (t - 100.0) for t in times])
-    assert s.window(start, end, NO_PRICE) is None
+    s = counters(times, [600.0 * (t - 100.0) for t in times])
+    assert s.window((start, end), NO_PRICE) is None
 
 
 def test_one_reading_is_not_enough() -> None:
-    assert sampler([100.0], [5.0]).window(99.5, 100.5, NO_PRICE) is None
+    assert counters([100.0], [5.0]).window((99.5, 100.5), NO_PRICE) is None
 
 
 @pytest.mark.asyncio
@@ -80,13 +71,14 @@ async def test_a_counter_reset_starts_the_readings_over() -> None:
     s = EnergySampler(read, "test", lambda line: None)
     for _ in range(2):
         await s.sample_once()
-    assert s.joules == [1000.0, 1600.0]
+    assert s.counters.joules == [1000.0, 1600.0]
     await s.sample_once()
     # The drop to 50 J is a reset (a driver reload): what came before is
     # forgotten, so no window can span it and come out negative.
-    assert s.joules == [50.0]
-    assert len(s.times) == 1
-    assert s.window(s.times[0] - 1.0, s.times[0], NO_PRICE) is None
+    assert s.counters.joules == [50.0]
+    assert len(s.counters.times) == 1
+    first = s.counters.times[0]
+    assert s.counters.window((first - 1.0, first), NO_PRICE) is None
 
 
 @pytest.mark.asyncio
@@ -103,17 +95,17 @@ async def test_a_readings_age_moves_it_back_in_time_and_a_repeat_is_dropped() ->
     before = time.monotonic()
     await s.sample_once()
     after = time.monotonic()
-    assert before - 3.0 <= s.times[0] <= after - 3.0
-    assert s.gpus == 4
+    assert before - 3.0 <= s.counters.times[0] <= after - 3.0
+    assert s.counters.gpus == 4
     assert lines == [
         {
-            "mono_s": s.times[0],
+            "mono_s": s.counters.times[0],
             "energy": {"joules": 500.0, "gpus": 4, "source": "test"},
         }
     ]
     answers[0] = (500.0, 4, 3.0 + (time.monotonic() - before) + 1.0)
     await s.sample_once()
-    assert s.times == [s.times[0]]
+    assert s.counters.times == [s.counters.times[0]]
     assert len(lines) == 1
 
 
@@ -124,7 +116,7 @@ async def test_a_failed_reading_is_skipped() -> None:
 
     s = EnergySampler(read, "test", lambda line: None)
     await s.sample_once()
-    assert s.times == []
+    assert s.counters.times == []
 
 
 def energy(**fields: Any) -> Energy:
@@ -259,9 +251,9 @@ async def test_the_same_snapshot_read_later_does_not_flatten_the_counter() -> No
     s = EnergySampler(read, "test", lambda line: None)
     for _ in range(3):
         await s.sample_once()
-    assert s.joules == [1000.0, 1600.0]
-    last = s.times[-1]
-    energy = s.window(last - 1.0, last + 0.5, NO_PRICE)
+    assert s.counters.joules == [1000.0, 1600.0]
+    last = s.counters.times[-1]
+    energy = s.counters.window((last - 1.0, last + 0.5), NO_PRICE)
     assert energy is not None
     assert energy.watts == pytest.approx(600.0, rel=0.01)
 
@@ -277,7 +269,7 @@ async def test_a_counter_that_stands_still_for_an_interval_is_a_new_reading() ->
     s = EnergySampler(read, "test", lambda line: None, interval_s=1.0)
     for _ in range(2):
         await s.sample_once()
-    assert s.joules == [1000.0, 1000.0]
+    assert s.counters.joules == [1000.0, 1000.0]
 
 
 async def _nvml_energy(reader: FakeGpuReader) -> tuple[EnergySampler | None, str]:
@@ -309,7 +301,7 @@ async def test_an_nvml_read_that_fails_is_said_once_and_never_ends_the_run() -> 
     found, said = await _nvml_energy(flaky)
     assert found is not None
     assert said == "energy: the target's GPU energy counters from nvml"
-    kept = len(found.times)
+    kept = len(found.counters.times)
     flaky.fail_read = "driver gone"
     await found.sample_once()
-    assert len(found.times) == kept
+    assert len(found.counters.times) == kept

@@ -3,14 +3,18 @@ end lines say of it against the rate a ``prefix:`` workload asked for."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from servemon.core import names
 from servemon.loadgen.record.columns import prefix_lines
-from servemon.loadgen.record.runrecord import RunSummary, StageResult
+from servemon.loadgen.record.reading import Reading, reading_of, server_hit_rates
+from servemon.loadgen.record.record import RunDirectory, rebuild_summary
+from servemon.loadgen.record.runrecord import RunInfo, RunSummary, StageResult
 from servemon.loadgen.record.summary import Summarizer
-from servemon.loadgen.run.prefixcache import server_hit_rates
-from servemon.loadgen.run.reading import Reading, reading_of
+from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 HITS, QUERIES = names.ENGINE_PREFIX_HITS.name, names.ENGINE_PREFIX_QUERIES.name
 
@@ -78,3 +82,51 @@ def test_another_workload_shows_the_rates_without_judging_them() -> None:
     assert shown == ["prefix cache (the server's counters): 0.000 (4 rps), - (4 rps)"]
     assert missed == []
     assert prefix_lines({}, stages(None)) == ([], [])
+
+
+def test_a_killed_runs_rebuilt_summary_reads_the_rate_and_energy_it_sampled(
+    tmp_path: Path,
+) -> None:
+    # Two stages of ten requests, 0.5 s apart, each 0.5 s long: stage 0 is
+    # scheduled from 10 s, stage 1 from 15 s; its last request ends at 20 s.
+    run = RunDirectory(tmp_path / "run")
+    for i in range(20):
+        at = 10.0 + 0.5 * i
+        run.append_request(
+            RequestTiming(
+                request_id=f"r{i}", stage=i // 10, scheduled_s=at, sent_s=at,
+                end_s=at + 0.5, outcome=Outcome.OK, output_tokens=4,
+            )
+        )  # fmt: skip
+    # The server's counters and the GPUs' energy (600 W) once a second, as the
+    # run's samplers write them; hits a quarter of queries until 15 s, then half.
+    for t in range(8, 23):
+        hits = 100.0 * min(t, 15) + 200.0 * max(t - 15, 0)
+        run.append_server_sample(
+            {"mono_s": float(t), "samples": sample(hits, 400.0 * t)}
+        )
+        run.append_server_sample(
+            {
+                "mono_s": t + 0.5,
+                "energy": {"joules": 600.0 * t, "gpus": 2, "source": "x"},
+            }
+        )
+    run.close()
+    info = RunInfo(
+        kind="ramp",
+        status="running",
+        clock_origin={"monotonic_s": 9.0, "utc": "2026-12-01T00:00:00+00:00"},
+        config={"sample_interval": 1.0, "gpu_hour_cost": 2.0},
+    )
+    rebuilt = rebuild_summary(tmp_path / "run", info)
+    # Stage 0 from 10 s to stage 1's first request (15 s), stage 1 to 20 s.
+    assert [s.server_hit_rate for s in rebuilt.stages] == [0.25, 0.5]
+    energies = [s.summary.energy for s in rebuilt.stages if s.summary is not None]
+    assert [(e.seconds, e.joules) for e in energies if e is not None] == [
+        pytest.approx((5.0, 3000.0)),
+        pytest.approx((5.0, 3000.0)),
+    ]
+    whole = rebuilt.overall.energy
+    assert whole is not None
+    assert (whole.gpus, whole.source, whole.gpu_hour_cost) == (2, "x", 2.0)
+    assert whole.seconds == pytest.approx(10.0)

@@ -15,13 +15,13 @@ scrape of ``/metrics`` is no reading.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 from servemon.core import names
 
-__all__ = ["JUDGED", "Reading", "reading_of"]
+__all__ = ["JUDGED", "Reading", "reading_of", "server_hit_rates"]
 
 #: The signals a capacity step is judged on, and whose absence makes it blind.
 JUDGED = ("waiting", "kv_cache_usage", "preemptions")
@@ -98,3 +98,30 @@ def reading_of(line: Mapping[str, Any]) -> Reading | None:
         else:
             values[key] = max(seen, value)
     return Reading(at, **values)
+
+
+def server_hit_rates(
+    readings: Iterable[Reading],
+    windows: Sequence[tuple[float | None, float | None]],
+) -> list[float | None]:
+    """Each window's prefix-cache hit rate by the server's own counters: the rise
+    of its prefix-cache hits over the rise of its queries (tokens; every rank
+    summed) between the readings around the window's start and end. None where the
+    target does not count them, the window has no readings around it, or nothing
+    was asked of the cache."""
+    counters = [
+        (r.at, r.prefix_hits or 0.0, r.prefix_queries)
+        for r in readings
+        if r.prefix_queries is not None
+    ]
+    out: list[float | None] = []
+    for start, end in windows:
+        if start is None or end is None or not counters:
+            out.append(None)
+            continue
+        before = [c for c in counters if c[0] <= start] or counters[:1]
+        after = [c for c in counters if c[0] >= end] or counters[-1:]
+        first, last = before[-1], after[0]
+        asked = last[2] - first[2]
+        out.append((last[1] - first[1]) / asked if asked > 0 else None)
+    return out
