@@ -25,7 +25,8 @@ first time: through a real Prometheus (Debian's ``prometheus``, scraping
 ``--scrape-interval`` (the run reads it from Prometheus' targets API) and from the
 default start of 1 req/s. It prints when the signal first came within ±15 % of the
 setpoint (the reach time, from the start) and the share of ticks within ±15 % after
-that, over ``--soak`` seconds (``--repeat`` runs, seeds ``--seed`` up).
+that, over ``--soak`` seconds (``--repeat`` runs, seeds ``--seed`` up); ``--pace``
+passes ``--pace`` to every run (the queue's and TTFT's pace, off by default).
 
 With ``--cold --vllm`` the cases of :data:`COLD_VLLM` are held on vLLM's CPU build
 instead, started as the test suite starts it (``benchmarks/vllm_calibration.py``:
@@ -296,9 +297,10 @@ def prometheus_stack(sim_args: list[str], work: Path) -> Iterator[tuple[str, str
         yield url, prom
 
 
-def cold(case: str, soak: float, work: Path, seed: int) -> str:
+def cold(case: str, soak: float, work: Path, seed: int, pace: list[str]) -> str:
     """One cold start of the simulator through Prometheus (see the module): a row."""
     signal, setpoint, sim_args, control_args = COLD[case]
+    control_args = [*control_args, *pace]
     out = work / f"cold-{case}-{seed}"
     out.mkdir(parents=True)
     with prometheus_stack(sim_args, out) as (url, prom):
@@ -308,7 +310,7 @@ def cold(case: str, soak: float, work: Path, seed: int) -> str:
 
 
 def cold_vllm(
-    case: str, soak: float, work: Path, seeds: Iterable[int]
+    case: str, soak: float, work: Path, seeds: Iterable[int], pace: list[str]
 ) -> Iterator[str]:
     """Cold starts of vLLM's CPU build through Prometheus, one server for the case,
     each run from an idle one: a row each."""
@@ -326,7 +328,7 @@ def cold_vllm(
                 time.sleep(0.5)  # a poll interval under a deadline
             if busy:
                 raise SystemExit(f"vLLM still busy after 120 s: {busy}")
-            flags = [*control_args, "--tokenizer", str(tokenizer)]
+            flags = [*control_args, *pace, "--tokenizer", str(tokenizer)]
             run = out / f"seed-{seed}"
             run.mkdir()
             yield cold_run(case, signal, setpoint, (url, prom), soak, run, seed, flags)
@@ -433,9 +435,7 @@ def main() -> None:
     parser.add_argument(
         "--keep", type=Path, default=None, help="keep the run directories here"
     )
-    parser.add_argument(
-        "--pace", action="store_true", help="servemon control --pace (ttft_p95)"
-    )
+    parser.add_argument("--pace", action="store_true", help="servemon control --pace")
     parser.add_argument(
         "--pin", type=float, default=None, help="pin the rate (see the module)"
     )
@@ -457,6 +457,7 @@ def main() -> None:
             f"control_hold --cold: servemon control through Prometheus (1 s scrapes "
             f"of servemon exporter) against {server}, "
             f"{args.soak:g} s from 1 req/s, no --scrape-interval, Poisson arrivals"
+            f"{', --pace' if args.pace else ''}"
         )
         print(
             f"{'case':<15} {'setpoint':>8} {'seed':>4} {'scrape':>6} "
@@ -466,15 +467,16 @@ def main() -> None:
         cases = COLD_VLLM if args.vllm else COLD
         signals = args.signals if args.signals != DEFAULT_SIGNALS else ",".join(cases)
         seeds = range(args.seed, args.seed + args.repeat)
+        pace = ["--pace"] if args.pace else []
         for case in signals.split(","):
             if case not in cases:
                 raise SystemExit(f"--signals: no --cold case {case!r}: {list(cases)}")
             if args.vllm:
-                for row in cold_vllm(case, args.soak, work, seeds):
+                for row in cold_vllm(case, args.soak, work, seeds, pace):
                     print(row, flush=True)
                 continue
             for seed in seeds:
-                print(cold(case, args.soak, work, seed), flush=True)
+                print(cold(case, args.soak, work, seed, pace), flush=True)
         if args.keep is None:
             subprocess.run(["rm", "-rf", str(work)], check=False)
         return

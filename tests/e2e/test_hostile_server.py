@@ -32,7 +32,7 @@ pytestmark = pytest.mark.e2e
 
 #: The bound docs/reliability.md states for a run against a hostile server.
 PEAK_RSS_BOUND = 300 * 1024 * 1024
-#: Dispatch lag p90 while bombs inflate (a healthy run here is well under 15 ms).
+#: Dispatch lag p90 while bombs inflate (2.7-29 ms in the suite, docs/reliability.md).
 LAG_P90_BOUND = 0.050
 
 #: Runs servemon as its only child; prints the child's peak RSS (KiB) last.
