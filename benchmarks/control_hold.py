@@ -7,8 +7,8 @@ batch limit for the queue, long-lived requests for KV usage, 1,024-token prompts
 for TTFT), and ``servemon control
 --hold SIGNAL=SETPOINT`` runs for ``--soak`` seconds against it, as a user runs it
 (Poisson arrivals, the signal read from the target's ``/metrics``, every 0.5 s for
-the queue and KV usage, no real-time scheduling; ``--pace`` passes ``--pace``, the
-TTFT law's pace on the sends; ``--seed`` passes ``--seed``: every run of a seed draws
+the queue and KV usage, no real-time scheduling; ``--pace`` or ``--no-pace`` is
+passed on where given; ``--seed`` passes ``--seed``: every run of a seed draws
 the same arrivals, so variants compare on the same draws and repeats take other
 seeds). Halfway through, the simulator's
 speed is changed (``PUT /sim/config {"speed": ...}``): the server gets slower and the
@@ -26,7 +26,8 @@ first time: through a real Prometheus (Debian's ``prometheus``, scraping
 default start of 1 req/s. It prints when the signal first came within ±15 % of the
 setpoint (the reach time, from the start) and the share of ticks within ±15 % after
 that, over ``--soak`` seconds (``--repeat`` runs, seeds ``--seed`` up); ``--pace``
-passes ``--pace`` to every run (the queue's and TTFT's pace, off by default).
+or ``--no-pace`` is passed to every run where given (the tool paces the queue and
+KV usage by default, TTFT only when asked).
 
 With ``--cold --vllm`` the cases of :data:`COLD_VLLM` are held on vLLM's CPU build
 instead, started as the test suite starts it (``benchmarks/vllm_calibration.py``:
@@ -185,7 +186,7 @@ def _half(ticks: list[dict[str, float]], setpoint: float) -> dict[str, float]:
 
 
 def run_case(
-    signal: str, soak: float, settle: float, work: Path, pace: bool, seed: int
+    signal: str, soak: float, settle: float, work: Path, pace: bool | None, seed: int
 ) -> list[str]:
     setpoint, sim_args, control_args = CASES[signal]
     out = work / signal
@@ -197,7 +198,8 @@ def run_case(
             str(SERVEMON), "control", "--target", url,
             "--hold", f"{signal}={setpoint:g}", "--duration", f"{soak:g}",
             "--rps-start", "4", "--metrics-port", "0", "--out", str(out),
-            "--seed", str(seed), *control_args, *(["--pace"] if pace else []),
+            "--seed", str(seed), *control_args,
+            *([] if pace is None else ["--pace" if pace else "--no-pace"]),
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         slower.join()
@@ -435,7 +437,12 @@ def main() -> None:
     parser.add_argument(
         "--keep", type=Path, default=None, help="keep the run directories here"
     )
-    parser.add_argument("--pace", action="store_true", help="servemon control --pace")
+    parser.add_argument(
+        "--pace",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="servemon control --pace / --no-pace (default: the tool's own)",
+    )
     parser.add_argument(
         "--pin", type=float, default=None, help="pin the rate (see the module)"
     )
@@ -457,7 +464,7 @@ def main() -> None:
             f"control_hold --cold: servemon control through Prometheus (1 s scrapes "
             f"of servemon exporter) against {server}, "
             f"{args.soak:g} s from 1 req/s, no --scrape-interval, Poisson arrivals"
-            f"{', --pace' if args.pace else ''}"
+            f"{'' if args.pace is None else ', --pace' if args.pace else ', --no-pace'}"
         )
         print(
             f"{'case':<15} {'setpoint':>8} {'seed':>4} {'scrape':>6} "
@@ -467,7 +474,7 @@ def main() -> None:
         cases = COLD_VLLM if args.vllm else COLD
         signals = args.signals if args.signals != DEFAULT_SIGNALS else ",".join(cases)
         seeds = range(args.seed, args.seed + args.repeat)
-        pace = ["--pace"] if args.pace else []
+        pace = [] if args.pace is None else ["--pace" if args.pace else "--no-pace"]
         for case in signals.split(","):
             if case not in cases:
                 raise SystemExit(f"--signals: no --cold case {case!r}: {list(cases)}")
