@@ -128,9 +128,9 @@ Why this shape:
   out over what was drawn at) and ``backlog``. KV usage is paced by default
   (``--no-pace`` turns it off), by the count of requests in flight after the start
   phase (:class:`~loadgen.drivers.backlog.InFlightPace`): Poisson arrivals swing
-  that count, and the usage with it, by more than the ±15 % band. The queue is
-  paced by default too, on the same prefill backlog as TTFT's (measured on the
-  simulator and on vLLM, docs/capacity.md).
+  that count, and the usage with it, by more than the ±15 % band. ``--pace`` with
+  ``--hold waiting`` paces on the same prefill backlog as TTFT's (off by default:
+  measured on the simulator only, docs/capacity.md).
 - **Unreachable.** When the rate has sat at a bound for three intervals with the
   signal still off by more than the tolerance, the setpoint cannot be reached with
   these bounds; the run says so (once, and in every tick's ``state``) and holds the

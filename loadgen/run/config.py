@@ -69,15 +69,15 @@ HOLDABLE = ("waiting", "kv_cache_usage", "ttft_p95", "burn_rate", "gpu_utilizati
 #: Signals only Prometheus has (the generated rules, the GPU exporter).
 PROMETHEUS_ONLY = ("burn_rate", "gpu_utilization")
 #: Signals whose sends ``--pace`` can pace, by what the client knows without lag
-#: (the prefill backlog: TTFT and the queue; the requests in flight: KV usage).
+#: (the prefill backlog; the requests in flight). The queue's pace is on the
+#: prefill backlog too: on the simulator's short-request queue through Prometheus
+#: it held 91-95 % of ticks within against 75-87 % unpaced (benchmarks/RESULTS.md);
+#: not the default, not tried on vLLM.
 PACED = ("ttft_p95", "waiting", "kv_cache_usage")
-#: ... and those paced unless ``--no-pace``, through Prometheus at 1 s
-#: (benchmarks/RESULTS.md): KV usage, held within ±15 % in 86-100 % of ticks on the
-#: simulator and on vLLM's CPU build against 34-92 % unpaced; the queue, 95-96 %
-#: on vLLM against 89-93 % and 91-95 % on the simulator's short requests against
-#: 75-87 %. TTFT's pace stays asked for: it makes the sends less bursty than
-#: ``--arrival`` for a gain measured only against a noisy p95.
-PACED_BY_DEFAULT = ("kv_cache_usage", "waiting")
+#: ... and those paced unless ``--no-pace``: KV usage, which the pace held within
+#: ±15 % in 86-100 % of ticks on the simulator and on vLLM's CPU build through
+#: Prometheus, against 34-92 % unpaced (benchmarks/RESULTS.md).
+PACED_BY_DEFAULT = ("kv_cache_usage",)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -243,9 +243,9 @@ class LoadConfig:
     control_interval: Positive | None = None
     #: Stop when the signal has been missing this long (the controller is blind).
     blind_timeout: Positive = 60.0
-    #: ttft_p95, waiting: pace each gap by the client's prefill backlog;
-    #: kv_cache_usage: by its requests in flight (loadgen.drivers.backlog). None:
-    #: as :func:`paces` says (KV usage and the queue paced, TTFT not).
+    #: ttft_p95: pace each gap by the client's prefill backlog; kv_cache_usage:
+    #: by its requests in flight (loadgen.drivers.backlog). None: as
+    #: :func:`paces` says (KV usage paced, TTFT not).
     pace: bool | None = None
     # guard rails (every load command)
     abort_error_rate: Annotated[float, Ge(0), Le(1)] = 0.2

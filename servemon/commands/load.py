@@ -239,7 +239,7 @@ def replay(trace: Path, config_file: Path | None, **flags: Any) -> None:
     "factor from what the client knows without lag (ttft_p95, waiting: its "
     "prompts sent with no first token yet; kv_cache_usage: its requests in "
     "flight), so bursts do not pile up; the sends are then less bursty than "
-    "--arrival. [default: paced for kv_cache_usage and waiting]",
+    "--arrival. [default: paced for kv_cache_usage only]",
 )
 @options.arrival()
 @options.prometheus()

@@ -340,13 +340,12 @@ def test_control_checks_its_settings_before_anything_starts() -> None:
     with pytest.raises(ConfigError, match="--pace: only servemon control"):
         check("ramp", pace=True)
     check("control", hold="waiting=8", pace=False)  # --no-pace: nothing to refuse
-    # KV usage and the queue are paced unless --no-pace; TTFT only with --pace.
+    # KV usage is paced unless --no-pace; TTFT only with --pace.
     assert paces(None, "kv_cache_usage")
     assert not paces(False, "kv_cache_usage")
-    assert paces(None, "waiting")
-    assert not paces(False, "waiting")
     assert not paces(None, "ttft_p95")
     assert paces(True, "ttft_p95")
+    assert not paces(None, "waiting")
     with pytest.raises(ConfigError, match="expected an http"):
         check("capacity", slo="ttft_p95<=1", prometheus="localhost:9090")
 
