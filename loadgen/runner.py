@@ -29,7 +29,6 @@ from servemon.loadgen.drivers.control import ControlSettings, drive_control
 from servemon.loadgen.drivers.ramp import RampSettings, drive_ramp
 from servemon.loadgen.drivers.replay import drive_replay
 from servemon.loadgen.drivers.sweep import SweepSettings, drive_sweep
-from servemon.loadgen.record.reading import server_hit_rates
 from servemon.loadgen.record.record import RunDirectory
 from servemon.loadgen.record.runrecord import (
     RunInfo,
@@ -37,6 +36,7 @@ from servemon.loadgen.record.runrecord import (
     RunSummary,
     write_record,
 )
+from servemon.loadgen.record.tally import with_hit_rates
 from servemon.loadgen.run.config import LoadConfig, Settings, auth_headers
 from servemon.loadgen.run.context import Drive, Driven, RunContext
 from servemon.loadgen.run.energy import EnergySampler, open_energy
@@ -341,11 +341,8 @@ def _finish(
     records: list[StageRecord] = ctx.stages
     durations = [r.duration_s() for r in records]
     stages, overall = ctx.tally.results([r.result(origin) for r in records], durations)
-    rates = server_hit_rates(ctx.readings, [(r.start_s, r.until_s()) for r in records])
-    stages = [
-        replace(s, server_hit_rate=None if rate is None else round(rate, 6))
-        for s, rate in zip(stages, rates, strict=True)
-    ]
+    windows = [(r.start_s, r.until_s()) for r in records]
+    stages = with_hit_rates(ctx.readings, windows, stages)
     if energy is not None:
         prices = (ctx.config.gpu_hour_cost, ctx.config.node_hour_cost)
         stages, overall = energy.annotate(records, stages, overall, prices)

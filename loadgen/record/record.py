@@ -43,7 +43,7 @@ from servemon.core.errors import RecordError
 from servemon.loadgen.record.energy import EnergyCounters, Window
 from servemon.loadgen.record.findings import ControlResult
 from servemon.loadgen.record.line import request_line, timing_from_line
-from servemon.loadgen.record.reading import Reading, reading_of, server_hit_rates
+from servemon.loadgen.record.reading import Reading, reading_of
 from servemon.loadgen.record.runrecord import (
     RunInfo,
     RunResult,
@@ -52,7 +52,7 @@ from servemon.loadgen.record.runrecord import (
     read_record,
     write_record,
 )
-from servemon.loadgen.record.tally import Tally, with_energy
+from servemon.loadgen.record.tally import Tally, with_energy, with_hit_rates
 from servemon.loadgen.send.timing import RequestTiming
 
 __all__ = [
@@ -272,11 +272,7 @@ def rebuild_summary(run_dir: Path, info: RunInfo) -> RunSummary:
 
     interval = _number(info.config, "sample_interval", 1.0) or 1.0
     energy = EnergyCounters.from_lines(energy_lines(), interval)
-    rates = server_hit_rates(counted, windows)
-    results = [
-        replace(s, server_hit_rate=None if rate is None else round(rate, 6))
-        for s, rate in zip(results, rates, strict=True)
-    ]
+    results = with_hit_rates(counted, windows, results)
     if energy is not None:
         prices = (
             _number(info.config, "gpu_hour_cost", None),

@@ -1,21 +1,23 @@
 """A run's summaries as its requests finish (:class:`Tally`): per stage, per
 level of a repeated run, per turn of a conversation and per model of a mix. The
 runner, ``merge`` and a rebuild all count through it, and give the stages their
-energy through :func:`with_energy`."""
+energy and the server's hit rates through :func:`with_energy` and
+:func:`with_hit_rates`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, TypedDict
 
 from servemon.core.slo import SloTerm
 from servemon.loadgen.record.energy import Energy, EnergyCounters, Window
+from servemon.loadgen.record.reading import Reading, server_hit_rates
 from servemon.loadgen.record.runrecord import StageResult
 from servemon.loadgen.record.summary import Summarizer, Summary
 from servemon.loadgen.send.timing import RequestTiming
 
-__all__ = ["Groups", "Tally", "with_energy"]
+__all__ = ["Groups", "Tally", "with_energy", "with_hit_rates"]
 
 
 class Groups(TypedDict):
@@ -155,3 +157,15 @@ def with_energy(
     ended = [e for _, e in windows if e is not None]
     whole = (min(began, default=None), max(ended, default=None))
     return out, replace(overall, energy=counters.window(whole, prices))
+
+
+def with_hit_rates(
+    readings: Iterable[Reading], windows: Sequence[Window], stages: list[StageResult]
+) -> list[StageResult]:
+    """Each stage with the server's prefix-cache hit rate over its window
+    (:func:`~loadgen.record.reading.server_hit_rates`)."""
+    rates = server_hit_rates(readings, windows)
+    return [
+        replace(s, server_hit_rate=None if rate is None else round(rate, 6))
+        for s, rate in zip(stages, rates, strict=True)
+    ]
