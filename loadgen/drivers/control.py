@@ -130,7 +130,7 @@ Why this shape:
   phase (:class:`~loadgen.drivers.backlog.InFlightPace`): Poisson arrivals swing
   that count, and the usage with it, by more than the ±15 % band. ``--pace`` with
   ``--hold waiting`` paces on the same prefill backlog as TTFT's (off by default:
-  measured on the simulator only, docs/capacity.md).
+  on vLLM it overshoots a short run's queue after the hand-over, docs/capacity.md).
 - **Unreachable.** When the rate has sat at a bound for three intervals with the
   signal still off by more than the tolerance, the setpoint cannot be reached with
   these bounds; the run says so (once, and in every tick's ``state``) and holds the
