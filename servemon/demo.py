@@ -31,11 +31,20 @@ from servemon.loadgen.record.runrecord import RunResult
 from servemon.loadgen.run.config import LoadConfig
 from servemon.loadgen.workloads.workload import parse_workload
 
-__all__ = ["DEMO_SLO", "run_demo"]
+__all__ = ["DEMO_SLO", "run_demo", "simulator_args"]
 
 DEMO_SLO = "ttft_p95<=0.5,itl_p95<=0.05,error_rate<=0.01"
 #: The made-up GPU's price per hour: the demo's cost per token (a round figure).
 DEMO_GPU_HOUR_COST = 2.0
+
+
+def simulator_args(max_num_seqs: int, seed: int) -> list[str]:
+    """``servemon sim``'s flags in the demo: today's vLLM's metric names (every
+    dashboard panel that is not about a GPU has data) with the MFU estimates on."""
+    return [
+        *("--max-num-seqs", str(max_num_seqs), "--seed", str(seed)),
+        *("--metrics-dialect", "vllm-0.34", "--enable-mfu-metrics"),
+    ]
 
 
 def prometheus_config(exporter_url: str, client_port: int) -> dict[str, object]:
@@ -68,7 +77,7 @@ async def run_demo(
 ) -> RunResult:
     """Run the demo (see the module docstring)."""
     console = console_for()
-    sim_args = ["--max-num-seqs", str(max_num_seqs), "--seed", str(seed)]
+    sim_args = simulator_args(max_num_seqs, seed)
     async with embedded_simulator(profile, sim_args) as sim_url:
         console.print(
             f"simulator ({profile}, --max-num-seqs {max_num_seqs}): {sim_url}"

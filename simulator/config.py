@@ -31,9 +31,20 @@ __all__ = [
 Fraction = Annotated[float, Ge(0), Le(1)]
 Seconds = Annotated[float, Ge(0)]
 
-Dialect = Literal["vllm", "vllm-0.10", "vllm-0.8", "vllm-v0", "sglang", "llamacpp"]
+Dialect = Literal[
+    "vllm",
+    "vllm-0.25",
+    "vllm-0.34",
+    "vllm-0.10",
+    "vllm-0.8",
+    "vllm-v0",
+    "sglang",
+    "llamacpp",
+]
 DIALECTS: tuple[str, ...] = (
     "vllm",
+    "vllm-0.25",
+    "vllm-0.34",
     "vllm-0.10",
     "vllm-0.8",
     "vllm-v0",
@@ -155,6 +166,14 @@ class SimConfig:
     block_size: Annotated[int, Ge(1)] | None = None
     max_model_len: Annotated[int, Ge(2)] | None = None
     enable_prefix_caching: bool = True
+    #: vLLM's admission limits (none by default): a request that finds this many
+    #: in flight (waiting or running), or this many prompt tokens still to
+    #: prefill, is refused with a 503 and counted as an admission rejection.
+    max_num_queued_reqs: Annotated[int, Ge(1)] | None = None
+    max_num_queued_tokens: Annotated[int, Ge(1)] | None = None
+    #: vLLM's --enable-mfu-metrics: count each step's FLOPs and bytes as the
+    #: profile's cost model prices them (the families are listed either way).
+    enable_mfu_metrics: bool = False
     eos_probability: Fraction | None = None
     speed: Annotated[float, Gt(0)] = 1.0
     metrics_dialect: Dialect = "vllm"

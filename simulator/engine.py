@@ -62,6 +62,12 @@ class EngineArgs:
     lora_load_s: float = 0.0
     #: Reasoning tokens per answer, drawn uniformly from ``low..high``.
     reasoning_tokens: tuple[int, int] = (0, 0)
+    #: vLLM's admission limits (``None``: none): requests in flight (waiting or
+    #: running), and prompt tokens of requests not past their prefill.
+    max_num_queued_reqs: int | None = None
+    max_num_queued_tokens: int | None = None
+    #: vLLM's ``--enable-mfu-metrics``: count each step's FLOPs and bytes.
+    enable_mfu_metrics: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -89,6 +95,9 @@ class Request:
     num_output: int = 0
     cached_tokens: int = 0
     num_preemptions: int = 0
+    #: Skipped by the last schedule that reached it for a reason other than room
+    #: (the LoRA budget): vLLM's ``waiting_by_reason`` "deferred".
+    deferred: bool = False
     blocks: list[int] = field(default_factory=list)
     num_keyed_blocks: int = 0
     pieces: list[str] = field(default_factory=list)
@@ -126,6 +135,9 @@ class Engine:
         self.step_load_s = 0.0
         #: Adapters in the order first asked for (how vLLM lists them).
         self._adapter_order: dict[str, None] = {}
+        #: Prompt tokens of the requests not past their prefill (no first token
+        #: yet, not finished): what ``max_num_queued_tokens`` limits.
+        self.prefill_tokens = 0
 
     @property
     def lora_enabled(self) -> bool:
@@ -149,6 +161,35 @@ class Engine:
                 f"the cache holds only {self.pool.num_blocks}."
             )
         return None
+
+    def admission_rejection(self, prompt_tokens: int) -> str | None:
+        """The queue limit that refuses a new request now (and counts it), or
+        ``None``. As vLLM's front end: the requests in flight, waiting or running,
+        against ``max_num_queued_reqs``; the prompt tokens still to prefill,
+        against ``max_num_queued_tokens`` (refused once reached, whatever the new
+        request's own length)."""
+        args = self.args
+        reason = None
+        in_flight = len(self.waiting) + len(self.running)
+        if (
+            args.max_num_queued_reqs is not None
+            and in_flight >= args.max_num_queued_reqs
+        ):
+            reason = "max_num_queued_reqs"
+        elif (
+            args.max_num_queued_tokens is not None
+            and self.prefill_tokens >= args.max_num_queued_tokens
+        ):
+            reason = "max_num_queued_tokens"
+        if reason is not None:
+            self.stats.admission_rejections[reason] += 1
+        return reason
+
+    def waiting_by_reason(self) -> dict[str, int]:
+        """The waiting requests split by why they wait: ``deferred`` (skipped for
+        the LoRA budget) and ``capacity`` (the rest: no room yet)."""
+        deferred = sum(1 for req in self.waiting if req.deferred)
+        return {"capacity": len(self.waiting) - deferred, "deferred": deferred}
 
     def add_request(
         self,
@@ -192,6 +233,7 @@ class Engine:
         self.stats.requests_received += 1
         self.stats.params_max_tokens.observe(max_tokens)
         self.stats.params_n.observe(1)
+        self.prefill_tokens += len(prompt)
         self.waiting.append(req)
         self._work.set()
         return req
@@ -298,11 +340,13 @@ class Engine:
                 and req.lora not in loras
                 and len(loras) >= self.args.max_loras
             ):
+                req.deferred = True
                 skipped.append(self.waiting.popleft())
                 continue
             if not self._admit(req, budget):
                 break
             self.waiting.popleft()
+            req.deferred = False
             self.running.append(req)
             if req.lora is not None:
                 loras.add(req.lora)
@@ -317,7 +361,14 @@ class Engine:
 
     def apply(self, plan: Sequence[tuple[Request, int]], now: float) -> None:
         """Finish a step at ``now``: advance prefill, sample tokens, retire requests."""
-        self.stats.iteration_tokens.observe(sum(n for _, n in plan))
+        tokens = sum(n for _, n in plan)
+        self.stats.iteration_tokens.observe(tokens)
+        if self.args.enable_mfu_metrics:
+            # The step as step_seconds priced it: KV read before this step's tokens.
+            work = self.profile.step_work(tokens, sum(r.num_computed for r, _ in plan))
+            self.stats.estimated_flops += work.flops
+            self.stats.estimated_read_bytes += work.read_bytes
+            self.stats.estimated_write_bytes += work.write_bytes
         for req, new in plan:
             if req.finished:
                 continue  # aborted during the step
@@ -415,6 +466,8 @@ class Engine:
         if req.first_token_s is None:
             req.first_token_s = now
             stats.prompt_tokens += len(req.prompt)
+            stats.prompt_tokens_cached += req.cached_tokens
+            self.prefill_tokens -= len(req.prompt)
             stats.ttft.observe(now - req.arrival_s)
         elif req.last_token_s is not None:
             stats.itl.observe(now - req.last_token_s)
@@ -431,9 +484,13 @@ class Engine:
         req.finish_reason = reason
         req.finished_s = now
         stats = self.stats
+        if req.first_token_s is None:
+            self.prefill_tokens -= len(req.prompt)
         stats.finished[reason] += 1
         stats.e2e.observe(now - req.arrival_s)
         stats.request_prompt_tokens.observe(len(req.prompt))
+        stats.request_preemptions.observe(req.num_preemptions)
+        stats.prefill_kv_computed.observe(len(req.prompt) - req.cached_tokens)
         stats.request_generation_tokens.observe(req.num_output)
         if req.scheduled_s is not None:
             stats.inference.observe(now - req.scheduled_s)

@@ -6,6 +6,9 @@ small model run eagerly), a per-sequence overhead, and the larger of two bounds:
     memory  = (weights + KV read by the step) / memory bandwidth
     compute = 2 * params * tokens in the step / compute throughput
 
+The same figures (FLOPs, bytes read, bytes written) are what the simulator publishes
+as vLLM's MFU estimates (``--enable-mfu-metrics``).
+
 Profiles are YAML files; the built-in ones ship in ``simulator/profiles/``.
 """
 
@@ -21,12 +24,21 @@ from annotated_types import Ge, Gt, Le
 from servemon.core.errors import ConfigError
 from servemon.core.fields import FORBID_EXTRA, load, read_yaml
 
-__all__ = ["BUILTIN_PROFILES", "Profile", "load_profile"]
+__all__ = ["BUILTIN_PROFILES", "Profile", "StepWork", "load_profile"]
 
 BUILTIN_PROFILES = ("tiny", "qwen3-0.6b-eager", "vllm-cpu-tiny")
 
 Positive = Annotated[float, Gt(0)]
 NonNegative = Annotated[float, Ge(0)]
+
+
+@dataclass(frozen=True, slots=True)
+class StepWork:
+    """One step's floating-point operations and bytes read and written."""
+
+    flops: float
+    read_bytes: float
+    write_bytes: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,13 +66,22 @@ class Profile:
     def step_seconds(self, tokens: int, kv_tokens_read: int, seqs: int) -> float:
         """Duration of one engine step that computes ``tokens`` new tokens for
         ``seqs`` sequences, reading ``kv_tokens_read`` cached tokens of KV."""
-        memory = (
-            self.params * self.bytes_per_param
-            + kv_tokens_read * self.kv_bytes_per_token
-        ) / self.memory_bandwidth
-        compute = 2.0 * self.params * tokens / self.compute_flops
+        work = self.step_work(tokens, kv_tokens_read)
+        memory = work.read_bytes / self.memory_bandwidth
+        compute = work.flops / self.compute_flops
         return (
             self.step_overhead_s + self.per_seq_overhead_s * seqs + max(memory, compute)
+        )
+
+    def step_work(self, tokens: int, kv_tokens_read: int) -> StepWork:
+        """What one step computes and moves, as the cost model prices it: the
+        weights' matrix products for ``tokens`` tokens, the weights and
+        ``kv_tokens_read`` tokens of KV read, the new tokens' KV written."""
+        return StepWork(
+            flops=2.0 * self.params * tokens,
+            read_bytes=self.params * self.bytes_per_param
+            + kv_tokens_read * self.kv_bytes_per_token,
+            write_bytes=tokens * self.kv_bytes_per_token,
         )
 
 

@@ -47,6 +47,8 @@ __all__ = ["SimServer", "is_loopback_peer"]
 
 VERSIONS = {
     "vllm": "0.11.0",
+    "vllm-0.25": "0.25.1",
+    "vllm-0.34": "0.34.0",
     "vllm-0.10": "0.10.2",
     "vllm-0.8": "0.8.5",
     "vllm-v0": "0.6.3",
@@ -97,6 +99,9 @@ class SimServer:
                 max_cpu_loras=config.max_cpu_loras or config.max_loras,
                 lora_load_s=config.lora_load_s,
                 reasoning_tokens=config.reasoning_tokens,
+                max_num_queued_reqs=config.max_num_queued_reqs,
+                max_num_queued_tokens=config.max_num_queued_tokens,
+                enable_mfu_metrics=config.enable_mfu_metrics,
             ),
         )
         self.engine.speed = config.speed
@@ -315,6 +320,13 @@ class SimServer:
             max_tokens = self._check(parsed)
         except ApiError as exc:
             return web.json_response(exc.body(self.dialect), status=exc.status)
+        limit = self.engine.admission_rejection(len(parsed.prompt))
+        if limit is not None:
+            return self._error(
+                503,
+                f"The server is at its admission limit ({limit}); retry later.",
+                "ServiceUnavailableError",
+            )
         faults = self.faults
         draw = self._rng.random()
         if draw < faults.http_500_fraction:

@@ -32,6 +32,7 @@ E2E_BUCKETS = (
 # fmt: on
 
 __all__ = [
+    "ADMISSION_REASONS",
     "E2E_BUCKETS",
     "ITL_BUCKETS",
     "TTFT_BUCKETS",
@@ -56,6 +57,10 @@ ITERATION_TOKEN_BUCKETS = (
     16384.0,
 )
 N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)
+#: ``request_num_preemptions`` (vLLM 0.32+).
+PREEMPTION_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
+#: The queue limits a request can be refused for (vLLM's ``admission_rejections``).
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 
 
 def token_buckets(limit: int) -> tuple[float, ...]:
@@ -120,6 +125,16 @@ class EngineStats:
     prefix_hit_blocks: int = 0
     requests_received: int = 0
     finished: Counter[str] = field(default_factory=Counter)
+    #: Requests refused at the door by a queue limit, by limit.
+    admission_rejections: Counter[str] = field(default_factory=Counter)
+    #: Prompt tokens of requests past their prefill (counted with
+    #: ``prompt_tokens``) whose KV came from the prefix cache at first admission.
+    prompt_tokens_cached: int = 0
+    #: What the steps cost, as the profile's cost model prices them (vLLM's
+    #: ``--enable-mfu-metrics`` estimates; only counted with that flag).
+    estimated_flops: float = 0.0
+    estimated_read_bytes: float = 0.0
+    estimated_write_bytes: float = 0.0
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     tpot: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
@@ -132,9 +147,14 @@ class EngineStats:
         default_factory=lambda: Histogram(ITERATION_TOKEN_BUCKETS)
     )
     params_n: Histogram = field(default_factory=lambda: Histogram(N_BUCKETS))
+    request_preemptions: Histogram = field(
+        default_factory=lambda: Histogram(PREEMPTION_BUCKETS)
+    )
     request_prompt_tokens: Histogram = field(init=False)
     request_generation_tokens: Histogram = field(init=False)
     params_max_tokens: Histogram = field(init=False)
+    #: Prompt tokens per finished request whose KV was computed, not cached.
+    prefill_kv_computed: Histogram = field(init=False)
     #: vLLM's ``lora_requests_info``: per (running, waiting) adapter lists, as
     #: comma-joined names, the wall-clock time that state was last recorded. Every
     #: state ever seen stays, as prometheus_client keeps a gauge's label sets.
@@ -145,6 +165,7 @@ class EngineStats:
         self.request_prompt_tokens = Histogram(edges)
         self.request_generation_tokens = Histogram(edges)
         self.params_max_tokens = Histogram(edges)
+        self.prefill_kv_computed = Histogram(edges)
 
     def record_lora(self, running: Sequence[str], waiting: Sequence[str]) -> None:
         """Stamp the adapters' state now (vLLM does it once per engine step)."""

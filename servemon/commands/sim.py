@@ -112,6 +112,25 @@ sim_options = options.compose(
         help="Speed factor on every step (2 = twice as fast).",
     ),
     click.option(
+        "--max-num-queued-reqs",
+        type=int,
+        help="Refuse (503) a request that finds this many in flight, as vLLM's "
+        "flag. [default: no limit]",
+    ),
+    click.option(
+        "--max-num-queued-tokens",
+        type=int,
+        help="Refuse (503) a request while this many prompt tokens wait to be "
+        "prefilled, as vLLM's flag. [default: no limit]",
+    ),
+    click.option(
+        "--enable-mfu-metrics",
+        is_flag=True,
+        default=None,
+        help="Count the vllm:estimated_* FLOPs and bytes (vllm-0.25 and later "
+        "dialects), as vLLM's flag.",
+    ),
+    click.option(
         "--metrics-dialect",
         type=click.Choice(DIALECTS),
         help="Metric names of which engine and version.",

@@ -67,6 +67,21 @@ V0_GAUGES = {
     "vllm:gpu_prefix_cache_hit_rate": "gauge",
     "vllm:num_requests_swapped": "gauge",
 }
+#: What vLLM 0.25 and 0.32-0.34 added that the simulated engine has.
+SINCE_025 = {
+    "vllm:num_requests_waiting_by_reason": "gauge",
+    "vllm:prompt_tokens_by_source": "counter",
+    "vllm:prompt_tokens_cached": "counter",
+    "vllm:request_prefill_kv_computed_tokens": "histogram",
+    "vllm:estimated_flops_per_gpu": "counter",
+    "vllm:estimated_read_bytes_per_gpu": "counter",
+    "vllm:estimated_write_bytes_per_gpu": "counter",
+}
+SINCE_032 = {
+    "vllm:admission_rejections": "counter",
+    "vllm:prompt_tokens_cached_by_source": "counter",
+    "vllm:request_num_preemptions": "histogram",
+}
 SGLANG = {
     "sglang:num_running_reqs": "gauge",
     "sglang:num_queue_reqs": "gauge",
@@ -85,6 +100,16 @@ SGLANG = {
 EXPECTED: dict[str, tuple[dict[str, str], set[str], set[str]]] = {
     "vllm": (
         {**VLLM_COMMON, **NEW_NAMES},
+        {*OLD_NAMES, *OLD_PREFIX_COUNTERS, *V0_GAUGES, *SINCE_025, *SINCE_032},
+        {"model_name", "engine"},
+    ),
+    "vllm-0.25": (
+        {**VLLM_COMMON, **NEW_NAMES, **SINCE_025},
+        {*OLD_NAMES, *OLD_PREFIX_COUNTERS, *V0_GAUGES, *SINCE_032},
+        {"model_name", "engine"},
+    ),
+    "vllm-0.34": (
+        {**VLLM_COMMON, **NEW_NAMES, **SINCE_025, **SINCE_032},
         {*OLD_NAMES, *OLD_PREFIX_COUNTERS, *V0_GAUGES},
         {"model_name", "engine"},
     ),
@@ -124,6 +149,10 @@ EXPECTED: dict[str, tuple[dict[str, str], set[str], set[str]]] = {
         set(),
     ),
 }
+
+#: Labels a family has beside the engine's own.
+OWN_LABELS = {"finished_reason", "reason", "source"}
+PER_MODEL = ("vllm:admission_rejections",)
 
 PROMPT = " ".join(f"w{i}" for i in range(100))  # 6 full blocks hit on a repeat
 
@@ -185,10 +214,13 @@ async def test_every_dialect_parses_with_its_names_types_and_labels(
     for family in engine_families:
         if family.name == "vllm:cache_config_info":
             continue
+        # Counted in vLLM's front end, per model: no engine label.
+        per_model = family.name.startswith(PER_MODEL)  # its _created too
+        want = labels - {"engine"} if per_model else labels
         for sample in family.samples:
-            assert set(sample.labels) - {"le", "finished_reason"} == labels, sample
+            assert set(sample.labels) - {"le", *OWN_LABELS} == want, sample
             assert sample.labels["model_name"] == "sim-tiny"
-            if "engine" in labels:
+            if "engine" in want:
                 assert sample.labels["engine"] == "0"
     if dialect != "sglang":
         successes = {
@@ -303,3 +335,29 @@ async def test_counters_and_gauges_follow_traffic(
     assert after.get("vllm:num_requests_running", **labels) == 0
     assert after.get("vllm:num_preemptions_total", **labels) == 0
     assert after.types["vllm:prompt_tokens"] == "counter"
+
+
+@pytest.mark.asyncio
+async def test_a_request_over_the_admission_limit_gets_a_503_and_is_counted(
+    start_sim: Any, http: aiohttp.ClientSession
+) -> None:
+    async with start_sim(metrics_dialect="vllm-0.34", max_num_queued_reqs=1) as sim:
+        body = {"prompt": PROMPT, "max_tokens": 2000, "ignore_eos": True}
+        async with http.post(
+            f"{sim.url}/v1/completions", json={**body, "stream": True}
+        ) as first:
+            assert first.status == 200
+            await first.content.readline()  # in the engine now
+            async with http.post(f"{sim.url}/v1/completions", json=body) as second:
+                assert second.status == 503
+                error = (await second.json())["error"]
+                assert "max_num_queued_reqs" in error["message"]
+        async with http.get(f"{sim.url}/metrics") as resp:
+            text = await resp.text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    rejected = {
+        s.labels["reason"]: s.value
+        for s in families["vllm:admission_rejections"].samples
+        if s.name.endswith("_total")
+    }
+    assert rejected == {"max_num_queued_reqs": 1.0, "max_num_queued_tokens": 0.0}
