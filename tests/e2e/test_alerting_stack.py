@@ -350,13 +350,13 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
 #: checked for being valid PromQL, not for data.
 ONLY_IN_SOME_RUNS = {
     "servemon_client_control_": "only a servemon control run serves them",
-    # vLLM 0.25+ series the simulator does not model (yet): the live engine and
-    # tests/data/vllm/ have them.
-    "servemon_engine_requests_waiting_by_reason": "vLLM 0.25+, not the simulator",
-    "servemon_engine_admission_rejections": "vLLM 0.32+ with queue limits",
-    "servemon_engine_request_preemptions": "vLLM 0.32+, not the simulator",
-    "servemon_engine_prompt_tokens_by_source": "vLLM 0.25+, not the simulator",
-    "servemon_engine_prompt_tokens_cached": "vLLM 0.25+, not the simulator",
+    # vLLM 0.25+ series: the simulators here speak the default dialect (0.11);
+    # tests/e2e/test_demo_stack.py checks them on the demo's (vllm-0.34).
+    "servemon_engine_requests_waiting_by_reason": "vLLM 0.25+, not dialect vllm",
+    "servemon_engine_admission_rejections": "vLLM 0.32+, not dialect vllm",
+    "servemon_engine_request_preemptions": "vLLM 0.32+, not dialect vllm",
+    "servemon_engine_prompt_tokens_by_source": "vLLM 0.25+, not dialect vllm",
+    "servemon_engine_prompt_tokens_cached": "vLLM 0.25+, not dialect vllm",
     "servemon_engine_estimated_": "vLLM 0.25+ with --enable-mfu-metrics",
 }
 
