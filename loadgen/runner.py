@@ -39,7 +39,12 @@ from servemon.loadgen.record.runrecord import (
 from servemon.loadgen.record.tally import with_hit_rates
 from servemon.loadgen.run.config import LoadConfig, Settings, auth_headers
 from servemon.loadgen.run.context import Drive, Driven, RunContext
-from servemon.loadgen.run.energy import EnergySampler, open_energy
+from servemon.loadgen.run.energy import (
+    EnergySampler,
+    late_line,
+    never_line,
+    open_energy,
+)
 from servemon.loadgen.run.live import LiveMetrics
 from servemon.loadgen.run.plan import (
     Kind,
@@ -64,6 +69,7 @@ from servemon.loadgen.run.sender import Sender, endpoint
 from servemon.loadgen.run.sources import (
     make_sampler,
     prom_headers,
+    read_record,
     scrape_interval_of,
     source_record,
 )
@@ -293,7 +299,13 @@ async def _execute(
         sink=ctx.sampled,
         interval_s=c.sample_interval,
     )
-    ctx.progress.console.print(said, soft_wrap=True)
+    console = ctx.progress.console
+    console.print(said, soft_wrap=True)
+    origin = ctx.rundir.origin_s
+    if energy is not None:
+        energy.on_late_start = lambda e: console.print(
+            late_line(e, origin), soft_wrap=True
+        )
     sampling = asyncio.create_task(sampler.run())
     watching = asyncio.create_task(ctx.watch.run())
     metering = asyncio.create_task(energy.run()) if energy is not None else None
@@ -320,6 +332,17 @@ async def _execute(
         await asyncio.gather(*tasks, return_exceptions=True)
         ctx.live.stage(-1, 0.0)
         ctx.progress.stop()
+        if energy is not None and energy.first.at is None:
+            said = never_line(energy)
+            console.print(said, soft_wrap=True)
+        elif energy is not None and energy.late:
+            said = late_line(energy, origin)
+        energy_record = (
+            {"source": None, "first_read_s": None, "tries": 0}
+            if energy is None
+            else energy.record(origin)
+        )
+        info = replace(info, energy={**energy_record, "said": said})
         try:
             result = _finish(ctx, info, status, sampler, found, scrape, energy)
         finally:
@@ -373,6 +396,7 @@ def _finish(
             "errors": sampler.errors,
             "engine_info": sampler.engine_info or None,
             **source_record(ctx.config),
+            **read_record(sampler, origin),
             "scrape_interval": None if scrape is None else scrape.record(),
         },
     )

@@ -23,6 +23,11 @@ stage and is why the figures of a very short stage are rough.
 energy: the run's sampler fills it as it reads, and a killed run's rebuilt
 summary fills it again from the readings ``server_metrics.jsonl`` kept, so both
 interpolate the same way.
+
+A source that was missing at the start and answered later (a fresh Prometheus
+that has not scraped yet) marks its first reading ``starts_late``: nothing was
+read before it, so a window that starts before it has no energy (never one
+extrapolated from later readings); the whole run's then has none either.
 """
 
 from __future__ import annotations
@@ -131,11 +136,16 @@ class EnergyCounters:
     joules: list[float] = field(default_factory=list)
     #: The most GPUs one reading counted.
     gpus: int = 0
+    #: The first reading of a source that came late: no window starts before it.
+    known_from: float | None = None
 
-    def add(self, at: float, joules: float, gpus: int) -> bool:
+    def add(
+        self, at: float, joules: float, gpus: int, *, starts_late: bool = False
+    ) -> bool:
         """One reading; False where it adds nothing (not later than the last, or
         the same snapshot again). A total below the last is a reset: the
-        readings start over from it."""
+        readings start over from it. ``starts_late``: the source's first reading,
+        after the run had started."""
         if self.times and (
             at <= self.times[-1]
             or (joules == self.joules[-1] and at - self.times[-1] < self.interval_s / 2)
@@ -150,6 +160,8 @@ class EnergyCounters:
         self.times.append(at)
         self.joules.append(joules)
         self.gpus = max(self.gpus, gpus)
+        if starts_late and self.known_from is None:
+            self.known_from = at
         return True
 
     def at(self, mono_s: float) -> float | None:
@@ -172,9 +184,12 @@ class EnergyCounters:
         self, window: Window, prices: tuple[float | None, float | None]
     ) -> Energy | None:
         """The energy between two monotonic times, at ``prices`` (per GPU-hour,
-        per node-hour); None where the readings do not cover them."""
+        per node-hour); None where the readings do not cover them, or where it
+        starts before a late source's first reading."""
         start_s, end_s = window
         if start_s is None or end_s is None or end_s <= start_s:
+            return None
+        if self.known_from is not None and start_s < self.known_from:
             return None
         first, last = self.at(start_s), self.at(end_s)
         if first is None or last is None or last < first:
@@ -194,7 +209,8 @@ class EnergyCounters:
     ) -> EnergyCounters | None:
         """The readings a run kept in ``server_metrics.jsonl`` (its lines with an
         ``energy`` entry; any other line, or one servemon did not write, is
-        skipped); None where it kept none."""
+        skipped); None where it kept none. A line marked ``starts_late`` is a late
+        source's first reading."""
         counters: EnergyCounters | None = None
         for line in lines:
             energy = line.get("energy")
@@ -207,5 +223,7 @@ class EnergyCounters:
                 continue
             if counters is None:
                 counters = cls(source, interval_s)
-            counters.add(at, joules, gpus)
+            counters.add(
+                at, joules, gpus, starts_late=energy.get("starts_late") is True
+            )
         return counters

@@ -215,6 +215,10 @@ class RunInfo:
     start_late_s: float | None = None
     ended_utc: str | None = None
     server_metrics: dict[str, Any] | None = None
+    #: Where the GPUs' energy was read (``source``, None where nowhere), from
+    #: when (``first_read_s``, the run's clock), after how many ``tries``, and
+    #: the run's ``said`` line; None in a record from before it.
+    energy: dict[str, Any] | None = None
     merged_from: list[dict[str, Any]] | None = None
 
     @property

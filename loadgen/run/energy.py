@@ -16,8 +16,15 @@ Where the counters are read (``--energy``):
 - an ``http(s)://`` URL: an exporter's ``/metrics`` (``servemon exporter``);
 - ``off``.
 
-Where they cannot be read, the run says so once and records no energy: never a
-zero. Nothing from the network raises out of a reading: a failed one is skipped.
+A source that cannot be read at the start but may answer later (Prometheus not
+yet scraping, an exporter still starting: anything but NVML) is tried again at
+every round; the run says so at the start, and again when it is first read
+(``energy: read from 12.3 s on (...)``). Its first reading is marked
+``starts_late``: a stage that started before it has no energy, never a guess.
+Where the counters are never read, the run says why and records no energy: never
+a zero. Nothing from the network raises out of a reading: a failed one is
+skipped. ``run.json``'s ``energy`` says where they came from and from when
+(:meth:`EnergySampler.record`).
 """
 
 from __future__ import annotations
@@ -38,11 +45,18 @@ from servemon.loadgen.record.energy import EnergyCounters
 from servemon.loadgen.record.runrecord import StageResult
 from servemon.loadgen.record.summary import Summary
 from servemon.loadgen.record.tally import with_energy
+from servemon.loadgen.run.firstread import FirstRead
 from servemon.loadgen.run.plan import StageRecord
 from servemon.loadgen.run.promsource import PrometheusSampler
 from servemon.monitor.gpu import GpuReader, GpuSnapshot, GpuUnavailable, one_line
 
-__all__ = ["EnergyReading", "EnergySampler", "open_energy"]
+__all__ = [
+    "EnergyReading",
+    "EnergySampler",
+    "late_line",
+    "never_line",
+    "open_energy",
+]
 
 #: The joules of every GPU summed, how many GPUs they are, and how old the
 #: reading is (seconds: an exporter serves its last NVML read; Prometheus its
@@ -64,8 +78,17 @@ class EnergySampler:
     sink: Callable[[Mapping[str, Any]], None]
     interval_s: float = 1.0
     close: Callable[[], Awaitable[None]] | None = None
+    #: Called once at the first reading of a source that was not there at the
+    #: start (the runner says so).
+    on_late_start: Callable[[EnergySampler], None] | None = None
+    #: Its first try (at the start) failed: its readings start late.
+    late: bool = False
+    #: Why the last try failed (one line).
+    why: str = ""
     #: The readings, and the energy of any window between them.
     counters: EnergyCounters = field(init=False)
+    #: When a reading first worked, after how many tries.
+    first: FirstRead = field(init=False, default_factory=FirstRead)
 
     def __post_init__(self) -> None:
         self.counters = EnergyCounters(self.source, self.interval_s)
@@ -74,16 +97,35 @@ class EnergySampler:
         """One reading (a failed one is skipped: the stage ends interpolate)."""
         try:
             joules, gpus, age = await self.read()
-        except (EnergyUnavailable, aiohttp.ClientError, TimeoutError, ValueError):
+        except EnergyUnavailable as exc:
+            self._failed(str(exc))
             return
-        now = time.monotonic() - max(0.0, age)
-        if self.counters.add(now, joules, gpus):
-            self.sink(
-                {
-                    "mono_s": now,
-                    "energy": {"joules": joules, "gpus": gpus, "source": self.source},
-                }
-            )
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            self._failed(one_line(exc))
+            return
+        read_at = time.monotonic()
+        now = read_at - max(0.0, age)
+        starts_late = self.first.tried(read_at, ok=True) and self.late
+        if self.counters.add(now, joules, gpus, starts_late=starts_late):
+            energy: dict[str, Any] = {
+                "joules": joules,
+                "gpus": gpus,
+                "source": self.source,
+            }
+            if starts_late:
+                energy["starts_late"] = True
+            self.sink({"mono_s": now, "energy": energy})
+        if starts_late and self.on_late_start is not None:
+            self.on_late_start(self)
+
+    def _failed(self, why: str) -> None:
+        self.why = why
+        self.first.tried(time.monotonic(), ok=False)
+
+    def record(self, origin_s: float) -> dict[str, Any]:
+        """``run.json``'s ``energy``: the source, ``first_read_s`` (the run's
+        clock; None where never read) and ``tries``."""
+        return {"source": self.source, **self.first.record(origin_s)}
 
     async def run(self) -> None:
         """Read until cancelled, on a fixed cadence (missed rounds skipped)."""
@@ -125,7 +167,10 @@ async def open_energy(
     nvml: Callable[[], GpuReader] | None = None,
 ) -> tuple[EnergySampler | None, str]:
     """The sampler ``--energy`` asks for, read once to know it works, and a line
-    that says where energy comes from, or why it is not measured."""
+    that says where energy comes from, or why it is not measured.
+
+    A source other than NVML that fails that first read is tried again during the
+    run (:attr:`EnergySampler.late`) where no other option works now."""
     if choice == "off":
         return None, "energy: not measured (--energy off)"
     tried: list[str] = []
@@ -140,71 +185,98 @@ async def open_energy(
             )
     else:
         options = [choice]
+    waiting: EnergySampler | None = None
     for option in options:
         try:
-            sampler = await _open(
-                option, session, prometheus, select, prom_headers, sink, nvml
-            )
+            if option == "nvml":
+                sampler = await _open_nvml(nvml, sink)
+            else:
+                sampler = _make(option, session, prometheus, select, prom_headers, sink)
         except EnergyUnavailable as exc:
             tried.append(f"{_name(option)}: {exc}")
             continue
         sampler.interval_s = sampler.counters.interval_s = interval_s
         await sampler.sample_once()
-        return (
-            sampler,
-            f"energy: the target's GPU energy counters from {sampler.source}",
-        )
-    return None, "energy: not measured (" + "; ".join(tried) + ")"
+        if sampler.first.at is not None:
+            return (
+                sampler,
+                f"energy: the target's GPU energy counters from {sampler.source}",
+            )
+        tried.append(f"{_name(option)}: {sampler.why}")
+        if option == "nvml":  # a machine without it does not grow one
+            if sampler.close is not None:
+                await sampler.close()
+        elif waiting is None:
+            waiting = sampler
+    if waiting is None:
+        return None, "energy: not measured (" + "; ".join(tried) + ")"
+    waiting.late = True
+    return waiting, (
+        "energy: not read yet (" + "; ".join(tried) + f"); trying {waiting.source} "
+        f"again every {interval_s:g} s while the run sends"
+    )
+
+
+def late_line(sampler: EnergySampler, origin_s: float) -> str:
+    """What the run says when a late source is first read."""
+    first = sampler.first.record(origin_s)
+    return (
+        f"energy: read from {first['first_read_s']:.1f} s on (the target's GPU "
+        f"energy counters from {sampler.source}, after {first['tries']} tries; "
+        "a stage that started before has no energy)"
+    )
+
+
+def never_line(sampler: EnergySampler) -> str:
+    """What the run says at its end of a late source never read."""
+    return (
+        f"energy: not measured ({sampler.source}: not read in "
+        f"{sampler.first.tries} tries; the last: {sampler.why})"
+    )
 
 
 def _name(option: str) -> str:
     return f"exporter {option}" if option.startswith("http") else option
 
 
-async def _open(
+def _make(
     option: str,
     session: aiohttp.ClientSession,
     prometheus: str | None,
     select: tuple[str, ...],
     prom_headers: Mapping[str, str],
     sink: Callable[[Mapping[str, Any]], None],
-    nvml: Callable[[], GpuReader] | None,
 ) -> EnergySampler:
-    """A sampler for one source whose first reading worked (else
-    :class:`EnergyUnavailable`)."""
-    if option == "nvml":
-        reader = await _nvml_reader(nvml)
-
-        async def read_nvml() -> EnergyReading:
-            try:
-                snapshot = await asyncio.to_thread(reader.read)
-            except GpuUnavailable as exc:  # the driver's: a reading skipped
-                raise EnergyUnavailable(one_line(exc)) from None
-            return _sum_nvml(snapshot)
-
-        async def close() -> None:
-            await asyncio.to_thread(reader.close)
-
-        sampler = EnergySampler(read_nvml, "nvml", sink, close=close)
-    elif option == "prometheus":
+    """A sampler of Prometheus or of an exporter, not read yet."""
+    if option == "prometheus":
         if prometheus is None:
             raise EnergyUnavailable("no --prometheus")
-        sampler = EnergySampler(
+        return EnergySampler(
             _prometheus_reader(session, prometheus, select, prom_headers),
             "prometheus",
             sink,
         )
-    else:
-        sampler = EnergySampler(_exporter_reader(session, option), _name(option), sink)
-    try:
-        await sampler.read()
-    except EnergyUnavailable:
-        if sampler.close is not None:
-            await sampler.close()
-        raise
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        raise EnergyUnavailable(one_line(exc)) from None
-    return sampler
+    return EnergySampler(_exporter_reader(session, option), _name(option), sink)
+
+
+async def _open_nvml(
+    make: Callable[[], GpuReader] | None, sink: Callable[[Mapping[str, Any]], None]
+) -> EnergySampler:
+    """A sampler of this machine's GPUs, NVML opened (else
+    :class:`EnergyUnavailable`)."""
+    reader = await _nvml_reader(make)
+
+    async def read_nvml() -> EnergyReading:
+        try:
+            snapshot = await asyncio.to_thread(reader.read)
+        except GpuUnavailable as exc:  # the driver's: a reading skipped
+            raise EnergyUnavailable(one_line(exc)) from None
+        return _sum_nvml(snapshot)
+
+    async def close() -> None:
+        await asyncio.to_thread(reader.close)
+
+    return EnergySampler(read_nvml, "nvml", sink, close=close)
 
 
 async def _nvml_reader(make: Callable[[], GpuReader] | None) -> GpuReader:

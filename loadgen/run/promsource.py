@@ -39,6 +39,7 @@ import aiohttp
 from servemon.core import names
 from servemon.core.signals import SignalQuery
 from servemon.core.wire.limits import ResponseTooLarge, read_body
+from servemon.loadgen.run.firstread import FirstRead
 from servemon.monitor.config import Auth
 
 __all__ = ["PrometheusSampler", "auth_header"]
@@ -109,6 +110,10 @@ class PrometheusSampler:
         #: The newest line's signals (None where missing), and when it was taken.
         self.signals: dict[str, float | None] = {}
         self.at: float | None = None
+        #: When a round first had a signal (a fresh Prometheus answers with no
+        #: data until it has scraped), and when each signal first had a value.
+        self.first = FirstRead()
+        self.first_seen: dict[str, float] = {}
 
     async def sample_once(self) -> dict[str, float | None] | None:
         """One round of queries; the signals, or None after an error line."""
@@ -119,6 +124,7 @@ class PrometheusSampler:
             )
         except QueryFailed as exc:
             self.errors += 1
+            self.first.tried(now, ok=False)
             self.signals = {}
             self._sink({"mono_s": now, "source": "prometheus", "error": str(exc)})
             return None
@@ -135,6 +141,10 @@ class PrometheusSampler:
         ]
         self.scrapes += 1
         self.signals, self.at = signals, now
+        for name, value in signals.items():
+            if value is not None:
+                self.first_seen.setdefault(name, now)
+        self.first.tried(now, ok=bool(self.first_seen))
         self._sink(
             {
                 "mono_s": now,
@@ -145,6 +155,11 @@ class PrometheusSampler:
             }
         )
         return signals
+
+    @property
+    def queries(self) -> tuple[str, ...]:
+        """The names of the signals it reads."""
+        return tuple(self._queries)
 
     async def run(self) -> None:
         """Query until cancelled, on a fixed cadence (missed rounds skipped)."""

@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from servemon.core.wire.limits import read_body
+from servemon.loadgen.run.firstread import FirstRead
 from servemon.monitor.normalize import Normalizer
 
 __all__ = ["ServerSampler", "parse_engine_samples"]
@@ -72,6 +73,9 @@ class ServerSampler:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.scrapes = 0
         self.errors = 0
+        #: When a scrape first worked (a target late at the start is tried again
+        #: every round).
+        self.first = FirstRead()
         self.last: list[Sample] = []
         self.engine_info: dict[str, str] = {}
         self._normalizer = Normalizer()
@@ -91,8 +95,10 @@ class ServerSampler:
             )
         except (aiohttp.ClientError, TimeoutError, ValueError, UnicodeError) as exc:
             self.errors += 1
+            self.first.tried(now, ok=False)
             self._sink({"mono_s": now, "error": f"{type(exc).__name__}: {exc}"[:300]})
             return None
+        self.first.tried(now, ok=True)
         self.scrapes += 1
         self.last = samples
         self.engine_info = info

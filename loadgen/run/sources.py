@@ -1,6 +1,7 @@
 """Where a run reads the server: its signals (the target's ``/metrics``, or
 Prometheus' queries over ``--select``), Prometheus' scrape interval, its
-credentials, and what the run record says of them."""
+credentials, and what the run record says of them (with when each was first
+read: a source missing at the start is tried again every round)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from servemon.monitor.config import load_auth
 __all__ = [
     "make_sampler",
     "prom_headers",
+    "read_record",
     "scrape_interval_of",
     "signal_queries",
     "source_record",
@@ -102,3 +104,19 @@ def source_record(config: LoadConfig) -> dict[str, Any]:
             for name, q in signal_queries(config).items()
         },
     }
+
+
+def read_record(
+    sampler: ServerSampler | PrometheusSampler, origin_s: float
+) -> dict[str, Any]:
+    """When the server's signals were first read, after how many tries
+    (:mod:`loadgen.run.firstread`), and (Prometheus) when each signal first had a
+    value (None: never)."""
+    data = sampler.first.record(origin_s)
+    if isinstance(sampler, PrometheusSampler):
+        seen = sampler.first_seen
+        data["signals_first_read_s"] = {
+            name: round(seen[name] - origin_s, 3) if name in seen else None
+            for name in sampler.queries
+        }
+    return data

@@ -412,3 +412,120 @@ async def test_prometheus_with_the_generated_rules_gives_the_runs_figures(
             assert series[0]["metric"]["target"] == "sim"
     finally:
         await stop(prometheus)
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus")
+@pytest.mark.asyncio(loop_scope="module")
+async def test_energy_late_at_the_start_is_read_from_when_it_comes(
+    stack: Stack,
+) -> None:
+    """A compose stack coming up: the ramp starts a second after a fresh
+    Prometheus, and the exporter Prometheus scrapes starts after the ramp said it
+    has no energy yet. The run keeps trying, says when energy came, records it in
+    ``run.json``, and every stage that started after the first reading has the
+    GPUs' 600 W; no stage before it has a figure, nor has the whole run."""
+    if NVIDIA:
+        pytest.skip("this machine has NVML: auto measures here")
+    assert PROMETHEUS is not None
+    exporter_port, prom_port = free_port(), free_port()
+    config = prometheus_file(
+        stack.folder / "late-prometheus.yml",
+        jobs={"servemon-exporter": [f"127.0.0.1:{exporter_port}"]},
+    )
+    out = stack.folder / "late"
+    children: list[Child] = []
+    try:
+        children.append(
+            await spawn(
+                "late-prometheus",
+                [
+                    PROMETHEUS,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={stack.folder / 'late-tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                    "--log.level=warn",
+                ],
+                stack.folder,
+            )
+        )
+        await asyncio.sleep(1.0)  # the scenario's second, not a wait for readiness
+        ramp = await spawn(
+            "late-ramp",
+            [
+                *SERVEMON,
+                *("ramp", "--target", stack.sim, *QUICK, "--out", str(out)),
+                *("--stages", "4:4,4:4,4:4,4:4", "--arrival", "constant"),
+                *("--prometheus", f"http://127.0.0.1:{prom_port}"),
+                *("--gpu-hour-cost", f"{PRICE:g}"),
+            ],
+            stack.folder,
+        )
+        children.append(ramp)
+
+        async def not_yet() -> bool:
+            ramp.alive()
+            return "energy: not read yet (prometheus: " in read_text(ramp.log)
+
+        await until(not_yet, 60, "the ramp's energy: not read yet line")
+        children.append(
+            await spawn(
+                "late-exporter",
+                servemon_argv(
+                    "exporter",
+                    *("--target", f"sim={stack.sim}"),
+                    *("--listen", f"127.0.0.1:{exporter_port}"),
+                    *("--fake-gpus", str(GPUS), "--fake-gpu-watts", f"{WATTS:g}"),
+                    *("--gpu-interval", "0.5"),
+                ),
+                stack.folder,
+            )
+        )
+        await asyncio.wait_for(ramp.proc.wait(), 90)
+        assert ramp.proc.returncode == 0, ramp.tail()
+    finally:
+        for child in reversed(children):
+            await stop(child)
+    text = read_text(ramp.log)
+    (line,) = [x for x in text.splitlines() if x.startswith("energy: read from ")]
+    said = re.match(r"energy: read from ([\d.]+) s on \(.* from prometheus, ", line)
+    assert said, line
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    run = json.loads((run_dir / "run.json").read_text())
+    energy = run["energy"]
+    assert energy["source"] == "prometheus"
+    assert energy["tries"] > 1
+    assert float(said[1]) == pytest.approx(energy["first_read_s"], abs=0.051)
+    assert energy["said"] == line
+    # The server's signals came through the same Prometheus, from some time on.
+    signals = run["server_metrics"]
+    assert signals["first_read_s"] is not None
+    assert any(v is not None for v in signals["signals_first_read_s"].values())
+    # The first reading is marked: nothing before it was read.
+    origin = run["clock_origin"]["monotonic_s"]
+    readings = [
+        line
+        for line in map(
+            json.loads, (run_dir / "server_metrics.jsonl").read_text().splitlines()
+        )
+        if "energy" in line
+    ]
+    assert readings[0]["energy"]["starts_late"] is True
+    assert all("starts_late" not in r["energy"] for r in readings[1:])
+    first_s = readings[0]["mono_s"] - origin
+    assert 0 < first_s <= energy["first_read_s"]
+    summary = summary_of(run_dir)
+    assert summary["overall"]["energy"] is None
+    measured = 0
+    for stage in summary["stages"]:
+        got = stage["summary"]["energy"]
+        if stage["start_s"] < first_s:
+            assert got is None, stage
+            continue
+        measured += 1
+        assert got is not None, (stage, first_s)
+        assert got["source"] == "prometheus"
+        assert got["gpus"] == GPUS
+        assert got["joules"] / got["seconds"] == pytest.approx(GPUS * WATTS, rel=0.03)
+    assert summary["stages"][0]["summary"]["energy"] is None
+    assert measured >= 1, (first_s, [s["start_s"] for s in summary["stages"]])
+    assert "energy (the target's GPUs)" in text
