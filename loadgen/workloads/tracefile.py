@@ -68,14 +68,17 @@ def read_trace(path: Path) -> list[TraceEntry]:
     return list(read_trace_file(path).entries)
 
 
-def read_trace_file(path: Path, *, failed: FailedLines = "skip") -> TraceFile:
-    """Read and check a trace file (``.csv``: CSV, else JSONL).
+def read_trace_file(
+    path: Path, *, failed: FailedLines = "skip", where: str | None = None
+) -> TraceFile:
+    """Read and check a trace file (``.csv``: CSV, else JSONL); ``where`` starts
+    every error (``--workload: trace: PATH`` unless given).
 
     The config check, the plan and the workload each ask for the trace before a
     run starts; the last text parsed is kept with its entries (frozen), so an
     unchanged file is parsed once (read and hashed each time: a file rewritten
     within the file system's timestamp granularity is still seen to change)."""
-    where = f"--workload: trace: {path}"
+    where = where or f"--workload: trace: {path}"
     content = read_text(path, where)
     csv_format = path.suffix.lower() == ".csv"
     digest = hashlib.blake2b(content.encode(), digest_size=16).digest()

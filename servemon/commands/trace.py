@@ -13,6 +13,7 @@ import click
 from servemon.core.errors import ConfigError
 from servemon.loadgen.workloads.tracefile import (
     FORMATS,
+    FailedLines,
     parse_trace,
     prefix_hit_ratio,
     read_trace_file,
@@ -131,7 +132,8 @@ def synth(out: Path, **knobs: float) -> None:
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON.")
 def info(file: Path, keep_failed: bool, as_json: bool) -> None:
     """What a trace holds: its length, rate over time, burstiness and lengths."""
-    summary = summarize(read_trace_file(file, failed="keep" if keep_failed else "skip"))
+    failed: FailedLines = "keep" if keep_failed else "skip"
+    summary = summarize(read_trace_file(file, failed=failed, where=str(file)))
     if as_json:
         click.echo(json.dumps({"file": str(file), **asdict(summary)}, indent=2))
         return
@@ -198,9 +200,9 @@ def _lengths(name: str, lengths: Lengths | None) -> str:
 
 def _duration(seconds: float) -> str:
     if seconds >= 2 * 86_400:
-        return f"{seconds / 86_400:.1f} d"
+        return f"{seconds / 86_400:.3g} d"
     if seconds >= 2 * 3600:
-        return f"{seconds / 3600:.1f} h"
+        return f"{seconds / 3600:.3g} h"
     if seconds >= 120:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds:g} s"
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds:.4g} s"

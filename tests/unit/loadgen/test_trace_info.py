@@ -71,3 +71,14 @@ def test_trace_info_reads_an_azure_trace(tmp_path: Path) -> None:
     assert "Azure LLM inference CSV" in done.output
     assert "requests      3" in done.output
     assert "failed lines" not in done.output
+
+
+def test_trace_info_names_the_file_line_and_field_of_a_bad_line(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "AzureLLMInferenceTrace_conv.csv"
+    path.write_text(AZURE_2023 + "2023-11-16 18:17,5,1\n")
+    done = CliRunner().invoke(trace, ["info", str(path)])
+    assert str(done.exception).startswith(
+        f"{path}: line 5: TIMESTAMP: not a date and time"
+    )
