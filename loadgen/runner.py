@@ -191,6 +191,9 @@ async def run_load(
                 over_context=config.over_context,
                 **(prefix.build_options() if prefix else {}),
             )
+            said = workload.said() if isinstance(workload, TraceWorkload) else None
+            if said is not None:
+                progress.console.print(said, soft_wrap=True)
             rundir = RunDirectory.create(Path(config.out), kind)
             sender = Sender(
                 session=session,
@@ -230,7 +233,7 @@ async def run_load(
                     "spec": workload.spec,
                     "token_source": workload.token_source,
                     **(
-                        workload.fit.record()
+                        workload.record()
                         if isinstance(workload, TraceWorkload)
                         else {"context_tokens": context}
                     ),

@@ -12,10 +12,12 @@ one-line :class:`ConfigError` naming the file, the line and the field):
   JSONL, ``hash_ids`` as above).
 - **Prompts** JSONL: ``timestamp`` in seconds with a real ``prompt`` (text) or
   ``messages`` (chat), optional ``output_tokens``, ``session_id``, ``model``.
+- **Azure LLM inference** (2023, 2024) and **BurstGPT** CSV as published
+  (:mod:`loadgen.workloads.tracepublic`).
 
-Which a line is follows from its keys (``input_length``: Mooncake, whose timestamps
-are milliseconds). Entries are returned in time order, times in seconds from the
-first entry.
+Which a JSONL line is follows from its keys (``input_length``: Mooncake, whose
+timestamps are milliseconds); which a CSV is follows from its header. Entries are
+returned in time order, times in seconds from the first entry.
 """
 
 from __future__ import annotations
@@ -25,19 +27,35 @@ import hashlib
 import io
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from servemon.core.errors import ConfigError
 from servemon.loadgen.workloads.promptfile import read_text
+from servemon.loadgen.workloads.traceentry import (
+    FORMATS,
+    FailedLines,
+    TraceEntry,
+    TraceFile,
+)
+from servemon.loadgen.workloads.tracepublic import (
+    PUBLISHED_HEADERS,
+    published_format,
+    read_published,
+)
 
 __all__ = [
     "BLOCK_TOKENS",
+    "FORMATS",
+    "FailedLines",
     "TraceEntry",
+    "TraceFile",
     "parse_trace",
+    "parse_trace_file",
     "prefix_hit_ratio",
     "read_trace",
+    "read_trace_file",
 ]
 
 #: Tokens per ``hash_ids`` block in the Mooncake format.
@@ -45,54 +63,59 @@ BLOCK_TOKENS = 512
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
 
-@dataclass(frozen=True, slots=True)
-class TraceEntry:
-    """One request of a trace."""
-
-    #: Seconds after the trace's first request.
-    at_s: float
-    #: Prompt tokens the trace says (None for a real prompt: counted when built).
-    prompt_tokens: int | None
-    output_tokens: int | None
-    hash_ids: tuple[int, ...] = ()
-    session_id: str | None = None
-    model: str | None = None
-    text: str | None = None
-    messages: tuple[dict[str, str], ...] | None = None
-    #: The file's line, for messages.
-    line: int = 0
-
-
 def read_trace(path: Path) -> list[TraceEntry]:
-    """Read and check a trace file (``.csv``: CSV, else JSONL).
+    """The entries of a trace file (:func:`read_trace_file`, failed lines skipped)."""
+    return list(read_trace_file(path).entries)
+
+
+def read_trace_file(
+    path: Path, *, failed: FailedLines = "skip", where: str | None = None
+) -> TraceFile:
+    """Read and check a trace file (``.csv``: CSV, else JSONL); ``where`` starts
+    every error (``--workload: trace: PATH`` unless given).
 
     The config check, the plan and the workload each ask for the trace before a
     run starts; the last text parsed is kept with its entries (frozen), so an
     unchanged file is parsed once (read and hashed each time: a file rewritten
     within the file system's timestamp granularity is still seen to change)."""
-    where = f"--workload: trace: {path}"
+    where = where or f"--workload: trace: {path}"
     content = read_text(path, where)
     csv_format = path.suffix.lower() == ".csv"
-    key = (csv_format, hashlib.blake2b(content.encode(), digest_size=16).digest())
+    digest = hashlib.blake2b(content.encode(), digest_size=16).digest()
+    key = (csv_format, failed, digest)
     if _LAST[0] == key:
-        return list(_LAST[1])
-    entries = parse_trace(content, where, csv_format=csv_format)
-    _LAST[:] = [key, tuple(entries)]
-    return entries
+        found: TraceFile = _LAST[1]
+        return found
+    trace = parse_trace_file(content, where, csv_format=csv_format, failed=failed)
+    _LAST[:] = [key, trace]
+    return trace
 
 
-#: The last trace parsed: [(format, hash of its text), its entries].
-_LAST: list[Any] = [None, ()]
+#: The last trace parsed: [(format, failed lines, hash of its text), its TraceFile].
+_LAST: list[Any] = [None, None]
 
 
 def parse_trace(content: str, where: str, *, csv_format: bool) -> list[TraceEntry]:
     """The entries of a trace's text (``where`` prefixes every error)."""
-    found = _csv(content, where) if csv_format else _jsonl(content, where)
-    if not found:
+    return list(parse_trace_file(content, where, csv_format=csv_format).entries)
+
+
+def parse_trace_file(
+    content: str, where: str, *, csv_format: bool, failed: FailedLines = "skip"
+) -> TraceFile:
+    """A trace's text read (``where`` prefixes every error)."""
+    trace = (
+        _csv(content, where, failed)
+        if csv_format
+        else TraceFile(tuple(_jsonl(content, where)), "jsonl")
+    )
+    if not trace.entries:
         raise ConfigError(f"{where}: no requests in the file")
-    found.sort(key=lambda e: e.at_s)  # stable: equal times keep the file's order
+    found = sorted(trace.entries, key=lambda e: e.at_s)  # stable: ties keep order
     first = found[0].at_s
-    return [replace(e, at_s=e.at_s - first) for e in found]
+    if first:
+        found = [replace(e, at_s=e.at_s - first) for e in found]
+    return replace(trace, entries=tuple(found))
 
 
 def _jsonl(content: str, where: str) -> list[TraceEntry]:
@@ -117,10 +140,14 @@ def _jsonl(content: str, where: str) -> list[TraceEntry]:
     return out
 
 
-def _csv(content: str, where: str) -> list[TraceEntry]:
+def _csv(content: str, where: str, failed: FailedLines) -> TraceFile:
+    head = next(csv.reader(io.StringIO(content.partition("\n")[0])), [])
+    published = published_format(head)
+    if published is not None:
+        return read_published(content, published, where, failed)
     reader = csv.DictReader(io.StringIO(content))
     try:
-        return _csv_rows(reader, where)
+        return TraceFile(tuple(_csv_rows(reader, where)), "csv")
     except csv.Error as exc:  # a field over the csv module's limit
         raise ConfigError(f"{where}: line {reader.line_num}: {exc}") from None
 
@@ -131,7 +158,8 @@ def _csv_rows(reader: csv.DictReader[str], where: str) -> list[TraceEntry]:
     if missing:
         raise ConfigError(
             f"{where}: line 1: the CSV header needs timestamp, prompt_tokens, "
-            f"output_tokens (missing {', '.join(sorted(missing))})"
+            f"output_tokens (missing {', '.join(sorted(missing))}), or to be "
+            f"{PUBLISHED_HEADERS}"
         )
     out = []
     for row in reader:

@@ -39,7 +39,7 @@ from servemon.loadgen.workloads.tokens import (
     count_each,
     estimate_tokens,
 )
-from servemon.loadgen.workloads.tracefile import BLOCK_TOKENS, TraceEntry
+from servemon.loadgen.workloads.tracefile import BLOCK_TOKENS, TraceEntry, TraceFile
 from servemon.loadgen.workloads.wordpool import pool_text
 
 __all__ = ["ContextFit", "OverContext", "TraceWorkload", "build_trace"]
@@ -97,9 +97,38 @@ class TraceWorkload:
     output: OutputBudget | None
     default_output: int
     fit: ContextFit = ContextFit(None, "error")
+    #: The trace file's format and failed lines (:class:`TraceFile`).
+    source: TraceFile | None = field(default=None, repr=False, compare=False)
     _blocks: dict[tuple[int, int], str] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
+
+    def record(self) -> dict[str, object]:
+        """The ``run.json`` form (``workload``): how the entries fit the context,
+        the trace's format and the failed lines it marks (skipped or kept)."""
+        record = self.fit.record()
+        if self.source is not None:
+            record["trace_format"] = self.source.format
+            record["failed_lines"] = self.source.failed
+            record["failed_lines_policy"] = self.source.failed_lines
+        return record
+
+    def said(self) -> str | None:
+        """One line for the terminal on the failed lines the trace marks (None:
+        it marks none)."""
+        source = self.source
+        if source is None or not source.failed:
+            return None
+        if source.failed_lines == "keep":
+            return (
+                f"trace: {source.failed} failed lines (Response tokens 0) sent, "
+                "with the default output budget"
+            )
+        return (
+            f"trace: {source.failed} failed lines (Response tokens 0) skipped, of "
+            f"{source.failed + len(source.entries)} (replay --keep-failed, or "
+            "trace:PATH,failed=keep, sends them)"
+        )
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -204,15 +233,17 @@ async def build_trace(
     counter: TokenCounter,
     seed: int,
     path: Path,
-    entries: Sequence[TraceEntry],
+    trace: TraceFile | Sequence[TraceEntry],
     output: OutputBudget | None,
     default_output: int,
     *,
     context: int | None = None,
     over_context: OverContext = "error",
 ) -> Workload:
-    """The workload of a trace's ``entries`` (read from ``path``, named in errors)."""
-    entries = tuple(entries)
+    """The workload of a trace (its file read, or its entries) read from ``path``
+    (named in errors)."""
+    source = trace if isinstance(trace, TraceFile) else None
+    entries = trace.entries if isinstance(trace, TraceFile) else tuple(trace)
     real = [(i, e) for i, e in enumerate(entries) if e.text is not None or e.messages]
     texts = [
         e.text or "\n".join(m["content"] for m in e.messages or ()) for _, e in real
@@ -242,6 +273,7 @@ async def build_trace(
         output=output,
         default_output=default_output,
         fit=fit,
+        source=source,
     )
     if fitter.fillers and counter.source != "estimate":
         # The one-token words add up under this counter: check on a few prompts.

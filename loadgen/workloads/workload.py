@@ -43,12 +43,14 @@ Specs (every key optional; defaults as shown, output defaults to ``default_outpu
     Multi-turn conversations, each turn sent with the whole history after a think
     time (:mod:`loadgen.workloads.sessions`); ``prompt(i)`` is session ``i``'s first
     turn.
-``trace:PATH[,output=O]``
+``trace:PATH[,output=O][,failed=skip|keep]``
     A trace (:mod:`loadgen.workloads.tracefile`: Mooncake JSONL with ``hash_ids``, plain
-    JSONL/CSV of lengths, or timed real prompts): request ``i`` sends entry
-    ``i % entries``, built with the trace's lengths and prefix structure
-    (:mod:`loadgen.workloads.traceprompts`). A ramp sends them at its own rates;
-    ``servemon replay`` at the trace's times.
+    JSONL/CSV of lengths, timed real prompts, or Azure's and BurstGPT's CSVs as
+    published): request ``i`` sends entry ``i % entries``, built with the trace's
+    lengths and prefix structure (:mod:`loadgen.workloads.traceprompts`). A ramp
+    sends them at its own rates; ``servemon replay`` at the trace's times.
+    ``failed=keep`` sends the lines a trace marks failed (BurstGPT's), with the
+    default output budget; by default they are skipped and counted.
 
 Output ``O`` is ``N`` (fixed) or ``A:B``: a uniform integer in ``[A, B]`` drawn per
 request index from the seed. Given on ``file:``, it overrides the file's budgets.
@@ -101,7 +103,11 @@ from servemon.loadgen.workloads.specs import (
 )
 from servemon.loadgen.workloads.synthetic import build_random, build_shared_prefix
 from servemon.loadgen.workloads.tokens import TokenCounter
-from servemon.loadgen.workloads.tracefile import TraceEntry, read_trace
+from servemon.loadgen.workloads.tracefile import (
+    TraceEntry,
+    TraceFile,
+    read_trace_file,
+)
 from servemon.loadgen.workloads.traceprompts import OverContext, build_trace
 
 __all__ = [
@@ -154,13 +160,20 @@ class WorkloadSpec:
         return budget.high if isinstance(budget, OutputBudget) else DEFAULT_OUTPUT
 
     def trace_entries(self) -> list[TraceEntry]:
-        """A ``trace:`` spec's entries, read and checked on the first call (every
+        """A ``trace:`` spec's entries (:meth:`trace_file`)."""
+        return list(self.trace_file().entries)
+
+    def trace_file(self) -> TraceFile:
+        """A ``trace:`` spec's file, read and checked on the first call (every
         line; a bad one is a one-line :class:`ConfigError`) and kept."""
         path = self.trace_path
         if path is None:
             raise ConfigError(f"--workload {self.text}: not a trace (trace:PATH)")
-        entries: list[TraceEntry] = self._once("trace", lambda: read_trace(path))
-        return entries
+        failed = self.options["failed"]
+        trace: TraceFile = self._once(
+            "trace", lambda: read_trace_file(path, failed=failed)
+        )
+        return trace
 
     def file_entries(self) -> list[Any]:
         """A ``file:`` spec's prompts, read and checked on the first call, and kept."""
@@ -242,7 +255,7 @@ async def build_workload(
             counter,
             seed,
             options["path"],
-            await asyncio.to_thread(spec.trace_entries),
+            await asyncio.to_thread(spec.trace_file),
             options["output"],
             DEFAULT_OUTPUT,
             context=context,
@@ -298,13 +311,21 @@ def _parse(spec: str, *, default_output: int) -> tuple[str, dict[str, Any]]:
     if kind == "sessions":
         return kind, {"spec": parse_sessions(rest, default_output)}
     if kind in ("file", "trace"):
-        path, options = _file_options(rest, kind)
+        keys = ("output", "failed") if kind == "trace" else ("output",)
+        path, options = _file_options(rest, kind, keys)
         override = (
             spec_range(kind, "output", options["output"])
             if "output" in options
             else None
         )
-        return kind, {"path": Path(path), "output": override}
+        if kind == "file":
+            return kind, {"path": Path(path), "output": override}
+        failed = options.get("failed", "skip")
+        if failed not in ("skip", "keep"):
+            raise ConfigError(
+                f"--workload: trace: failed must be skip or keep, got {failed!r}"
+            )
+        return kind, {"path": Path(path), "output": override, "failed": failed}
     raise ConfigError(
         f"--workload: unknown kind {kind!r} in {spec!r} "
         "(known: random, shared-prefix, prefix, sessions, file, trace)"
@@ -314,7 +335,9 @@ def _parse(spec: str, *, default_output: int) -> tuple[str, dict[str, Any]]:
 # --- spec parsing -------------------------------------------------------------
 
 
-def _file_options(text: str, kind: str = "file") -> tuple[str, dict[str, str]]:
+def _file_options(
+    text: str, kind: str = "file", known: tuple[str, ...] = ("output",)
+) -> tuple[str, dict[str, str]]:
     path = text
     options: dict[str, str] = {}
     while True:
@@ -324,7 +347,7 @@ def _file_options(text: str, kind: str = "file") -> tuple[str, dict[str, str]]:
         key = tail.strip().partition("=")[0]
         if key in options:
             raise ConfigError(f"--workload: {kind}: {key!r} given twice")
-        options.update(spec_options(kind, tail, ("output",)))
+        options.update(spec_options(kind, tail, known))
         path = head
     if not path.strip():
         raise ConfigError(f"--workload: {kind}: needs a path ({kind}:PATH[,output=N])")

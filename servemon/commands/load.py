@@ -191,13 +191,23 @@ def capacity(config_file: Path | None, **flags: Any) -> None:
 )
 @click.option("--to", "trace_to", type=float, help="Stop at this second of the trace.")
 @click.option("--loops", type=int, help="Send the window this many times.")
+@click.option(
+    "--keep-failed",
+    is_flag=True,
+    default=False,
+    help="Send the lines the trace marks failed (BurstGPT: Response tokens 0), "
+    "with the default output budget, instead of skipping them.",
+)
 @options.open_loop()
-def replay(trace: Path, config_file: Path | None, **flags: Any) -> None:
-    """Send a trace (Mooncake JSONL, JSONL/CSV of lengths, timed prompts) open
-    loop at its own times, with its lengths and prefix structure."""
+def replay(
+    trace: Path, config_file: Path | None, keep_failed: bool, **flags: Any
+) -> None:
+    """Send a trace (Mooncake JSONL, JSONL/CSV of lengths, timed prompts, Azure's
+    or BurstGPT's CSV as published) open loop at its own times, with its lengths
+    and prefix structure."""
     if flags.get("workload"):
         raise ConfigError("--workload: replay takes its trace as TRACE, not both")
-    flags["workload"] = f"trace:{trace}"
+    flags["workload"] = f"trace:{trace}" + (",failed=keep" if keep_failed else "")
     _run("replay", config_file, flags)
 
 

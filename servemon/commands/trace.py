@@ -1,15 +1,24 @@
 """``servemon trace synth``: write a synthetic trace
-(:mod:`loadgen.workloads.tracesynth`)."""
+(:mod:`loadgen.workloads.tracesynth`); ``servemon trace info``: what a trace holds
+(:mod:`loadgen.workloads.traceinfo`)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import click
 
 from servemon.core.errors import ConfigError
-from servemon.loadgen.workloads.tracefile import parse_trace, prefix_hit_ratio
+from servemon.loadgen.workloads.tracefile import (
+    FORMATS,
+    FailedLines,
+    parse_trace,
+    prefix_hit_ratio,
+    read_trace_file,
+)
+from servemon.loadgen.workloads.traceinfo import Lengths, TraceSummary, summarize
 from servemon.loadgen.workloads.tracesynth import SynthSpec, synthesize
 
 __all__ = ["trace"]
@@ -17,7 +26,7 @@ __all__ = ["trace"]
 
 @click.group()
 def trace() -> None:
-    """Traces to replay: make a synthetic one."""
+    """Traces to replay: what one holds, or make a synthetic one."""
 
 
 @trace.command()
@@ -110,3 +119,90 @@ def synth(out: Path, **knobs: float) -> None:
         f"prefix-cache hit ratio from its hash_ids (unbounded cache): "
         f"{0.0 if ratio is None else ratio:.3f}"
     )
+
+
+@trace.command()
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option(
+    "--keep-failed",
+    is_flag=True,
+    default=False,
+    help="Count the lines the trace marks failed (BurstGPT) as requests.",
+)
+@click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON.")
+def info(file: Path, keep_failed: bool, as_json: bool) -> None:
+    """What a trace holds: its length, rate over time, burstiness and lengths."""
+    failed: FailedLines = "keep" if keep_failed else "skip"
+    summary = summarize(read_trace_file(file, failed=failed, where=str(file)))
+    if as_json:
+        click.echo(json.dumps({"file": str(file), **asdict(summary)}, indent=2))
+        return
+    for line in describe(file, summary):
+        click.echo(line)
+
+
+#: Eight heights of a bar, for the rate over time on one line.
+_BARS = "▁▂▃▄▅▆▇█"
+
+
+def describe(file: Path, s: TraceSummary) -> list[str]:
+    """The terminal's lines for a trace summary."""
+    lines = [
+        f"{file}: {FORMATS.get(s.format, s.format)}",
+        f"  requests      {s.requests:,}"
+        + (f" ({s.real_prompts:,} with real prompts)" if s.real_prompts else ""),
+        f"  duration      {_duration(s.duration_s)}",
+        "  mean rate     "
+        + ("-" if s.mean_rate is None else f"{s.mean_rate:.3g} req/s"),
+    ]
+    if s.rates:
+        peak = max(s.rates)
+        lines.append(
+            f"  rate per {_duration(s.bin_s)}: min {min(s.rates):.3g}, "
+            f"median {sorted(s.rates)[len(s.rates) // 2]:.3g}, max {peak:.3g} req/s"
+            + (f" (peak/mean {peak / s.mean_rate:.2f})" if s.mean_rate else "")
+        )
+        if len(s.rates) > 1 and peak > 0:
+            top = len(_BARS) - 1
+            lines.append("  " + "".join(_BARS[round(r / peak * top)] for r in s.rates))
+    lines.append(
+        "  burstiness    "
+        + (
+            "-"
+            if s.gap_cv is None
+            else f"CV of gaps {s.gap_cv:.2f} (1: Poisson; above: bursty)"
+        )
+    )
+    lines.append(_lengths("prompt tokens", s.prompt))
+    lines.append(_lengths("output tokens", s.output))
+    if s.format == "burstgpt" or s.failed:
+        verb = "kept" if s.failed_lines == "keep" else "skipped"
+        lines.append(f"  failed lines  {s.failed:,} (Response tokens 0), {verb}")
+    for column, counts in s.labels:
+        shown = ", ".join(f"{value} {n:,}" for value, n in counts[:8])
+        lines.append(f"  {column:<13} {shown}")
+    if s.prefix_hit_ratio is not None:
+        lines.append(
+            f"  prefix hits   {s.prefix_hit_ratio:.3f} of prompt tokens from its "
+            "hash_ids (unbounded cache)"
+        )
+    return lines
+
+
+def _lengths(name: str, lengths: Lengths | None) -> str:
+    if lengths is None:
+        return f"  {name:<13} -"
+    return (
+        f"  {name:<13} p50 {lengths.p50:,}, p90 {lengths.p90:,}, "
+        f"p99 {lengths.p99:,}, max {lengths.max:,} (mean {lengths.mean:,.0f})"
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 2 * 86_400:
+        return f"{seconds / 86_400:.3g} d"
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.3g} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds:.4g} s"

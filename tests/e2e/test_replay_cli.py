@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.publictraces import BURSTGPT
+
 pytestmark = pytest.mark.e2e
 
 SERVEMON = [sys.executable, "-m", "servemon"]
@@ -195,3 +197,23 @@ def test_a_trace_longer_than_the_targets_context_follows_the_chosen_policy(
         assert max(int(str(r["prompt_tokens"])) for r in rows) <= 4096 - 8
     else:
         assert outcomes == ["http_error", "http_error", "ok", "ok", "ok"]
+
+
+def test_burstgpt_replays_as_downloaded_its_failed_lines_skipped_or_kept(
+    tmp_path: Path,
+) -> None:
+    trace = tmp_path / "BurstGPT_1.csv"
+    trace.write_text(BURSTGPT)
+    skipped = _replay(tmp_path, trace, "--rate-scale", "40")
+    assert skipped.returncode == 0, skipped.stderr
+    assert "trace: 1 failed lines (Response tokens 0) skipped, of 3" in skipped.stdout
+    record, rows = _rows(tmp_path, "skipped")
+    assert len(rows) == 2
+    assert record["workload"]["failed_lines"] == 1
+    kept = _replay(tmp_path, trace, "--rate-scale", "40", "--keep-failed")
+    assert kept.returncode == 0, kept.stderr
+    assert "1 failed lines (Response tokens 0) sent" in kept.stdout
+    record, rows = _rows(tmp_path, "kept")
+    assert len(rows) == 3
+    assert record["workload"]["spec"].endswith(",failed=keep")
+    assert record["workload"]["failed_lines_policy"] == "keep"

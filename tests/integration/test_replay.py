@@ -11,10 +11,15 @@ from typing import Any
 import pytest
 
 from servemon.loadgen.workloads.replayplan import replay_plan
-from servemon.loadgen.workloads.tracefile import prefix_hit_ratio, read_trace
+from servemon.loadgen.workloads.tracefile import (
+    prefix_hit_ratio,
+    read_trace,
+    read_trace_file,
+)
 from servemon.loadgen.workloads.tracesynth import SynthSpec, synthesize
 from servemon.simulator.config import SimConfig
 from servemon.simulator.server import SimServer
+from tests.support.publictraces import AZURE_2023, AZURE_2024, BURSTGPT
 from tests.support.runs import config_for, run
 
 pytestmark = pytest.mark.integration
@@ -131,3 +136,47 @@ def test_shards_of_a_replay_send_the_whole_trace_between_them(tmp_path: Path) ->
         sent.append({int(r["id"].rsplit("-", 1)[1]) for r in records})
     assert sent[0] == set(range(0, 40, 2))
     assert sent[1] == set(range(1, 40, 2))
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "failed", "sent"),
+    [
+        ("AzureLLMInferenceTrace_code.csv", AZURE_2023, "skip", 3),
+        ("AzureLLMInferenceTrace_code_1week.csv", AZURE_2024, "skip", 4),
+        ("BurstGPT_1.csv", BURSTGPT, "skip", 2),
+        ("BurstGPT_1.csv", BURSTGPT, "keep", 3),
+    ],
+)
+def test_a_published_trace_replays_as_downloaded(
+    tmp_path: Path, name: str, content: str, failed: str, sent: int
+) -> None:
+    trace = tmp_path / name
+    trace.write_text(content)
+    spec = f"trace:{trace}" + (",failed=keep" if failed == "keep" else "")
+    entries = read_trace_file(trace, failed=failed)  # type: ignore[arg-type]
+    # BurstGPT's 41.5 s, 40 times as fast; Azure's under a second as it is.
+    scale = 40.0 if entries.format == "burstgpt" else 1.0
+
+    async def go() -> Any:
+        # A context that takes the trace's lengths as they are (Azure's 4,808).
+        config = SimConfig(host="127.0.0.1", port=0, profile="tiny", max_model_len=8192)
+        async with SimServer(config) as server:
+            return await run(
+                "replay",
+                config_for(server, tmp_path, workload=spec, rate_scale=scale),
+            )
+
+    result = asyncio.run(asyncio.wait_for(go(), 60))
+    assert result.status == "completed"
+    records = read_jsonl(result.path / "requests.jsonl")
+    assert len(records) == sent
+    by_index = {int(r["id"].rsplit("-", 1)[1]): r for r in records}
+    for index, entry in enumerate(entries.entries):
+        assert by_index[index]["prompt_tokens"] >= entry.prompt_tokens
+    scheduled = sorted(r["scheduled_s"] for r in records)
+    got = [t - scheduled[0] for t in scheduled]
+    assert got == pytest.approx([e.at_s / scale for e in entries.entries], abs=1e-6)
+    workload = json.loads((result.path / "run.json").read_text())["workload"]
+    assert workload["trace_format"] == entries.format
+    assert workload["failed_lines"] == (1 if entries.format == "burstgpt" else 0)
+    assert workload["failed_lines_policy"] == failed

@@ -285,13 +285,13 @@ def test_an_unchanged_trace_is_parsed_once_and_a_changed_one_again(
     import servemon.loadgen.workloads.tracefile as tracefile
 
     parsed: list[str] = []
-    real = tracefile.parse_trace
+    real = tracefile.parse_trace_file
 
-    def counting(content: str, where: str, *, csv_format: bool) -> list[Any]:
+    def counting(content: str, where: str, **kwargs: Any) -> Any:
         parsed.append(content)
-        return real(content, where, csv_format=csv_format)
+        return real(content, where, **kwargs)
 
-    monkeypatch.setattr(tracefile, "parse_trace", counting)
+    monkeypatch.setattr(tracefile, "parse_trace_file", counting)
     path = tmp_path / "t.csv"
     path.write_text("timestamp,prompt_tokens,output_tokens\n0,10,2\n1,20,3\n")
     first = tracefile.read_trace(path)
