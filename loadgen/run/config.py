@@ -287,6 +287,15 @@ class LoadConfig:
         first tier's where there are several."""
         return self.slo[0].terms if self.slo else ()
 
+    def check_tiers(self, kind: str) -> None:
+        """Several SLO tiers are a capacity search's: any other command (``kind``)
+        refuses them, in one line naming them."""
+        if len(self.slo) > 1 and kind != "capacity":
+            names = ", ".join(t.name for t in self.slo)
+            raise ConfigError(
+                f"--slo: several SLO tiers ({names}) are for capacity; {kind} takes one"
+            )
+
 
 def config_text(config: LoadConfig) -> dict[str, Any]:
     """The config as plain data, each parsed flag in its own text again (what a

@@ -164,11 +164,7 @@ def make_plan(kind: Kind, config: LoadConfig) -> Plan:
 
 
 def _check(kind: Kind, config: LoadConfig) -> None:
-    if len(config.slo) > 1 and kind != "capacity":
-        names = ", ".join(t.name for t in config.slo)
-        raise ConfigError(
-            f"--slo: several SLO tiers ({names}) are for capacity; {kind} takes one"
-        )
+    config.check_tiers(kind)
     if kind == "capacity":
         if not config.slo:
             raise ConfigError(
