@@ -5,17 +5,22 @@ statistic and a threshold in seconds (or a ratio for ``error_rate``). Figures:
 ``ttft``, ``ttfc``, ``itl``, ``tpot``, ``e2e``, ``dispatch_lag``; statistics: ``mean``,
 ``p50``, ``p90``, ``p95``, ``p99``, ``max``. The load generator judges runs with them
 (:mod:`loadgen.record.slo`) and the rules generator reads them (``loadgen_slo``).
+
+A capacity search can take several named SLOs, tiers (``interactive=ttft_p95<=0.3``
+and ``batch=e2e_p95<=30``): :func:`parse_tiers` reads them from repeated ``--slo``
+flags or a YAML mapping; a plain SLO is one tier without a name.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from servemon.core.errors import ConfigError
 
-__all__ = ["SLO_FIGURES", "STATS", "SloTerm", "parse_slo"]
+__all__ = ["SLO_FIGURES", "STATS", "SloTerm", "SloTier", "parse_slo", "parse_tiers"]
 
 #: The client figures an SLO term may name (besides ``error_rate``).
 SLO_FIGURES = ("ttft", "ttfc", "itl", "tpot", "e2e", "dispatch_lag")
@@ -48,14 +53,15 @@ class SloTerm:
         )
 
 
-def parse_slo(text: str) -> list[SloTerm]:
-    """Parse a comma-separated SLO; a bad term gives one line naming it."""
+def parse_slo(text: str, where: str = "--slo") -> list[SloTerm]:
+    """Parse a comma-separated SLO; a bad term gives one line naming it (after
+    ``where``: the flag, and the tier if it has a name)."""
     terms: list[SloTerm] = []
     for raw in text.split(","):
         if not raw.strip():
             continue
         match = _TERM.match(raw)
-        bad = f"--slo: {raw.strip()!r}"
+        bad = f"{where}: {raw.strip()!r}"
         if not match:
             raise ConfigError(
                 f"{bad}: expected FIGURE_STAT<=NUMBER, e.g. ttft_p95<=0.5"
@@ -77,5 +83,64 @@ def parse_slo(text: str) -> list[SloTerm]:
             raise ConfigError(f"{bad}: name a statistic ({', '.join(STATS)})")
         terms.append(SloTerm(figure, stat, threshold))
     if not terms:
-        raise ConfigError("--slo: no terms")
+        raise ConfigError(f"{where}: no terms")
     return terms
+
+
+#: A tier's name: ``NAME=`` before its terms (the ``=`` of a term follows ``<``).
+_TIER = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_-]*)\s*=(?!=)(.*)$", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class SloTier:
+    """One named SLO (``name`` is ``""`` for a plain, unnamed ``--slo``)."""
+
+    name: str
+    terms: tuple[SloTerm, ...]
+
+    @property
+    def text(self) -> str:
+        """The terms as ``--slo`` writes them."""
+        return ",".join(str(t) for t in self.terms)
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.text}" if self.name else self.text
+
+
+def _tier(name: str, text: object) -> SloTier:
+    where = f"--slo {name}" if name else "--slo"
+    if not isinstance(text, str):
+        raise ConfigError(f"{where}: expected terms as text, e.g. ttft_p95<=0.5")
+    return SloTier(name, tuple(parse_slo(text, where)))
+
+
+def parse_tiers(value: str | Iterable[str] | Mapping[str, str]) -> tuple[SloTier, ...]:
+    """SLO tiers from one ``--slo`` text, several (a repeated flag, a YAML list of
+    ``NAME=TERMS``) or a YAML mapping of name to terms. Several tiers must each have
+    a name, and a name is used once; a bad tier gives one line naming the flag and
+    the tier."""
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, Mapping):
+        tiers = [_tier(str(name), text) for name, text in value.items()]
+    else:
+        tiers = []
+        for text in value:
+            if not isinstance(text, str):
+                raise ConfigError("--slo: expected NAME=TERMS or TERMS as text")
+            named = _TIER.match(text)
+            tiers.append(_tier(*named.groups()) if named else _tier("", text))
+    if not tiers:
+        raise ConfigError("--slo: no terms")
+    if len(tiers) > 1:
+        unnamed = [t for t in tiers if not t.name]
+        if unnamed:
+            raise ConfigError(
+                f"--slo {unnamed[0].text}: several SLOs need a name each, "
+                "e.g. --slo interactive=ttft_p95<=0.3 --slo batch=e2e_p95<=30"
+            )
+        names = [t.name for t in tiers]
+        twice = next((n for n in names if names.count(n) > 1), None)
+        if twice is not None:
+            raise ConfigError(f"--slo {twice}: the tier is named twice")
+    return tuple(tiers)

@@ -136,7 +136,7 @@ async def run_load(
     """Run a load command, checked and planned already (:func:`make_plan`),
     against ``target`` (a base URL)."""
     kind, stages = plan.kind, plan.stages
-    slo = list(config.slo)
+    slo = list(config.slo_terms)
     check_rate_bound(kind, config, target, stages)
     arrival = config.arrival
     headers = {k: v.reveal() for k, v in auth_headers(env, plan.headers).items()}
@@ -377,7 +377,7 @@ def _finish(
         status=status,
         stages=stages,
         overall=overall,
-        slo=[str(t) for t in ctx.config.slo],
+        slo=[str(t) for t in ctx.config.slo_terms],
         stop_reason=ctx.stop_reason,
         capacity=found.capacity,
         control=found.control,

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import yaml
 from rich.console import Console
 
-from servemon.core.slo import parse_slo
+from servemon.core.slo import parse_tiers
 from servemon.embedded import (
     embedded_exporter,
     embedded_prometheus,
@@ -109,7 +109,7 @@ async def run_demo(
                 )
                 config = LoadConfig(
                     target=sim_url,
-                    slo=tuple(parse_slo(DEMO_SLO)),
+                    slo=parse_tiers(DEMO_SLO),
                     rps_min=1.0,
                     step_seconds=step_seconds,
                     settle=min(3.0, step_seconds / 3),

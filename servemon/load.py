@@ -13,6 +13,7 @@ from rich.table import Table
 
 from servemon.embedded import embedded_simulator
 from servemon.lifecycle import stop_on_signals
+from servemon.loadgen.record.capacityrows import at_capacity
 from servemon.loadgen.record.columns import (
     ENERGY_COLUMNS,
     GROUP_COLUMNS,
@@ -33,6 +34,7 @@ from servemon.loadgen.record.runrecord import (
     ControlResult,
     RunResult,
     RunSummary,
+    TierResult,
 )
 from servemon.loadgen.reports.report import write_report
 from servemon.loadgen.run.clientwatch import limit_lines
@@ -191,7 +193,10 @@ def control_lines(held: ControlResult) -> str:
 
 def capacity_lines(found: CapacityResult, record: RunSummary | None = None) -> str:
     """The capacity search's answer, in a few lines (with ``record``: what a
-    token cost at the capacity found, where energy was measured)."""
+    token cost at the capacity found, where energy was measured); over several SLO
+    tiers, a few lines per tier, strictest first."""
+    if found.tiers:
+        return "\n".join(_tier_lines(found, tier, record) for tier in found.tiers)
     low, high = found.bracket
     if not found.steps:
         head = f"capacity: unknown (no step was judged: {found.ended_because})"
@@ -212,6 +217,40 @@ def capacity_lines(found: CapacityResult, record: RunSummary | None = None) -> s
             f"  found {bracket} ({found.ended_because})",
             f"  SLO that broke first: {found.first_breach or 'none'}",
             f"  saturated first: {found.saturated_first or 'nothing'}",
+        ]
+    )
+
+
+def _tier_lines(
+    found: CapacityResult, tier: TierResult, record: RunSummary | None
+) -> str:
+    """One tier's answer: its capacity, with the energy and cost per token of the
+    step at it, its bracket, and what broke and saturated first."""
+    low, high = tier.bracket
+    name = f"capacity ({tier.name}: {tier.slo})"
+    if tier.capacity_rps is None:
+        head = f"{name}: below --rps-min (no rate met it)"
+    else:
+        head = f"{name}: {tier.capacity_rps:.4g} req/s meets it"
+        at = None if record is None else at_capacity(found, record, tier.capacity_rps)
+        cost = []
+        for key, unit in (
+            ("joules_per_token", "{:.3g} J/token"),
+            ("cost_per_mtok", "${:.3g} per million output tokens"),
+        ):
+            value = None if at is None else at.value(key)
+            if value is not None:
+                cost.append(unit.format(value))
+        if cost:
+            head += " at " + ", ".join(cost)
+    bracket = f"between {low if low is not None else '-'} and "
+    bracket += f"{high:.4g} req/s" if high is not None else "(no breaking rate found)"
+    return "\n".join(
+        [
+            head,
+            f"  found {bracket} ({tier.ended_because})",
+            f"  SLO that broke first: {tier.first_breach or 'none'}",
+            f"  saturated first: {tier.saturated_first or 'nothing'}",
         ]
     )
 

@@ -24,6 +24,11 @@ alone.
 The result — ``capacity_rps`` (the highest good rate), the bracket it lies in, the
 SLO term that broke first and what saturated first (``queue``, ``kv_cache``,
 ``client`` or ``none``) — goes into ``summary.json`` and is printed.
+
+Given several named SLOs (tiers: ``--slo interactive=... --slo batch=...``), one
+search finds each one's capacity: every step is judged against every tier, and
+which rate comes next is :class:`~loadgen.drivers.tiersearch.TierSearch`'s choice
+(strictest tier first, from what the steps measured so far say of each).
 """
 
 from __future__ import annotations
@@ -32,13 +37,14 @@ import asyncio
 import itertools
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from servemon.core.slo import SloTerm
+from servemon.core.slo import SloTerm, SloTier
 from servemon.loadgen.drivers.ramp import open_loop
+from servemon.loadgen.drivers.tiersearch import TierSearch
 from servemon.loadgen.record.reading import Reading
-from servemon.loadgen.record.runrecord import CapacityResult, StepVerdict
+from servemon.loadgen.record.runrecord import CapacityResult, StepVerdict, TierResult
 from servemon.loadgen.record.summary import Summarizer, Summary
 from servemon.loadgen.run.clientwatch import (
     LAG_LOST_S,
@@ -64,8 +70,8 @@ __all__ = ["CapacityResult", "CapacitySettings", "StepVerdict", "drive_capacity"
 class CapacitySettings:
     """What a capacity search reads of its flags."""
 
-    #: The SLO a step must meet (``--slo``).
-    slo: tuple[SloTerm, ...]
+    #: The SLO a step must meet (``--slo``): one, or several named tiers.
+    slo: tuple[SloTier, ...]
     #: A step's length (``--step-seconds``; None: the default).
     step_seconds: float | None
     #: Seconds at the start of a step not judged (``--settle``).
@@ -199,23 +205,34 @@ def blind(readings: Iterable[Reading], start: float, end: float) -> str | None:
     return None
 
 
-def _judge(
-    readings: Iterable[Reading], step: _Step, slo: list[SloTerm], early: dict[str, str]
-) -> StepVerdict:
-    summary = step.summary()
-    breaches = []
-    for term in slo:
+def _breaches(summary: Summary, terms: Iterable[SloTerm]) -> list[str]:
+    """The terms a step's summary breaks, each with the value it had."""
+    broken = []
+    for term in terms:
         value = summary.value(term.key)
         if value is None or value > term.threshold:
             shown = "none" if value is None else f"{value:.4g}"
-            breaches.append(f"{term} (was {shown})")
+            broken.append(f"{term} (was {shown})")
+    return broken
+
+
+def _judge(
+    readings: Iterable[Reading],
+    step: _Step,
+    tiers: Sequence[SloTier],
+    early: dict[str, str],
+) -> tuple[StepVerdict, dict[str, list[str]]]:
+    """The step's verdict, and each tier's broken terms."""
+    summary = step.summary()
+    by_tier = {t.name: _breaches(summary, t.terms) for t in tiers}
+    breaches = list(dict.fromkeys(b for broken in by_tier.values() for b in broken))
     good = not breaches and not early
     saturated = (
         None
         if good
         else (early.get("saturated") or _attribute(readings, step.record, summary))
     )
-    return StepVerdict(
+    verdict = StepVerdict(
         step.record.index,
         step.record.target_rate or 0.0,
         good,
@@ -224,23 +241,109 @@ def _judge(
         early.get("reason"),
         summary.requests,
     )
+    if any(t.name for t in tiers):
+        verdict.tiers = {name: not b and not early for name, b in by_tier.items()}
+    return verdict, by_tier
+
+
+def _met(verdict: StepVerdict, tiers: Sequence[SloTier]) -> dict[str, bool]:
+    """Whether the step met each tier (a blind step meets none)."""
+    if not verdict.tiers:
+        return {t.name: verdict.good for t in tiers}
+    return {t.name: verdict.tiers[t.name] and not verdict.blind for t in tiers}
+
+
+def _said(rate: float, verdict: StepVerdict, unseen: str | None) -> str:
+    """The line a step's verdict prints."""
+    head = f"capacity: {rate:.4g} req/s "
+    if unseen is not None:
+        return head + f"cannot be judged: {unseen}"
+    why = "; ".join(verdict.breaches or [verdict.early_stop or ""])
+    if not verdict.tiers:
+        return head + ("meets the SLO" if verdict.good else "breaks: " + why)
+    met = [name for name, ok in verdict.tiers.items() if ok]
+    broke = [name for name, ok in verdict.tiers.items() if not ok]
+    parts = [f"meets {', '.join(met)}"] if met else []
+    if broke:
+        parts.append(f"breaks {', '.join(broke)}: {why}")
+    return head + "; ".join(parts)
+
+
+async def _measure(
+    run: Drive[CapacitySettings], rate: float, first_index: int
+) -> tuple[_Step, dict[str, str], bool]:
+    """Send one step at ``rate``: its sink, what cut it short, whether the run was
+    interrupted."""
+    c, board, signals = run.settings, run.board, run.signals
+    duration = capacity_step_s(c.step_seconds, c.settle, rate)
+    record = StageRecord(len(board.stages), rate_label(rate), rate, None, duration)
+    board.add(record)
+    step = _Step(record, list(c.slo[0].terms), c.settle)
+    halt = asyncio.Event()
+    early: dict[str, str] = {}
+    watcher = asyncio.create_task(_watch(signals, step, halt, early))
+    try:
+        with run.sender.hooks.sink(step):
+            interrupted = await open_loop(
+                run,
+                [Stage(record.index, rate, duration, 0.0)],
+                seed=run.sending.seed + record.index,
+                first_index=first_index,
+                halt=halt,
+            )
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+    return step, early, interrupted
+
+
+def _tier_result(
+    tier: SloTier,
+    search: TierSearch,
+    steps: Sequence[StepVerdict],
+    broken: Sequence[dict[str, list[str]]],
+    ended: str,
+) -> TierResult:
+    """What the search found of one tier (``ended``: why the whole search ended,
+    for a tier whose own search had not)."""
+    good, bad = search.bracket(tier.name)
+    first = next(
+        (
+            i
+            for i, s in enumerate(steps)
+            if not s.blind and not _met(s, [tier])[tier.name]
+        ),
+        None,
+    )
+    breach = None
+    if first is not None:
+        own = broken[first].get(tier.name) or []
+        breach = own[0] if own else steps[first].early_stop
+    return TierResult(
+        name=tier.name,
+        slo=tier.text,
+        capacity_rps=good,
+        bracket=(good, bad),
+        first_breach=breach,
+        saturated_first=None if first is None else steps[first].saturated,
+        ended_because=search.settled(tier.name) or ended,
+    )
 
 
 async def drive_capacity(run: Drive[CapacitySettings], found: Driven) -> None:
     """Run the search (see the module docstring)."""
     c, board, signals = run.settings, run.board, run.signals
-    slo = list(c.slo)
+    tiers = list(c.slo)
     step_s = step_seconds(c.step_seconds)
     cap = c.rps_max if c.rps_max is not None else LOOPBACK_RPS_MAX["capacity"]
     deadline = time.monotonic() + c.max_duration
-    rate = min(c.rps_min, cap)
-    good: float | None = None
-    bad: float | None = None
+    search = TierSearch([t.name for t in tiers], c.rps_min, cap, c.precision)
     steps: list[StepVerdict] = []
+    broken: list[dict[str, list[str]]] = []
     first_index = 0
     ended = "precision reached"
     interrupted = False
-    while True:
+    while (rate := search.next_rate()) is not None:
         if time.monotonic() + step_s > deadline:
             ended = "--max-duration reached"
             break
@@ -248,43 +351,18 @@ async def drive_capacity(run: Drive[CapacitySettings], found: Driven) -> None:
         if time.monotonic() + duration > deadline:
             ended = "--max-duration reached"
             break
-        record = StageRecord(len(board.stages), rate_label(rate), rate, None, duration)
-        board.add(record)
-        step = _Step(record, slo, c.settle)
-        halt = asyncio.Event()
-        early: dict[str, str] = {}
-        watcher = asyncio.create_task(_watch(signals, step, halt, early))
-        try:
-            with run.sender.hooks.sink(step):
-                interrupted = await open_loop(
-                    run,
-                    [Stage(record.index, rate, duration, 0.0)],
-                    seed=run.sending.seed + record.index,
-                    first_index=first_index,
-                    halt=halt,
-                )
-        finally:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+        step, early, interrupted = await _measure(run, rate, first_index)
+        record = step.record
         first_index += record.sent + record.skipped
-        verdict = _judge(signals, step, slo, early)
+        verdict, by_tier = _judge(signals, step, tiers, early)
         unseen = None
         if c.prometheus is not None and verdict.good and record.start_s is not None:
             unseen = blind(signals, record.start_s, time.monotonic())
         if unseen is not None:
             verdict.good, verdict.blind, verdict.early_stop = False, True, unseen
         steps.append(verdict)
-        board.say(
-            f"capacity: {rate:.4g} req/s "
-            + (
-                "meets the SLO"
-                if verdict.good
-                else f"cannot be judged: {unseen}"
-                if unseen is not None
-                else "breaks: "
-                + "; ".join(verdict.breaches or [verdict.early_stop or ""])
-            )
-        )
+        broken.append(by_tier)
+        board.say(_said(rate, verdict, unseen))
         if interrupted:
             ended = "stopped"
             break
@@ -292,37 +370,19 @@ async def drive_capacity(run: Drive[CapacitySettings], found: Driven) -> None:
             ended = f"{unseen} at {rate:.4g} req/s"
             run.abort(f"capacity search stopped: {ended}")
             break
-        if verdict.good:
-            good = rate
-        else:
-            bad = rate
-        if bad is None:
-            if rate >= cap:
-                ended = "--rps-max reached with the SLO still met"
-                break
-            rate = min(rate * 2, cap)
-        elif good is None:
-            if rate <= c.rps_min:
-                ended = "the SLO breaks already at --rps-min"
-                break
-            rate = max(c.rps_min, rate / 2)
-        elif (bad - good) / good <= c.precision:
-            break
-        else:
-            rate = (good + bad) / 2
-    first_bad = next((s for s in steps if not s.good and not s.blind), None)
+        search.add(rate, _met(verdict, tiers))
     found.interrupted = interrupted
+    results = [
+        _tier_result(tier, search, steps, broken, ended)
+        for tier in sorted(tiers, key=lambda t: search.ranked().index(t.name))
+    ]
+    top = results[0]
     found.capacity = CapacityResult(
-        capacity_rps=good,
-        bracket=(good, bad),
-        first_breach=(
-            first_bad.breaches[0]
-            if first_bad and first_bad.breaches
-            else first_bad.early_stop
-            if first_bad
-            else None
-        ),
-        saturated_first=first_bad.saturated if first_bad else None,
-        ended_because=ended,
+        capacity_rps=top.capacity_rps,
+        bracket=top.bracket,
+        first_breach=top.first_breach,
+        saturated_first=top.saturated_first,
+        ended_because=top.ended_because,
         steps=steps,
+        tiers=results if any(t.name for t in tiers) else [],
     )

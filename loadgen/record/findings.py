@@ -11,7 +11,13 @@ from typing import Any
 
 import pydantic
 
-__all__ = ["CapacityResult", "ClientLimit", "ControlResult", "StepVerdict"]
+__all__ = [
+    "CapacityResult",
+    "ClientLimit",
+    "ControlResult",
+    "StepVerdict",
+    "TierResult",
+]
 
 _LENIENT = pydantic.ConfigDict(extra="ignore")
 
@@ -32,6 +38,9 @@ class StepVerdict:
     #: Read from Prometheus, the step had too few fresh server signals to be judged
     #: (Prometheus down or its series stale): not good, not a breach either.
     blind: bool = False
+    #: With named SLO tiers: each tier's name and whether the step met it (``good``
+    #: is then whether it met every tier, ``breaches`` every tier's broken terms).
+    tiers: dict[str, bool] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -52,8 +61,26 @@ class ClientLimit:
 
 
 @dataclass(slots=True)
+class TierResult:
+    """The capacity of one named SLO tier, found by a search over several."""
+
+    __pydantic_config__ = _LENIENT
+
+    name: str
+    #: The tier's terms, as ``--slo`` writes them.
+    slo: str
+    capacity_rps: float | None
+    bracket: tuple[float | None, float | None]
+    first_breach: str | None
+    saturated_first: str | None
+    ended_because: str
+
+
+@dataclass(slots=True)
 class CapacityResult:
-    """What a capacity search found."""
+    """What a capacity search found. With several SLO tiers, ``tiers`` holds each
+    one's answer, strictest first, and the fields above it are the strictest
+    tier's (a record from before tiers, or of one SLO, has no ``tiers``)."""
 
     __pydantic_config__ = _LENIENT
 
@@ -63,10 +90,16 @@ class CapacityResult:
     saturated_first: str | None
     ended_because: str
     steps: list[StepVerdict]
+    tiers: list[TierResult] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return asdict(self)
+        """A JSON-ready dict (one SLO's search writes no ``tiers``, as before)."""
+        data = asdict(self)
+        if not self.tiers:
+            del data["tiers"]
+            for step in data["steps"]:
+                step.pop("tiers", None)
+        return data
 
 
 @dataclass(slots=True)

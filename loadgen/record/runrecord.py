@@ -35,6 +35,7 @@ from servemon.loadgen.record.findings import (
     ClientLimit,
     ControlResult,
     StepVerdict,
+    TierResult,
 )
 from servemon.loadgen.record.summary import Summarizer, Summary, flat_row
 
@@ -48,6 +49,7 @@ __all__ = [
     "RunSummary",
     "StageResult",
     "StepVerdict",
+    "TierResult",
     "read_record",
     "write_json",
     "write_record",

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from servemon.core.errors import RecordError
+from servemon.loadgen.record.capacityrows import TIER_HEADER, tier_rows
 from servemon.loadgen.record.columns import (
     ENERGY_COLUMNS,
     GROUP_COLUMNS,
@@ -93,7 +94,7 @@ def _conditions(data: RunResult) -> list[tuple[str, str]]:
             f"{workload.get('spec')} (prompt tokens: {workload.get('token_source')})",
         ),
         ("arrival", info.arrival or "closed loop (none)"),
-        ("SLO", ", ".join(info.slo) or "none"),
+        ("SLO", _slo(data)),
         ("command", " ".join(info.command)),
         ("servemon", info.servemon_version),
         ("engine version", info.engine_version),
@@ -104,6 +105,14 @@ def _conditions(data: RunResult) -> list[tuple[str, str]]:
             f"{info.clock_origin.get('utc')} / {info.ended_utc}",
         ),
     ]
+
+
+def _slo(data: RunResult) -> str:
+    """The SLO, or a capacity search's tiers (goodput counts the first one's)."""
+    found = data.record.capacity
+    if found is not None and found.tiers:
+        return "; ".join(f"{t.name}: {t.slo}" for t in found.tiers)
+    return ", ".join(data.info.slo) or "none"
 
 
 def _gpus(gpus: object) -> str:
@@ -151,6 +160,14 @@ def render_report(data: RunResult, found: RunScan | None = None) -> str:
         "<p>Latencies in ms; goodput in requests/s meeting every SLO term.</p>",
     ]
     limits = limit_lines(record.stages)
+    if record.capacity is not None:
+        parts += [
+            "<h2 id='capacity'>Capacity</h2>",
+            "<p>The highest rate each SLO met (strictest first), the bracket it "
+            "was found in, what broke and saturated first at the rates above it, "
+            "and the energy and cost per output token of the step at it.</p>",
+            _table(list(TIER_HEADER), tier_rows(record)),
+        ]
     if limits:
         parts += [
             "<h2 id='client-limits'>The client was the limit</h2>",

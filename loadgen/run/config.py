@@ -26,7 +26,7 @@ from pydantic.dataclasses import dataclass
 from servemon.core.errors import ConfigError
 from servemon.core.fields import FORBID_EXTRA, Secret
 from servemon.core.signals import parse_selector
-from servemon.core.slo import SloTerm, parse_slo
+from servemon.core.slo import SloTerm, SloTier, parse_tiers
 from servemon.loadgen.send.arrivals import (
     Arrival,
     Shard,
@@ -127,12 +127,26 @@ def _from_text(parse: Callable[[str], Any]) -> BeforeValidator:
 
 
 Stages = Annotated[tuple[Stage, ...], _from_text(lambda t: tuple(parse_stages(t)))]
-#: No SLO may be written as none at all (``slo: null`` in YAML).
-Slo = Annotated[
-    tuple[SloTerm, ...],
-    BeforeValidator(lambda v: () if v is None else v),
-    _from_text(lambda t: tuple(parse_slo(t))),
-]
+
+
+def _slo_tiers(value: Any) -> Any:
+    """``--slo`` as tiers: none (``slo: null`` in YAML), one text, several (a
+    repeated flag, a YAML list) or a YAML mapping of name to terms; terms already
+    parsed are one unnamed tier."""
+    if value is None:
+        return ()
+    if isinstance(value, str | Mapping):
+        return parse_tiers(value)
+    items = tuple(value)
+    if items and all(isinstance(v, SloTerm) for v in items):
+        return (SloTier("", items),)
+    if items and all(isinstance(v, str) for v in items):
+        return parse_tiers(items)
+    return items
+
+
+#: The SLO, as one or more tiers (several only for a capacity search).
+Slo = Annotated[tuple[SloTier, ...], BeforeValidator(_slo_tiers)]
 ArrivalSpec = Annotated[Arrival, _from_text(parse_arrival)]
 ShardSpec = Annotated[Shard, _from_text(Shard.parse)]
 StartAt = Annotated[datetime, _from_text(parse_start_at)]
@@ -189,6 +203,7 @@ class LoadConfig:
     #: (node) per hour: the cost per million output tokens and per good request.
     gpu_hour_cost: Positive | None = None
     node_hour_cost: Positive | None = None
+    #: One SLO (a tier without a name), or several named tiers (capacity).
     slo: Slo = ()
     cancel_fraction: Annotated[float, Ge(0), Le(1)] = 0.0
     cancel_after: Positive | None = None
@@ -266,13 +281,29 @@ class LoadConfig:
     sim_profile: str = "qwen3-0.6b-eager"
     sim_args: tuple[str, ...] = field(default=())
 
+    @property
+    def slo_terms(self) -> tuple[SloTerm, ...]:
+        """The terms goodput and each stage's pass/fail count by: the SLO's, or the
+        first tier's where there are several."""
+        return self.slo[0].terms if self.slo else ()
+
+    def check_tiers(self, kind: str) -> None:
+        """Several SLO tiers are a capacity search's: any other command (``kind``)
+        refuses them, in one line naming them."""
+        if len(self.slo) > 1 and kind != "capacity":
+            names = ", ".join(t.name for t in self.slo)
+            raise ConfigError(
+                f"--slo: several SLO tiers ({names}) are for capacity; {kind} takes one"
+            )
+
 
 def config_text(config: LoadConfig) -> dict[str, Any]:
     """The config as plain data, each parsed flag in its own text again (what a
     run record keeps and a worker's config file holds)."""
     data = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
     data["stages"] = None if config.stages is None else stages_text(config.stages)
-    data["slo"] = ",".join(str(t) for t in config.slo) or None
+    tiers = [str(t) for t in config.slo]
+    data["slo"] = None if not tiers else tiers[0] if len(tiers) == 1 else tiers
     data["arrival"] = str(config.arrival)
     data["workload"] = str(config.workload)
     data["hold"] = None if config.hold is None else str(config.hold)

@@ -191,7 +191,7 @@ class RunContext:
 
     def __post_init__(self) -> None:
         c = self.config
-        self.tally = Tally(list(c.slo))
+        self.tally = Tally(list(c.slo_terms))
         self.guard = GuardRail(
             abort_error_rate=c.abort_error_rate, max_waiting=c.abort_waiting
         )

@@ -164,6 +164,7 @@ def make_plan(kind: Kind, config: LoadConfig) -> Plan:
 
 
 def _check(kind: Kind, config: LoadConfig) -> None:
+    config.check_tiers(kind)
     if kind == "capacity":
         if not config.slo:
             raise ConfigError(

@@ -395,8 +395,12 @@ def load_options() -> Callable[[F], F]:
         ),
         _option(
             "--slo",
+            multiple=True,
             help="e.g. ttft_p95<=0.5,itl_p95<=0.05,error_rate<=0.01 "
-            "(seconds): goodput and pass/fail per stage.",
+            "(seconds): goodput and pass/fail per stage. capacity takes several "
+            "named tiers, each its own --slo NAME=TERMS (e.g. --slo "
+            "interactive=ttft_p95<=0.3 --slo batch=e2e_p95<=30), and finds each "
+            "one's capacity in one search.",
         ),
         _option(
             "--cancel-fraction",

@@ -195,6 +195,69 @@ def test_demo_runs_the_main_job_end_to_end(tmp_path: Path) -> None:
     assert (run_dir / "report.html").stat().st_size > 10_000
 
 
+def test_capacity_finds_two_slo_tiers_in_one_search(tmp_path: Path) -> None:
+    """Two named tiers through the CLI against the built-in simulator: each gets
+    its capacity, the strict one no higher than the loose one, in summary.json and
+    on the terminal, and no rate is measured twice."""
+    done = subprocess.run(
+        [
+            *SERVEMON,
+            "capacity",
+            "--sim-profile",
+            "tiny",
+            "--sim-arg=--max-num-seqs=2",
+            "--slo",
+            "interactive=ttft_p95<=0.1",
+            "--slo",
+            "batch=e2e_p95<=2",
+            "--workload",
+            "random:prompt=16,output=8",
+            "--arrival",
+            "constant",
+            "--rps-min",
+            "16",
+            "--rps-max",
+            "512",
+            "--step-seconds",
+            "2",
+            "--settle",
+            "0.5",
+            "--precision",
+            "0.5",
+            "--max-duration",
+            "90",
+            "--metrics-port",
+            "0",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.name.endswith("-capacity")]
+    found = json.loads((run_dir / "summary.json").read_text())["capacity"]
+    tiers = {t["name"]: t for t in found["tiers"]}
+    assert list(tiers) == ["interactive", "batch"], found
+    strict, loose = tiers["interactive"]["capacity_rps"], tiers["batch"]["capacity_rps"]
+    assert strict is not None, found
+    assert loose is not None, found
+    assert strict <= loose
+    assert found["capacity_rps"] == strict
+    rates = [s["rate"] for s in found["steps"]]
+    assert len(set(rates)) == len(rates)
+    assert all(set(s["tiers"]) == {"interactive", "batch"} for s in found["steps"])
+    for name, capacity in (("interactive", strict), ("batch", loose)):
+        assert re.search(
+            rf"capacity \({name}: [^)]*\): {capacity:.4g} req/s meets it", done.stdout
+        ), done.stdout[-3000:]
+    report = (run_dir / "report.html").read_text(encoding="utf-8")
+    assert "<h2 id='capacity'>Capacity</h2>" in report
+    assert "interactive" in report
+
+
 def test_ramp_workers_send_the_same_schedule_as_one_process(tmp_path: Path) -> None:
     common = [
         "ramp",
