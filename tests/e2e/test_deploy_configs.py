@@ -36,6 +36,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import click
 import pytest
 import yaml
 
@@ -484,7 +485,9 @@ def test_servemon_command_lines_parse(
     command, *args = [expand(a, env) for a in argv]
     if command == "ramp":
         args = without_pending(args)
-    ctx = cli.commands[command].make_context(command, args)
+    found = cli.get_command(click.Context(cli), command)
+    assert found is not None, where
+    ctx = found.make_context(command, args)
     if command == "exporter":
         for target in ctx.params["targets"]:
             parse_target(target)
