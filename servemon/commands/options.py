@@ -18,8 +18,6 @@ from typing import Any, TypeVar
 
 import click
 
-from servemon.loadgen.run.config import parse_extra_body
-
 __all__ = [
     "arrival",
     "compose",
@@ -287,6 +285,10 @@ def prometheus() -> Callable[[F], F]:
 def _extra_body(
     _ctx: click.Context, _param: click.Parameter, value: str | None
 ) -> dict[str, Any] | None:
+    # Imported here: the exporter's and the simulator's commands share this module,
+    # and the base install (without servemon[loadgen]) must load it.
+    from servemon.loadgen.run.config import parse_extra_body
+
     return None if value is None else parse_extra_body(value)
 
 

@@ -36,10 +36,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import click
 import pytest
 import yaml
 
-from servemon.cli import cli
+from servemon.cli import COMMANDS, cli
 from servemon.core.fields import merge
 from servemon.monitor.config import ExporterConfig, parse_listen, parse_target
 
@@ -415,8 +416,40 @@ def test_dockerfile_parses_and_installs_the_repository() -> None:
     # The parts the one import root links to (servemon/core -> ../core, ...).
     needed |= {p.name for p in (ROOT / "servemon").iterdir() if p.is_symlink()}
     assert needed <= copied, f"pip install . needs {sorted(needed - copied)}"
-    assert any(w == "RUN" and "pip install ." in a for w, a in steps)
+    # The base install unless a build asks for extras: the exporter's image.
+    assert ("ARG", 'EXTRAS=""') in steps
+    assert any(w == "RUN" and 'pip install ".${EXTRAS}"' in a for w, a in steps)
     assert 'servemon = "servemon.cli:main"' in pyproject  # the command the stack runs
+
+
+#: The extras each servemon image holds (deploy/Dockerfile's EXTRAS build argument).
+IMAGE_EXTRAS = {"servemon": set[str](), "servemon-loadgen": {"loadgen"}}
+
+
+def test_every_servemon_container_holds_the_extra_its_command_needs() -> None:
+    found: list[tuple[str, str, set[str]]] = []
+    for name, service in compose()["services"].items():
+        command = service.get("command") or [""]
+        if command[0] == "servemon":
+            args = service.get("build", {}).get("args", {})
+            extras = set(re.findall(r"\w+", args.get("EXTRAS", "")))
+            image = service["image"].partition(":")[0]
+            assert IMAGE_EXTRAS[image] == extras, name
+            found.append((f"compose.yaml:{name}", command[1], extras))
+    for where, doc in manifests():
+        if doc["kind"] not in {"Deployment", "DaemonSet", "Job"}:
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            command = container.get("command") or [""]
+            if command[0] == "servemon":
+                image = container["image"].partition(":")[0]
+                found.append((where, command[1], IMAGE_EXTRAS[image]))
+    assert {command for _, command, _ in found} >= {"exporter", "ramp", "control"}
+    for where, command, extras in found:
+        needs = COMMANDS[command].extra
+        assert needs is None or needs in extras, f"{where}: {command} needs {needs}"
+    # The exporter's images hold the base install only.
+    assert all(not extras for _, command, extras in found if command == "exporter")
 
 
 def test_dockerfile_passes_hadolint() -> None:
@@ -484,7 +517,9 @@ def test_servemon_command_lines_parse(
     command, *args = [expand(a, env) for a in argv]
     if command == "ramp":
         args = without_pending(args)
-    ctx = cli.commands[command].make_context(command, args)
+    found = cli.get_command(click.Context(cli), command)
+    assert found is not None, where
+    ctx = found.make_context(command, args)
     if command == "exporter":
         for target in ctx.params["targets"]:
             parse_target(target)

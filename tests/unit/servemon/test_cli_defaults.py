@@ -27,6 +27,12 @@ CONFIG = {
 }
 
 
+def _command(name: str) -> click.Command:
+    command = cli.get_command(click.Context(cli), name)
+    assert command is not None, name
+    return command
+
+
 def _declared(config: type, name: str) -> object:
     field = {f.name: f for f in dataclasses.fields(config)}.get(name)
     if field is None:
@@ -39,7 +45,7 @@ def _declared(config: type, name: str) -> object:
 @pytest.mark.parametrize("command", list(CONFIG))
 def test_help_shows_the_configs_default_once(command: str) -> None:
     checked = 0
-    for param in cli.commands[command].params:
+    for param in _command(command).params:
         if not isinstance(param, click.Option):
             continue
         shown = re.findall(r"\[default: ([^\]]*)\]", param.help or "")
@@ -67,5 +73,5 @@ def test_a_help_that_copies_a_configs_default_is_refused() -> None:
 
 
 def test_a_default_decided_later_names_its_constant() -> None:
-    (stages,) = [p for p in cli.commands["ramp"].params if p.name == "stages"]
+    (stages,) = [p for p in _command("ramp").params if p.name == "stages"]
     assert f"[default: {DEFAULT_STAGES}]" in (stages.help or "")

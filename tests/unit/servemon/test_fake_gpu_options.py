@@ -3,13 +3,12 @@ made-up GPUs at a known power, for demos and for tests of energy per token."""
 
 from __future__ import annotations
 
-from servemon.cli import cli
-from servemon.commands.exporter import _fake_reader
+from servemon.commands.exporter import _fake_reader, exporter
 from servemon.monitor.fakegpu import DEMO_WATTS
 
 
 def _help(name: str) -> str:
-    (param,) = [p for p in cli.commands["exporter"].params if p.name == name]
+    (param,) = [p for p in exporter.params if p.name == name]
     return getattr(param, "help", None) or ""
 
 
