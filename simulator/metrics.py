@@ -5,12 +5,10 @@ Dialects (``--metrics-dialect``):
 ``vllm``       vLLM V1 as of 0.11+: ``kv_cache_usage_perc``, ``prefix_cache_*`` in
                tokens, ``inter_token_latency_seconds``; labels ``model_name`` and
                ``engine``.
-``vllm-0.25``  the above plus what 0.25 added on the simulator's engine state:
-               waiting requests by reason, prompt tokens by source and cached,
-               prefill KV computed per request, the MFU estimates.
-``vllm-0.34``  the above plus what 0.32-0.34 added: admission rejections (per
-               model, no ``engine`` label), cached prompt tokens by tier,
-               preemptions per request.
+``vllm-0.25``  the above plus what 0.25 added (:mod:`.newer`): waiting by reason,
+               prompt tokens by source and cached, prefill KV, MFU estimates.
+``vllm-0.34``  the above plus what 0.32-0.34 added: admission rejections, cached
+               prompt tokens by tier, preemptions per request.
 ``vllm-0.10``  the above plus the deprecated spellings side by side
                (``gpu_cache_usage_perc``, ``gpu_prefix_cache_*``,
                ``time_per_output_token_seconds``), as 0.10.x emitted them.
@@ -43,7 +41,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from servemon.simulator.engine import Engine
-from servemon.simulator.stats import ADMISSION_REASONS, Histogram
+from servemon.simulator.newer import since_025, since_032
+from servemon.simulator.stats import Histogram
 
 __all__ = ["EngineMetrics"]
 
@@ -51,9 +50,6 @@ FINISH_REASONS = ("stop", "length", "abort")
 #: The vLLM release each V1 dialect that is not the default stands for; a series
 #: vLLM added in release R appears in the dialects of R and later only.
 RELEASES: dict[str, tuple[int, int]] = {"vllm-0.25": (0, 25), "vllm-0.34": (0, 34)}
-#: vLLM's sources of prompt tokens and tiers of cached ones, in its order.
-PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
-CACHE_TIERS = ("device", "host", "p2p", "disk", "external_unspecified")
 
 
 class EngineMetrics(Collector):
@@ -278,104 +274,12 @@ class EngineMetrics(Collector):
             st.iteration_tokens,
         )
         if release >= (0, 25):
-            yield from self._since_025(keys, vals)
+            yield from since_025(self.engine, self.created, keys, vals)
         if release >= (0, 32):
-            yield from self._since_032(keys, vals)
+            yield from since_032(self.engine, self.model, self.created, keys, vals)
         if eng.lora_enabled:
             yield self._lora_info()
         yield self._cache_config(with_engine=new_names)
-
-    def _since_025(self, keys: list[str], vals: list[str]) -> Iterator[Metric]:
-        """What vLLM 0.25 added that the simulated engine has: every label set
-        there from the start, at 0, as vLLM registers them."""
-        eng, st = self.engine, self.engine.stats
-        waiting = GaugeMetricFamily(
-            "vllm:num_requests_waiting_by_reason",
-            "Number of waiting requests by reason: capacity (no room to schedule "
-            "them yet) or deferred (held back by a transient constraint such as the "
-            "LoRA budget). The reasons sum to vllm:num_requests_waiting.",
-            labels=[*keys, "reason"],
-        )
-        for reason, count in eng.waiting_by_reason().items():
-            waiting.add_metric([*vals, reason], count)
-        yield waiting
-        sources = {
-            "local_compute": st.prompt_tokens - st.prompt_tokens_cached,
-            "local_cache_hit": st.prompt_tokens_cached,
-            "external_kv_transfer": 0,
-        }
-        by_source = CounterMetricFamily(
-            "vllm:prompt_tokens_by_source",
-            "Number of prompt tokens by where their KV came from.",
-            labels=[*keys, "source"],
-        )
-        for source in PROMPT_SOURCES:
-            by_source.add_metric([*vals, source], sources[source], created=self.created)
-        yield by_source
-        cached = CounterMetricFamily(
-            "vllm:prompt_tokens_cached",
-            "Number of prompt tokens whose KV was cached (local and external).",
-            labels=keys,
-        )
-        cached.add_metric(vals, st.prompt_tokens_cached, created=self.created)
-        yield cached
-        computed = HistogramMetricFamily(
-            "vllm:request_prefill_kv_computed_tokens",
-            "Histogram of prompt tokens per request whose KV was computed in "
-            "prefill (cached tokens excluded).",
-            labels=keys,
-        )
-        h = st.prefill_kv_computed
-        computed.add_metric(vals, h.cumulative(), sum_value=h.total)
-        yield computed
-        estimates = (
-            ("flops", "floating point operations", st.estimated_flops),
-            ("read_bytes", "bytes read from memory", st.estimated_read_bytes),
-            ("write_bytes", "bytes written to memory", st.estimated_write_bytes),
-        )
-        for what, doc, value in estimates:
-            fam = CounterMetricFamily(
-                f"vllm:estimated_{what}_per_gpu",
-                f"Estimated number of {doc} per GPU (for Model Flops Utilization "
-                "calculations).",
-                labels=keys,
-            )
-            fam.add_metric(vals, value, created=self.created)
-            yield fam
-
-    def _since_032(self, keys: list[str], vals: list[str]) -> Iterator[Metric]:
-        """What vLLM 0.32-0.34 added that the simulated engine has."""
-        st = self.engine.stats
-        rejections = CounterMetricFamily(
-            "vllm:admission_rejections",
-            "Number of requests refused at admission by a queue limit, by reason.",
-            labels=["model_name", "reason"],
-        )
-        for reason in ADMISSION_REASONS:
-            rejections.add_metric(
-                [self.model, reason],
-                st.admission_rejections[reason],
-                created=self.created,
-            )
-        yield rejections
-        tiers = CounterMetricFamily(
-            "vllm:prompt_tokens_cached_by_source",
-            "Prefix-cache hit tokens by the cache tier that held them, counted at "
-            "admission; they sum to the prefix cache hits.",
-            labels=[*keys, "source"],
-        )
-        for tier in CACHE_TIERS:
-            value = st.prefix_hits if tier == "device" else 0
-            tiers.add_metric([*vals, tier], value, created=self.created)
-        yield tiers
-        preemptions = HistogramMetricFamily(
-            "vllm:request_num_preemptions",
-            "Histogram of the number of times a request was preempted.",
-            labels=keys,
-        )
-        h = st.request_preemptions
-        preemptions.add_metric(vals, h.cumulative(), sum_value=h.total)
-        yield preemptions
 
     def _lora_info(self) -> Metric:
         """vLLM's ``lora_requests_info``: one sample per adapter state ever
