@@ -29,6 +29,9 @@ from servemon.loadgen.drivers.control import ControlSettings, drive_control
 from servemon.loadgen.drivers.ramp import RampSettings, drive_ramp
 from servemon.loadgen.drivers.replay import drive_replay
 from servemon.loadgen.drivers.sweep import SweepSettings, drive_sweep
+from servemon.loadgen.fleet.coordinator import Fleet
+from servemon.loadgen.fleet.members import FleetPlan
+from servemon.loadgen.fleet.settings import FleetSettings
 from servemon.loadgen.record.record import RunDirectory
 from servemon.loadgen.record.runrecord import (
     RunInfo,
@@ -65,7 +68,7 @@ from servemon.loadgen.run.promtargets import (
     ScrapeInterval,
 )
 from servemon.loadgen.run.sampler import ServerSampler
-from servemon.loadgen.run.sender import Sender, endpoint
+from servemon.loadgen.run.sender import Sender, endpoint, model_picker
 from servemon.loadgen.run.sources import (
     make_sampler,
     prom_headers,
@@ -85,11 +88,10 @@ from servemon.loadgen.send.arrivals import Arrival
 from servemon.loadgen.send.client import ClientSettings, make_session
 from servemon.loadgen.send.cpulatency import hold_cpu_latency
 from servemon.loadgen.send.stopping import Stopper
-from servemon.loadgen.workloads.modelmix import ModelMix
 from servemon.loadgen.workloads.prefix import PrefixWorkload
 from servemon.loadgen.workloads.tokens import pick_counter
 from servemon.loadgen.workloads.traceprompts import TraceWorkload
-from servemon.loadgen.workloads.workload import Workload, build_workload
+from servemon.loadgen.workloads.workload import build_workload
 
 __all__ = [
     "DRIVERS",
@@ -132,9 +134,10 @@ async def run_load(
     env: Mapping[str, str],
     progress: Progress,
     embedded: Mapping[str, Any] | None = None,
+    fleet: FleetSettings | None = None,
 ) -> RunResult:
     """Run a load command, checked and planned already (:func:`make_plan`),
-    against ``target`` (a base URL)."""
+    against ``target`` (a base URL); with ``fleet``, sent by its workers."""
     kind, stages = plan.kind, plan.stages
     slo = list(config.slo_terms)
     check_rate_bound(kind, config, target, stages)
@@ -171,7 +174,11 @@ async def run_load(
                 f"--metrics-port {config.metrics_port}: cannot listen on "
                 f"{config.metrics_host}: {exc.strerror or exc}"
             ) from None
+        say = progress.console.print
+        coordinator = None if fleet is None else Fleet(fleet, say, web_config)
         try:
+            if coordinator is not None:
+                await coordinator.listen()
             counter = await pick_counter(
                 session, base, model, config.tokenizer, headers
             )
@@ -194,6 +201,10 @@ async def run_load(
             said = workload.said() if isinstance(workload, TraceWorkload) else None
             if said is not None:
                 progress.console.print(said, soft_wrap=True)
+            if coordinator is not None:
+                await coordinator.gather(
+                    FleetPlan(endpoint(base, config.api), headers, config)
+                )
             rundir = RunDirectory.create(Path(config.out), kind)
             sender = Sender(
                 session=session,
@@ -202,7 +213,8 @@ async def run_load(
                 config=config,
                 workload=workload,
                 model=model,
-                pick_model=_model_picker(config, mix, model, workload),
+                pick_model=model_picker(config.seed, mix, model, workload),
+                transport=coordinator,
             )
             ctx = RunContext(
                 kind=kind,
@@ -275,9 +287,13 @@ async def run_load(
                     headers,
                     config.timeout,
                 )
+            if coordinator is not None:
+                coordinator.on_abort = ctx.abort
             with hold_cpu_latency(config.cpu_dma_latency):
-                return await _execute(ctx, info, arrival, scrape)
+                return await _execute(ctx, info, arrival, scrape, coordinator)
         finally:
+            if coordinator is not None:
+                await coordinator.stop(config.grace)
             await live.stop()
 
 
@@ -286,6 +302,7 @@ async def _execute(
     info: RunInfo,
     arrival: Arrival,
     scrape: ScrapeInterval | None,
+    fleet: Fleet | None,
 ) -> RunResult:
     sender = ctx.sender
     sampler = make_sampler(
@@ -346,6 +363,9 @@ async def _execute(
             else energy.record(origin)
         )
         info = replace(info, energy={**energy_record, "said": said})
+        if fleet is not None:
+            await fleet.stop(ctx.config.grace)
+            info = replace(info, fleet=fleet.record(ctx.rundir.origin_s))
         try:
             result = _finish(ctx, info, status, sampler, found, scrape, energy)
         finally:
@@ -415,21 +435,6 @@ def _finish(
             "directory can be written"
         ) from None
     return RunResult(ctx.rundir.path, info, summary)
-
-
-def _model_picker(
-    config: LoadConfig, mix: ModelMix | None, model: str, workload: Workload
-) -> Callable[[int], str] | None:
-    """How each request's model is chosen, where requests differ in it: a
-    ``--model`` mix, else the models a trace names (its requests that name none
-    ask for the run's model)."""
-    if mix is not None:
-        seed = config.seed
-        return lambda index: mix.draw(seed, index)
-    if isinstance(workload, TraceWorkload) and workload.models:
-        of = workload.model_of
-        return lambda index: of(index) or model
-    return None
 
 
 def _loop_name() -> str:

@@ -74,6 +74,7 @@ COMMANDS: dict[str, CommandHome] = {
     "sim": CommandHome("servemon.commands.sim", "sim"),
     "sweep": CommandHome(_LOAD, "sweep", "loadgen"),
     "trace": CommandHome("servemon.commands.trace", "trace", "loadgen"),
+    "worker": CommandHome("servemon.commands.fleet", "worker", "loadgen"),
 }
 #: The modules each extra of pyproject.toml brings (a test holds the two equal).
 EXTRAS: dict[str, tuple[str, ...]] = {

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from servemon.embedded import embedded_simulator
 from servemon.lifecycle import stop_on_signals
+from servemon.loadgen.fleet.settings import fleet_settings
 from servemon.loadgen.record.capacityrows import at_capacity
 from servemon.loadgen.record.columns import (
     ENERGY_COLUMNS,
@@ -69,6 +70,7 @@ async def run_command(
     """
     # In a thread: a file: or trace: workload is read whole to check every line.
     plan = await asyncio.to_thread(make_plan, kind, config)
+    fleet = fleet_settings(kind, config)
     console = console or console_for()
     if kind == "ramp" and config.workers == "auto":
         choice = auto_workers(config, plan)
@@ -100,6 +102,7 @@ async def run_command(
                 env=os.environ,
                 progress=Progress(console),
                 embedded=embedded,
+                fleet=fleet,
             )
     console.print(summary_table(kind, result))
     if measured_energy(result.record):

@@ -78,7 +78,7 @@ async def wait_for_start(run: Drive[StartsAt], found: Driven) -> float | None:
     now; None if the run was stopped while waiting (``found`` then says so)."""
     start_at = run.settings.start_at
     if start_at is None:
-        return time.monotonic() + 0.05
+        return time.monotonic() + 0.05 + run.sender.ahead_s
     delay = (start_at - datetime.now(UTC)).total_seconds()
     found.start_late_s = max(0.0, -delay)
     if delay > 0:
@@ -112,7 +112,9 @@ async def open_loop(
     sending stops and the requests in flight get the grace period.
     """
     c, sender, board, stop = run.sending, run.sender, run.board, run.stop
-    start = time.monotonic() + 0.05 if start_s is None else start_s
+    if start_s is None:  # soon, and a transport's hand-over ahead after that
+        start_s = time.monotonic() + 0.05 + sender.ahead_s
+    start = start_s
 
     def on_stage(index: int) -> None:
         gc.freeze()  # what exists when a stage begins is there to stay
@@ -186,6 +188,7 @@ async def open_loop(
         on_stage=on_stage,
         on_skip=on_skip,
         on_hold=on_hold,
+        ahead_s=sender.ahead_s,
     )
     board.follow(loop)
     due = (

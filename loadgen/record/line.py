@@ -105,6 +105,7 @@ LINE: tuple[Key, ...] = (
     _kept("session"),
     _kept("turn"),
     _kept("history_tokens"),
+    _kept("worker"),
 )
 _NAMES = frozenset(key.name for key in LINE)
 

@@ -37,6 +37,7 @@ from servemon.loadgen.record.findings import (
     StepVerdict,
     TierResult,
 )
+from servemon.loadgen.record.fleet import FleetRecord
 from servemon.loadgen.record.summary import Summarizer, Summary, flat_row
 
 __all__ = [
@@ -222,6 +223,8 @@ class RunInfo:
     #: the run's ``said`` line; None in a record from before it.
     energy: dict[str, Any] | None = None
     merged_from: list[dict[str, Any]] | None = None
+    #: The workers that sent the run, where a fleet did (:mod:`loadgen.fleet`).
+    fleet: FleetRecord | None = None
 
     @property
     def origin_s(self) -> float:
@@ -245,6 +248,7 @@ class RunInfo:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["stages"] = [s.to_json(with_summary=False) for s in self.stages]
         data["slo_terms"] = [asdict(t) for t in self.slo_terms]
+        data["fleet"] = None if self.fleet is None else asdict(self.fleet)
         return data
 
 

@@ -277,6 +277,17 @@ class LoadConfig:
     parallel: tuple[Annotated[int, Ge(1)], ...] | None = None
     number: tuple[Annotated[int, Ge(1)], ...] = (16,)
     warmup: Annotated[int, Ge(0)] = 0
+    # a fleet of load machines (loadgen.fleet): this process coordinates
+    #: HOST:PORT the coordinator takes its workers on; None: this process sends.
+    fleet_listen: str | None = None
+    #: Workers to wait for before the run starts.
+    fleet_workers: Annotated[int, Ge(1), Le(1024)] | None = None
+    #: The shared token's file (else ``$SERVEMON_FLEET_TOKEN``; never a flag).
+    fleet_token_file: str | None = None
+    #: Seconds to wait for the workers.
+    fleet_wait: Positive = 120.0
+    #: A worker lost: stop the run (exit 3), or go on with the others.
+    on_worker_loss: Literal["abort", "continue"] = "abort"
     # the built-in simulator, when there is no target
     sim_profile: str = "qwen3-0.6b-eager"
     sim_args: tuple[str, ...] = field(default=())

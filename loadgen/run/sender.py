@@ -8,6 +8,11 @@ The hooks' first sink is the run's own bookkeeping (the run directory, the live
 metrics, the tally, the progress display, the client watch, the guard rail:
 :class:`~loadgen.run.context.RunContext`); a driver adds its own listeners (a
 capacity step judging its requests, the control law's models of the server).
+
+Where the requests go out is the sender's :class:`Transport`: this process's
+session (None, the default), or a fleet of load machines (:mod:`loadgen.fleet`),
+which sends each request from a worker and hands back its record in this process's
+clock; drivers and hooks cannot tell the two apart.
 """
 
 from __future__ import annotations
@@ -19,16 +24,27 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Unpack
+from typing import Any, Protocol, Unpack
 
 import aiohttp
 
 from servemon.loadgen.run.config import LoadConfig
 from servemon.loadgen.send.client import RequestOptions, RequestTags, send_request
 from servemon.loadgen.send.timing import RequestTiming
+from servemon.loadgen.workloads.modelmix import ModelMix
+from servemon.loadgen.workloads.traceprompts import TraceWorkload
 from servemon.loadgen.workloads.workload import Prompt, Workload, request_body
 
-__all__ = ["FirstToken", "Hooks", "Sender", "Sink", "Starter", "endpoint"]
+__all__ = [
+    "FirstToken",
+    "Hooks",
+    "Sender",
+    "Sink",
+    "Starter",
+    "Transport",
+    "endpoint",
+    "model_picker",
+]
 
 #: Something that takes each finished request.
 Sink = Callable[[RequestTiming], None]
@@ -38,6 +54,42 @@ Starter = Callable[[str, float, int | None], None]
 #: Something told as a measured request's first token arrives (request id,
 #: monotonic time).
 FirstToken = Callable[[str, float], None]
+
+
+class Transport(Protocol):
+    """Where a run's measured requests go out from, other than this process."""
+
+    #: How long before its time a request is handed over.
+    ahead_s: float
+
+    async def send(
+        self,
+        body: dict[str, Any],
+        *,
+        request_id: str,
+        stage: int,
+        scheduled_s: float,
+        started: Callable[[], None],
+        on_first_token: Callable[[], None] | None,
+        options: RequestOptions,
+    ) -> RequestTiming:
+        """Send one request at ``scheduled_s`` (this process's monotonic clock),
+        call ``started`` as it goes out; its record, on this process's clock."""
+        ...
+
+
+def model_picker(
+    seed: int, mix: ModelMix | None, model: str, workload: Workload
+) -> Callable[[int], str] | None:
+    """How each request's model is chosen, where requests differ in it: a
+    ``--model`` mix, else the models a trace names (its requests that name none
+    ask for the run's model)."""
+    if mix is not None:
+        return lambda index: mix.draw(seed, index)
+    if isinstance(workload, TraceWorkload) and workload.models:
+        of = workload.model_of
+        return lambda index: of(index) or model
+    return None
 
 
 def endpoint(base: str, api: str) -> str:
@@ -116,6 +168,13 @@ class Sender:
     sent: int = 0
     #: A sessions workload's turns sent, by stage.
     turns_sent: Counter[int] = field(default_factory=Counter)
+    #: Where the requests go out from: None, this process's session.
+    transport: Transport | None = None
+
+    @property
+    def ahead_s(self) -> float:
+        """How long before its time a request is handed to the transport."""
+        return 0.0 if self.transport is None else self.transport.ahead_s
 
     def body(self, index: int) -> dict[str, Any]:
         """The request body of prompt ``index``."""
@@ -174,6 +233,18 @@ class Sender:
         """Send one measured request and tell the hooks; ``options`` go to
         :func:`~loadgen.send.client.send_request` (what :meth:`request_options`
         chose, the encoded body, a session turn's tags)."""
+        if self.transport is not None:
+            timing = await self.transport.send(
+                body,
+                request_id=request_id,
+                stage=stage,
+                scheduled_s=scheduled_s,
+                started=lambda: self.started(request_id, prompt_tokens),
+                on_first_token=self.hooks.first_token_hook(request_id),
+                options=options,
+            )
+            self.hooks.finished(timing)
+            return timing
         self.started(request_id, prompt_tokens)
         timing = await send_request(
             self.session,

@@ -154,7 +154,6 @@ class _Itimerspec(ctypes.Structure):
 _CLOCK_MONOTONIC = 1  # time.monotonic()'s clock on Linux
 _TFD_NONBLOCK = os.O_NONBLOCK
 _TFD_CLOEXEC = 0o2000000
-_TFD_TIMER_ABSTIME = 1
 _OS: Any = os  # os.timerfd_* exist from Python 3.13
 
 
@@ -212,15 +211,21 @@ class KernelTimer:
         await future
 
     def _arm(self, at: float) -> None:
+        # Armed relative to now rather than at the absolute time: libfaketime
+        # (which the fleet's tests give workers clocks of their own with) moves an
+        # absolute monotonic time by its wall-clock offset, so a worker set 1 s
+        # behind woke 1 s late. Reading the clock once more costs well under a
+        # microsecond; a delay of 0 would disarm, so at least a nanosecond.
+        delay = max(at - time.monotonic(), 1e-9)
         if self._libc is None:
-            _OS.timerfd_settime(self._fd, flags=_OS.TFD_TIMER_ABSTIME, initial=at)
+            _OS.timerfd_settime(self._fd, initial=delay)
             return
-        seconds = int(at)
-        nanos = min(int((at - seconds) * 1e9), 999_999_999)
+        seconds = int(delay)
+        nanos = max(min(int((delay - seconds) * 1e9), 999_999_999), 0)
+        if seconds == 0 and nanos == 0:
+            nanos = 1
         spec = _Itimerspec(_Timespec(0, 0), _Timespec(seconds, nanos))
-        if self._libc.timerfd_settime(
-            self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None
-        ):
+        if self._libc.timerfd_settime(self._fd, 0, ctypes.byref(spec), None):
             raise OSError(ctypes.get_errno(), "timerfd_settime")
 
     def _fired(self) -> None:
@@ -268,8 +273,12 @@ class OpenLoop:
         on_stage: Callable[[int], None] | None = None,
         on_skip: Callable[[Due], None] | None = None,
         on_hold: Callable[[Due], None] | None = None,
+        ahead_s: float = 0.0,
     ) -> None:
         self._send = send
+        #: A request is handed to ``send`` this long before its time (a fleet's
+        #: worker waits out the rest itself, :mod:`loadgen.fleet`).
+        self._ahead = ahead_s
         self._prepare = prepare
         self._max = max_inflight
         self._late = late
@@ -318,7 +327,7 @@ class OpenLoop:
                 if self._on_stage is not None:
                     self._on_stage(stage)
             at = start_s + due.offset_s
-            await self._sleep_until(at - LEAD_S)
+            await self._sleep_until(at - LEAD_S - self._ahead)
             if due.index == WAKE:
                 continue  # nothing to send: the schedule reads its rate again
             if self.in_flight >= self._max:
@@ -347,10 +356,11 @@ class OpenLoop:
     async def _one(self, due: Due, at: float, prepared: Any) -> None:
         task = asyncio.current_task()
         try:
-            await self._sleep_until(at)
+            await self._sleep_until(at - self._ahead)
             assert task is not None
             self._passed_time(task)
-            if self._late == "skip" and time.monotonic() - at > self._tolerance:
+            late = time.monotonic() + self._ahead - at
+            if self._late == "skip" and late > self._tolerance:
                 self.counts.skipped[due.stage] += 1
                 if self._on_skip is not None:
                     self._on_skip(due)

@@ -16,6 +16,7 @@ import click
 
 from servemon import exits
 from servemon.commands import options
+from servemon.commands.fleet import fleet_options
 from servemon.core.errors import ConfigError
 from servemon.core.fields import layer_config
 from servemon.lifecycle import run_async
@@ -115,6 +116,7 @@ def _int_list(
     "CPU cost of a request, up to the CPUs here.",
 )
 @options.prometheus()
+@fleet_options()
 def ramp(config_file: Path | None, **flags: Any) -> None:
     """Open-loop load: requests at scheduled times, whatever is in flight."""
     _run("ramp", config_file, flags)
@@ -168,6 +170,7 @@ def sweep(config_file: Path | None, **flags: Any) -> None:
     help="Stop at once above this error share over 10 s.",
 )
 @options.prometheus()
+@fleet_options()
 def capacity(config_file: Path | None, **flags: Any) -> None:
     """Find the highest request rate that meets the SLO, and what saturates first."""
     _run("capacity", config_file, flags)
@@ -199,6 +202,7 @@ def capacity(config_file: Path | None, **flags: Any) -> None:
     "with the default output budget, instead of skipping them.",
 )
 @options.open_loop()
+@fleet_options()
 def replay(
     trace: Path, config_file: Path | None, keep_failed: bool, **flags: Any
 ) -> None:
@@ -253,6 +257,7 @@ def replay(
 )
 @options.arrival()
 @options.prometheus()
+@fleet_options()
 def control(config_file: Path | None, **flags: Any) -> None:
     """Hold a server signal at a setpoint by steering the open-loop rate."""
     _run("control", config_file, flags)

@@ -26,6 +26,7 @@ MONITOR, SIMULATOR, DASHBOARDS = (
 LOADGEN = "servemon.loadgen"
 SEND, WORKLOADS, RECORD = f"{LOADGEN}.send", f"{LOADGEN}.workloads", f"{LOADGEN}.record"
 RUN, DRIVERS, REPORTS = f"{LOADGEN}.run", f"{LOADGEN}.drivers", f"{LOADGEN}.reports"
+FLEET = f"{LOADGEN}.fleet"
 #: The floors, bottom up: what each package may import besides itself. Nothing is
 #: left out and nothing is excepted; a module belongs to the deepest package that
 #: holds it (``servemon.loadgen`` itself: ``runner``, the top of the load generator).
@@ -41,7 +42,11 @@ MAY_IMPORT: dict[str, set[str]] = {
     RUN: {CORE, WIRE, MONITOR, SEND, WORKLOADS, RECORD},
     DRIVERS: {CORE, WIRE, MONITOR, SEND, WORKLOADS, RECORD, RUN},
     REPORTS: {CORE, WIRE, MONITOR, SEND, RECORD, RUN},
-    LOADGEN: {CORE, WIRE, MONITOR, SEND, WORKLOADS, RECORD, RUN, DRIVERS, REPORTS},
+    FLEET: {CORE, WIRE, SEND, RECORD, RUN},
+    LOADGEN: {
+        *(CORE, WIRE, MONITOR, SEND, WORKLOADS, RECORD, RUN, DRIVERS, REPORTS),
+        FLEET,
+    },
 }
 MAY_IMPORT[CLI] = set(MAY_IMPORT)
 #: Deepest first, so that a module finds its own package.

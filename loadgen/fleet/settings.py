@@ -1,0 +1,72 @@
+"""A load command's fleet flags, checked before anything starts."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from servemon.core.errors import ConfigError
+from servemon.core.fields import Secret
+from servemon.loadgen.fleet.wire import read_token
+from servemon.loadgen.run.config import LoadConfig
+
+__all__ = ["FLEET_KINDS", "FleetSettings", "fleet_settings"]
+
+#: The load commands a fleet can send (a closed loop's sweep is not among them:
+#: its users wait on each other's answers in one process).
+FLEET_KINDS = ("ramp", "replay", "capacity", "control")
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSettings:
+    """Where the coordinator listens, whom it waits for, and the token."""
+
+    host: str
+    port: int
+    expect: int
+    wait_s: float
+    on_loss: Literal["abort", "continue"]
+    token: Secret
+
+
+def fleet_settings(
+    kind: str, config: LoadConfig, env: Mapping[str, str] = os.environ
+) -> FleetSettings | None:
+    """The fleet a run coordinates (None: it sends from here); a one-line
+    :class:`ConfigError` naming the flag at fault."""
+    if config.fleet_listen is None:
+        if config.fleet_workers is not None:
+            raise ConfigError("--fleet-workers: give --fleet-listen HOST:PORT too")
+        return None
+    if kind not in FLEET_KINDS:
+        raise ConfigError(
+            f"--fleet-listen: not for {kind}; a fleet sends {', '.join(FLEET_KINDS)}"
+        )
+    if config.fleet_workers is None:
+        raise ConfigError(
+            "--fleet-listen: give --fleet-workers N, the workers to wait for"
+        )
+    if config.shard is not None or config.workers != 1:
+        raise ConfigError(
+            "--fleet-listen: a fleet splits the run itself; drop --shard and --workers"
+        )
+    host, sep, port_text = config.fleet_listen.rpartition(":")
+    try:
+        port = int(port_text)
+    except ValueError:
+        port = -1
+    if not sep or not host or not 0 <= port <= 65535:
+        raise ConfigError(
+            f"--fleet-listen {config.fleet_listen!r}: expected HOST:PORT (port 0: "
+            "any free one)"
+        )
+    return FleetSettings(
+        host=host.strip("[]"),
+        port=port,
+        expect=config.fleet_workers,
+        wait_s=config.fleet_wait,
+        on_loss=config.on_worker_loss,
+        token=read_token(config.fleet_token_file, env),
+    )

@@ -1,0 +1,309 @@
+"""One run from many load machines (``--fleet-listen`` and ``servemon worker``),
+as processes: a coordinator, workers whose wall clocks are set off by libfaketime,
+the simulator as the target.
+
+What is checked: each worker's clock offset as measured against the one it was
+given; the workers together sent exactly the one seeded schedule; a worker without
+the token is refused; a worker killed mid-run is named with the time its share
+stopped and what it recorded is kept; a coordinator killed mid-run leaves the
+target without load within 2 s (seen by a proxy in front of the target)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from servemon.loadgen.send.arrivals import Arrival, Stage, schedule
+from tests.support.fleet import COORDINATOR, RecordingProxy, clock_env
+
+pytestmark = pytest.mark.e2e
+
+TOKEN = "fleet-token-of-the-tests-0123456789"
+#: Clock offsets the workers are given (s): up to a second either way.
+OFFSETS = (0.5, -0.25, 1.0, -1.0)
+STAGES, SEED = ((20.0, 2.0), (40.0, 2.0)), 17
+LOAD = (
+    "--stages",
+    ",".join(f"{rate:g}:{secs:g}" for rate, secs in STAGES),
+    "--seed",
+    str(SEED),
+    "--workload",
+    "random:prompt=16,output=8",
+    "--ignore-eos",
+    "--metrics-port",
+    "0",
+    "--timeout",
+    "20",
+    "--fleet-listen",
+    "127.0.0.1:0",
+)
+ENV = {"SERVEMON_FLEET_TOKEN": TOKEN}
+
+
+def poll(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout} s")
+        time.sleep(0.02)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def only_run(out: Path) -> Path:
+    found = [p for p in out.iterdir() if p.is_dir()]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def start_sim(servemon: Callable[..., Any], *args: str) -> str:
+    sim = servemon("sim", "--port", "0", "--profile", "tiny", *args)
+
+    def url() -> str | None:
+        if sim.proc.poll() is not None:
+            pytest.fail(f"servemon sim exited: {sim.stderr}")
+        found = re.search(r"serving .* on (http://127\.0\.0\.1:\d+)", sim.stdout)
+        return found.group(1) if found else None
+
+    found: str = poll(url, 30, "servemon sim ready")
+    return found
+
+
+def coordinator_url(proc: Any) -> str:
+    def url() -> str | None:
+        if proc.proc.poll() is not None:
+            pytest.fail(f"the coordinator exited: {proc.stdout}\n{proc.stderr}")
+        found = COORDINATOR.search(proc.stdout)
+        return found.group(1) if found else None
+
+    found: str = poll(url, 60, "the coordinator's URL")
+    return found
+
+
+def join(servemon: Callable[..., Any], url: str, name: str, **env: str) -> Any:
+    return servemon("worker", "--join", url, "--name", name, env={**ENV, **env})
+
+
+def test_four_workers_with_skewed_clocks_send_one_schedule(
+    servemon: Callable[..., Any], tmp_path: Path
+) -> None:
+    target = start_sim(servemon, "--speed", "0.2")
+    out = tmp_path / "runs"
+    coordinator = servemon(
+        "ramp",
+        "--target",
+        target,
+        *LOAD,
+        "--fleet-workers",
+        "4",
+        "--out",
+        str(out),
+        env=ENV,
+    )
+    url = coordinator_url(coordinator)
+    skewed = bool(clock_env(0.0))
+    workers = [
+        join(servemon, url, f"w{i}", **clock_env(offset))
+        for i, offset in enumerate(OFFSETS)
+    ]
+    assert coordinator.wait(90) == 0, coordinator.stdout + coordinator.stderr
+    for worker in workers:
+        assert worker.wait(20) == 0, worker.stderr
+    run = only_run(out)
+    info = read_json(run / "run.json")
+    fleet = info["fleet"]
+    by_name = {w["name"]: w for w in fleet["workers"]}
+    assert sorted(by_name) == [f"w{i}" for i in range(4)]
+
+    # Each worker's clock, measured: within 1 ms of the offset it was given.
+    for i, offset in enumerate(OFFSETS):
+        worker = by_name[f"w{i}"]
+        given = offset if skewed else 0.0
+        assert worker["offset_s"] == pytest.approx(given, abs=1e-3), worker
+        assert worker["uncertainty_s"] < 1e-3, worker
+        assert worker["clock_samples"] >= 12
+        assert worker["stop_reason"] == "run ended"
+        assert worker["records"] == worker["credits"] > 0
+
+    # Together they sent exactly the schedule one process draws from the seed.
+    records = read_jsonl(run / "requests.jsonl")
+    plan, offset = [], 0.0
+    for index, (rate, secs) in enumerate(STAGES):
+        plan.append(Stage(index, rate, secs, offset))
+        offset += secs
+    expected = [due.offset_s for due in schedule(plan, Arrival(), SEED)]
+    start = info["clock_origin"]["monotonic_s"] + info["stages"][0]["start_s"]
+    sent = sorted(r["scheduled_s"] - start for r in records)
+    assert len(sent) == len(expected)
+    assert max(abs(a - b) for a, b in zip(sent, expected, strict=True)) < 1e-6
+    assert {r["outcome"] for r in records} == {"ok"}
+    assert len({r["id"] for r in records}) == len(records)
+    # Every worker took a share (round the live workers in turn), and each record
+    # names its worker.
+    shares = Counter(r["worker"] for r in records)
+    assert sorted(shares) == [0, 1, 2, 3]
+    assert max(shares.values()) - min(shares.values()) <= 1
+    # In the coordinator's frame each worker's first send was on time.
+    for index in range(4):
+        first = min(
+            (r for r in records if r["worker"] == index), key=lambda r: r["sent_s"]
+        )
+        assert abs(first["dispatch_lag_s"]) < 0.05, first
+
+    # One run directory that servemon report reads like any other.
+    report = servemon("report", str(run))
+    assert report.wait(60) == 0, report.stderr
+    assert (run / "report.html").stat().st_size > 0
+
+
+def test_a_worker_without_the_token_is_refused(
+    servemon: Callable[..., Any], tmp_path: Path
+) -> None:
+    target = start_sim(servemon)
+    out = tmp_path / "runs"
+    coordinator = servemon(
+        "ramp",
+        "--target",
+        target,
+        *LOAD[:-2],
+        "--stages",
+        "5:1",
+        "--fleet-listen",
+        "127.0.0.1:0",
+        "--fleet-workers",
+        "1",
+        "--out",
+        str(out),
+        env=ENV,
+    )
+    url = coordinator_url(coordinator)
+    intruder = servemon("worker", "--join", url, env={"SERVEMON_FLEET_TOKEN": "x" * 32})
+    assert intruder.wait(30) != 0
+    assert "token does not match" in intruder.stderr
+    assert intruder.stderr.count("\n") <= 2, intruder.stderr
+    worker = join(servemon, url, "good")
+    assert coordinator.wait(60) == 0, coordinator.stdout + coordinator.stderr
+    assert worker.wait(20) == 0
+    info = read_json(only_run(out) / "run.json")
+    assert info["fleet"]["refused"] == 1
+    assert [w["name"] for w in info["fleet"]["workers"]] == ["good"]
+    assert TOKEN not in (only_run(out) / "run.json").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("on_loss", ["abort", "continue"])
+def test_a_killed_worker_is_named_and_its_records_kept(
+    servemon: Callable[..., Any], tmp_path: Path, on_loss: str
+) -> None:
+    target = start_sim(servemon)
+    out = tmp_path / "runs"
+    coordinator = servemon(
+        "ramp",
+        "--target",
+        target,
+        *LOAD[:-2],
+        "--stages",
+        "10:8",
+        "--fleet-listen",
+        "127.0.0.1:0",
+        "--fleet-workers",
+        "2",
+        "--on-worker-loss",
+        on_loss,
+        "--out",
+        str(out),
+        env=ENV,
+    )
+    url = coordinator_url(coordinator)
+    keep = join(servemon, url, "keep")
+    poll(lambda: "worker 0 (keep," in coordinator.stdout, 30, "the first worker")
+    doomed = join(servemon, url, "doomed")
+    run = poll(lambda: next(iter(out.glob("*")), None), 60, "the run directory")
+
+    def recorded() -> int:
+        return sum(1 for r in read_jsonl(run / "requests.jsonl") if r["worker"] == 1)
+
+    poll(lambda: recorded() >= 5, 60, "five records of the doomed worker")
+    doomed.proc.send_signal(signal.SIGKILL)
+    status = coordinator.wait(90)
+    assert keep.wait(20) == 0
+    info = read_json(run / "run.json")
+    lost = next(w for w in info["fleet"]["workers"] if w["name"] == "doomed")
+    assert lost["stopped_s"] is not None
+    assert lost["stop_reason"] != "run ended"
+    assert f"worker 1 (doomed) stopped at {lost['stopped_s']:.1f} s" in (
+        coordinator.stdout
+    )
+    records = read_jsonl(run / "requests.jsonl")
+    theirs = [r for r in records if r["worker"] == 1 and r["outcome"] == "ok"]
+    # Every record the coordinator got from it before it died is in the run.
+    assert len(theirs) == lost["records"] >= 5
+    if on_loss == "abort":
+        assert status == 3, coordinator.stdout
+        assert "lost at" in (read_json(run / "summary.json")["stop_reason"] or "")
+    else:
+        assert status == 0, coordinator.stdout
+        # The rest of the schedule went to the worker left, at the same rate.
+        stopped = info["clock_origin"]["monotonic_s"] + lost["stopped_s"]
+        after = [r for r in records if r["scheduled_s"] > stopped + 1]
+        assert after
+        assert {r["worker"] for r in after} == {0}
+        assert sum(1 for r in records if r["outcome"] == "ok") >= 70
+
+
+def test_a_killed_coordinator_leaves_the_target_without_load(
+    servemon: Callable[..., Any], tmp_path: Path
+) -> None:
+    target = start_sim(servemon)
+    with RecordingProxy(target) as proxy:
+        out = tmp_path / "runs"
+        coordinator = servemon(
+            "ramp",
+            "--target",
+            proxy.url,
+            *LOAD[:-2],
+            "--stages",
+            "20:30",
+            "--fleet-listen",
+            "127.0.0.1:0",
+            "--fleet-workers",
+            "2",
+            "--out",
+            str(out),
+            env=ENV,
+        )
+        url = coordinator_url(coordinator)
+        workers = [join(servemon, url, f"w{i}") for i in range(2)]
+        poll(lambda: len(proxy.arrivals) >= 20, 60, "20 requests at the target")
+        coordinator.proc.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        for worker in workers:
+            assert worker.wait(10) == 3, worker.stderr
+            assert "stopped sending" in worker.stderr
+        time.sleep(1.0)  # what arrives late would arrive by now (not a readiness wait)
+        last = proxy.last_arrival()
+        assert last is not None
+        assert last - killed < 2.0, f"a request reached the target {last - killed} s on"
+    # Each worker kept its records, on the coordinator's clock.
+    spools = [read_jsonl(p) for p in (tmp_path / "servemon-spool").glob("*.jsonl")]
+    assert len(spools) == 2
+    assert all(spools)
