@@ -341,7 +341,11 @@ async def test_client_times_agree_with_the_server_trace(
         server_gaps = [b - a for a, b in itertools.pairwise(server_writes)]
         assert statistics.fmean(server_gaps) > 0.003
         errors = [abs(got - want) for got, want in zip(t.itl, server_gaps, strict=True)]
-        assert statistics.fmean(errors) < 0.001, (t.itl, server_gaps)
+        # The median: one late wake of the client's loop on a busy machine
+        # lengthens one gap and shortens the next by as much, and the mean of 5-19
+        # gaps carries it (0.06-0.18 ms alone, up to 0.76 ms beside the fleet
+        # test); a clock or a read that blurs every gap moves the median.
+        assert statistics.median(errors) < 0.001, (t.itl, server_gaps)
 
 
 # -- closed loop -------------------------------------------------------------------
