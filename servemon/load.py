@@ -7,13 +7,14 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from servemon.embedded import embedded_simulator
 from servemon.lifecycle import stop_on_signals
-from servemon.loadgen.fleet.settings import fleet_settings
+from servemon.loadgen.fleet.settings import FleetSettings, fleet_settings
 from servemon.loadgen.record.capacityrows import at_capacity
 from servemon.loadgen.record.columns import (
     ENERGY_COLUMNS,
@@ -44,6 +45,7 @@ from servemon.loadgen.run.plan import Kind, Plan, make_plan
 from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.runner import Stopper, run_load
 from servemon.loadgen.send.clientcost import WorkerChoice, workers_for
+from servemon.workers import local_workers
 
 __all__ = ["capacity_lines", "console_for", "run_command", "summary_table"]
 
@@ -76,8 +78,6 @@ async def run_command(
         choice = auto_workers(config, plan)
         console.print(f"servemon: {choice.explain()}", soft_wrap=True)
         config = replace(config, workers=choice.workers)
-    if kind == "ramp" and config.workers != "auto" and config.workers > 1:
-        return await _run_workers(config, console)  # the workers get signals
     stop = Stopper()
 
     def stopping() -> None:
@@ -92,7 +92,10 @@ async def run_command(
     with stop_on_signals(
         stop.requested, stop.hurry, on_stop=stopping, on_hurry=cancelling
     ):
-        async with _target(config, console) as (url, embedded):
+        async with (
+            _target(config, console) as (url, embedded),
+            _senders(config, fleet) as fleet,
+        ):
             result = await run_load(
                 plan,
                 config,
@@ -159,6 +162,19 @@ async def _target(
             f"(profile {config.sim_profile}) at {url}"
         )
         yield url, {"profile": config.sim_profile, "args": list(config.sim_args)}
+
+
+@contextlib.asynccontextmanager
+async def _senders(
+    config: LoadConfig, fleet: FleetSettings | None
+) -> AsyncIterator[FleetSettings | None]:
+    """Who sends the run: this process, a fleet (``--fleet-listen``), or N worker
+    processes of this machine as a fleet over loopback (``--workers N``)."""
+    if isinstance(config.workers, int) and config.workers > 1:
+        async with local_workers(config.workers, Path(config.out)) as local:
+            yield local
+        return
+    yield fleet
 
 
 def summary_table(kind: str, result: RunResult) -> Table:
@@ -279,18 +295,3 @@ def auto_workers(config: LoadConfig, plan: Plan) -> WorkerChoice:
     peak = max((s.target_rate or 0.0 for s in plan.stages), default=0.0)
     chunks = config.workload.output_ceiling if config.stream else 1
     return workers_for(peak, chunks)
-
-
-async def _run_workers(config: LoadConfig, console: Console) -> RunResult:
-    from servemon.loadgen.record.record import read_run
-    from servemon.workers import run_workers
-
-    async with _target(config, console) as (url, _embedded):
-        merged = await run_workers(config, url, console)
-    result = read_run(merged)
-    console.print(summary_table("ramp", result))
-    for line in limit_lines(result.stages):
-        console.print(f"warning: {line}", soft_wrap=True)
-    console.print(f"run directory: {merged} ({result.status})")
-    console.print(f"report: {merged / 'report.html'}")
-    return result

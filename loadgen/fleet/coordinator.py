@@ -136,6 +136,8 @@ class Fleet:
         self._say(
             f"servemon: coordinating: {self.expect} workers to join at {self.url}"
         )
+        if self.settings.spawn is not None:
+            await self.settings.spawn(self.url)
         return self.url
 
     async def gather(self, plan: FleetPlan) -> None:

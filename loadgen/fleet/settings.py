@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,6 +29,9 @@ class FleetSettings:
     wait_s: float
     on_loss: Literal["abort", "continue"]
     token: Secret
+    #: Started once the coordinator listens, with the URL to join (``--workers N``:
+    #: this machine's own workers).
+    spawn: Callable[[str], Awaitable[None]] | None = None
 
 
 def fleet_settings(
@@ -36,6 +39,10 @@ def fleet_settings(
 ) -> FleetSettings | None:
     """The fleet a run coordinates (None: it sends from here); a one-line
     :class:`ConfigError` naming the flag at fault."""
+    if config.workers not in (1, "auto") and kind not in FLEET_KINDS:
+        raise ConfigError(
+            f"--workers: not for {kind}; a fleet sends {', '.join(FLEET_KINDS)}"
+        )
     if config.fleet_listen is None:
         if config.fleet_workers is not None:
             raise ConfigError("--fleet-workers: give --fleet-listen HOST:PORT too")

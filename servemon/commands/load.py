@@ -111,8 +111,8 @@ def _int_list(
 )
 @click.option(
     "--workers",
-    help="Send the schedule from this many processes (shards merged at the end), "
-    "when one cannot keep up; auto: as many as the peak rate needs at the measured "
+    help="Send the schedule from this many worker processes of this machine (a "
+    "fleet over loopback), when one cannot keep up; auto: as many as the peak rate needs at the measured "
     "CPU cost of a request, up to the CPUs here.",
 )
 @options.prometheus()

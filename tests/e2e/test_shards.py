@@ -1,7 +1,8 @@
-"""Sharded load as the Kubernetes Indexed Job runs it: ``servemon ramp --shard I/3
---start-at T`` in three processes against one simulator process, ``servemon merge``
-over their run directories, and the merged run against one unsharded run of the
-same seeded schedule at the same total rate."""
+"""Sharded load, as machines that cannot reach each other send it: ``servemon ramp
+--shard I/3 --start-at T`` in three processes against one simulator process,
+``servemon merge`` over their run directories, and the merged run against one
+unsharded run of the same seeded schedule at the same total rate; and ``--workers
+N``, this machine's own fleet, stopped by SIGTERM."""
 
 from __future__ import annotations
 
@@ -186,12 +187,11 @@ def test_three_shards_merged_match_one_unsharded_run(
     assert "<svg" in report.read_text(encoding="utf-8")
 
 
-def test_workers_stopped_by_sigterm_are_merged_however_they_ended(
-    tmp_path: Path,
-) -> None:
-    """``--workers 2`` sent SIGTERM mid-run (as Kubernetes stops a pod): the signal
-    reaches the workers, and their records are still merged into one run that
-    ``servemon report`` reads."""
+def test_workers_stopped_by_sigterm_keep_what_they_sent(tmp_path: Path) -> None:
+    """``--workers 2`` sent SIGTERM mid-run (as Kubernetes stops a pod): the
+    coordinating process stops its local fleet (the requests in flight get their
+    grace), and the one run directory holds every request the workers sent,
+    readable by ``servemon report``."""
     import signal
     import subprocess
     import sys
@@ -203,11 +203,14 @@ def test_workers_stopped_by_sigterm_are_merged_however_they_ended(
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
 
-        def shards_sending() -> bool:
-            files = list(out.glob(".workers-*/*/requests.jsonl"))
-            return len(files) == 2 and all(f.stat().st_size > 0 for f in files)
+        def both_sending() -> bool:
+            files = list(out.glob("*-ramp/requests.jsonl"))
+            if len(files) != 1:
+                return False
+            workers = {r["worker"] for r in read_jsonl(files[0])}
+            return workers == {0, 1}
 
-        poll(shards_sending, 60, "both workers recording requests")
+        poll(both_sending, 60, "both workers' requests recorded")
         proc.send_signal(signal.SIGTERM)
         _stdout, stderr = proc.communicate(timeout=60)
     finally:
@@ -215,11 +218,17 @@ def test_workers_stopped_by_sigterm_are_merged_however_they_ended(
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, stderr.decode()[-2000:]
-    (merged,) = out.glob("*-merged")
-    summary = read_json(merged / "summary.json")
+    (run,) = out.glob("*-ramp")
+    summary = read_json(run / "summary.json")
     assert summary["status"] == "interrupted"
-    shard_lines = sum(
-        len(read_jsonl(f)) for f in out.glob(".workers-*/*/requests.jsonl")
-    )
-    assert summary["overall"]["requests"] == shard_lines > 0
-    assert (merged / "report.html").stat().st_size > 10_000
+    lines = read_jsonl(run / "requests.jsonl")
+    assert summary["overall"]["requests"] == len(lines) > 0
+    fleet = read_json(run / "run.json")["fleet"]
+    assert [w["name"] for w in fleet["workers"]] == ["local-0", "local-1"] or [
+        w["name"] for w in fleet["workers"]
+    ] == ["local-1", "local-0"]
+    assert all(w["stop_reason"] == "run ended" for w in fleet["workers"])
+    assert (run / "report.html").stat().st_size > 10_000
+    # No worker outlives its coordinator.
+    logs = list(out.glob(".workers-*/worker-*.log"))
+    assert len(logs) == 2

@@ -1,35 +1,45 @@
-"""``--workers N``: the workers get the run's headers from a private file, never on
-their command lines (which every user of the machine can read)."""
+"""``--workers N``: a fleet of this machine's processes over loopback. The token is
+made for the run and reaches the workers in their environment, never on their
+command lines (which every user of the machine can read); the request headers
+reach them only over the coordinator's connection."""
 
 from __future__ import annotations
 
-import stat
+import asyncio
 from pathlib import Path
 
+import pytest
+
+from servemon.core.errors import ConfigError
+from servemon.loadgen.fleet.settings import fleet_settings
 from servemon.loadgen.run.config import LoadConfig
-from servemon.workers import _header_file, _worker_config
+from servemon.workers import local_workers, worker_argv
 
 
-def test_workers_get_headers_from_a_private_file_that_is_removed(
-    tmp_path: Path,
-) -> None:
-    own = tmp_path / "headers"
-    own.write_text("X-Auth-Token: file-SECRET\n")
-    config = LoadConfig(header=("X-Api-Key: flag-SECRET",), header_file=str(own))
-    shared = _worker_config(config, "http://127.0.0.1:8000")
-    assert "header" not in shared
-    assert "header_file" not in shared
-    assert "SECRET" not in str(shared)
-    with _header_file(config) as argv:
-        assert argv[0] == "--header-file"
-        assert "SECRET" not in " ".join(argv)
-        path = Path(argv[1])
-        assert stat.S_IMODE(path.stat().st_mode) == 0o600
-        assert path.read_text().splitlines() == [
-            "X-Auth-Token: file-SECRET",
-            "X-Api-Key: flag-SECRET",
-        ]
-        assert not path.is_relative_to(Path(config.out).resolve())
-    assert not path.exists()
-    with _header_file(LoadConfig()) as argv:
-        assert argv == []
+def test_a_local_worker_is_told_where_to_join_and_nothing_secret() -> None:
+    argv = worker_argv("http://127.0.0.1:9500", 3, Path("/tmp/spool"))
+    assert argv[argv.index("--join") + 1] == "http://127.0.0.1:9500"
+    assert argv[argv.index("--name") + 1] == "local-3"
+    assert not any("token" in a.lower() or "header" in a.lower() for a in argv)
+
+
+@pytest.mark.asyncio
+async def test_the_local_fleet_has_a_token_of_its_own(tmp_path: Path) -> None:
+    async with (
+        local_workers(2, tmp_path) as one,
+        local_workers(2, tmp_path) as other,
+    ):
+        assert one.expect == 2
+        assert one.host == "127.0.0.1"
+        assert one.port == 0
+        assert len(one.token.reveal()) >= 16
+        assert one.token.reveal() != other.token.reveal()
+        assert "redacted" in str(one.token)
+    folders = await asyncio.to_thread(lambda: list(tmp_path.glob(".workers-*")))
+    assert len(folders) == 2
+
+
+def test_workers_are_refused_where_a_fleet_cannot_send() -> None:
+    with pytest.raises(ConfigError, match="--workers: not for sweep"):
+        fleet_settings("sweep", LoadConfig(workers=2))
+    assert fleet_settings("ramp", LoadConfig(workers=2)) is None
