@@ -43,6 +43,10 @@ def fleet_settings(
         raise ConfigError(
             f"--workers: not for {kind}; a fleet sends {', '.join(FLEET_KINDS)}"
         )
+    if config.workers == "auto" and kind != "ramp":
+        raise ConfigError(
+            "--workers auto: a ramp's only (it reads the peak stage rate); give N"
+        )
     if config.fleet_listen is None:
         if config.fleet_workers is not None:
             raise ConfigError("--fleet-workers: give --fleet-listen HOST:PORT too")

@@ -33,6 +33,13 @@ def fleet_options() -> Callable[[F], F]:
     fleet of ``servemon worker`` processes instead of sending from here."""
     return compose(
         _option(
+            "--workers",
+            help="Send from this many worker processes of this machine (a fleet "
+            "over loopback), when one cannot keep up; auto (ramp): as many as the "
+            "peak rate needs at the measured CPU cost of a request, up to the CPUs "
+            "here.",
+        ),
+        _option(
             "--fleet-listen",
             help="HOST:PORT to take workers on (servemon worker --join): this "
             "process coordinates and the workers send.",

@@ -109,12 +109,6 @@ def _int_list(
     type=float,
     help="Seconds late before --late skip applies.",
 )
-@click.option(
-    "--workers",
-    help="Send the schedule from this many worker processes of this machine (a "
-    "fleet over loopback), when one cannot keep up; auto: as many as the peak rate needs at the measured "
-    "CPU cost of a request, up to the CPUs here.",
-)
 @options.prometheus()
 @fleet_options()
 def ramp(config_file: Path | None, **flags: Any) -> None:
