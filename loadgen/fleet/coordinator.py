@@ -168,7 +168,8 @@ class Fleet:
         await ws.prepare(request)
         try:
             hello = decode(await ws.receive_bytes(timeout=10))
-        except (WireError, TypeError, TimeoutError):
+            anchor_s = float(hello.get("anchor_s") or 0.0)
+        except (WireError, TypeError, ValueError, TimeoutError):
             await ws.close()
             return ws
         if hello.get("k") != "hello":
@@ -180,7 +181,7 @@ class Fleet:
             host=str(hello.get("host") or ""),
             address=str(request.remote or ""),
             ws=ws,
-            clock=ClockFilter(self._frame, Frame(float(hello.get("anchor_s") or 0))),
+            clock=ClockFilter(self._frame, Frame(anchor_s)),
             joined_s=time.monotonic(),
         )
         self._members.append(member)
@@ -236,31 +237,36 @@ class Fleet:
             if msg.type != aiohttp.WSMsgType.BINARY:
                 continue
             try:
-                message = decode(msg.data)
-            except WireError:
-                continue
-            kind = message["k"]
-            if kind == "rec":
-                for line in message.get("r") or ():
-                    future = member.pending.pop(str(line.get("id")), None)
-                    member.records += 1
-                    if future is not None and not future.done():
-                        future.set_result(line)
-            elif kind == "pong":
-                sent = member.pings.pop(int(message.get("n") or 0), None)
-                if sent is not None:
-                    member.clock.add(Sample(sent, float(message["t"]), member.heard_s))
-            elif kind == "ft":
-                for request_id, _at in message.get("r") or ():
-                    hook = member.first_tokens.pop(str(request_id), None)
-                    if hook is not None:
-                        hook()
-            elif kind == "bye":
-                member.stopped_s = time.monotonic()
-                member.stop_reason = "run ended"
-                if member in self._live:
-                    self._live.remove(member)
-                member.bye.set()
+                self._take(member, decode(msg.data))
+            except (WireError, KeyError, TypeError, ValueError, AttributeError):
+                # Not one of ours (a worker of another version, a broken one):
+                # counted, never the coordinator's end.
+                member.malformed += 1
+
+    def _take(self, member: Member, message: dict[str, Any]) -> None:
+        """One message from ``member``."""
+        kind = message["k"]
+        if kind == "rec":
+            for line in message.get("r") or ():
+                future = member.pending.pop(str(line.get("id")), None)
+                member.records += 1
+                if future is not None and not future.done():
+                    future.set_result(line)
+        elif kind == "pong":
+            sent = member.pings.pop(int(message.get("n") or 0), None)
+            if sent is not None:
+                member.clock.add(Sample(sent, float(message["t"]), member.heard_s))
+        elif kind == "ft":
+            for request_id, _at in message.get("r") or ():
+                hook = member.first_tokens.pop(str(request_id), None)
+                if hook is not None:
+                    hook()
+        elif kind == "bye":
+            member.stopped_s = time.monotonic()
+            member.stop_reason = "run ended"
+            if member in self._live:
+                self._live.remove(member)
+            member.bye.set()
 
     def _lose(self, member: Member, reason: str) -> None:
         """``member`` is gone: its share stops now; its requests end cancelled."""
@@ -349,7 +355,12 @@ class Fleet:
             return unsent(request_id, stage, scheduled_s, why, member.index)
         # Back with the offset the credit went out with: the request's times stay
         # on one frame with the time it was scheduled for.
-        timing = timing_from_line(line, shift_s=est.delta_s)
+        try:
+            timing = timing_from_line(line, shift_s=est.delta_s)
+        except (KeyError, TypeError, ValueError) as exc:
+            member.malformed += 1
+            why = f"worker {member.index} sent a record that does not read: {exc}"
+            return unsent(request_id, stage, scheduled_s, why, member.index)
         text = line.get("text")
         return replace(
             timing,

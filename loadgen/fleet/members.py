@@ -64,6 +64,8 @@ class Member:
     stop_reason: str | None = None
     credits: int = 0
     records: int = 0
+    #: Messages or records from it that did not read (skipped).
+    malformed: int = 0
     bye: asyncio.Event = field(default_factory=asyncio.Event)
 
     def record(self, origin_s: float) -> WorkerRecord:
@@ -85,6 +87,7 @@ class Member:
             stop_reason=self.stop_reason,
             credits=self.credits,
             records=self.records,
+            malformed=self.malformed,
         )
 
 

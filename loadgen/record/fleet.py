@@ -40,6 +40,8 @@ class WorkerRecord:
     #: Requests handed to it, and records it sent back.
     credits: int = 0
     records: int = 0
+    #: Its messages or records that did not read (skipped).
+    malformed: int = 0
 
 
 @dataclass(slots=True)

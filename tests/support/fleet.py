@@ -84,7 +84,10 @@ class RecordingProxy:
         self._loop.run_forever()
         with contextlib.suppress(Exception):
             self._loop.run_until_complete(self._runner.cleanup())
+        with contextlib.suppress(Exception):
             self._loop.run_until_complete(self._session.close())
+        self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+        self._loop.close()
 
     async def _start(self) -> None:
         self._session = aiohttp.ClientSession(
