@@ -175,8 +175,8 @@ def autoscale(
         f"capacity {point.capacity_rps:g} req/s ({point.slo or 'the SLO'}) in "
         f"{run_dir}; saturated first: "
         + (point.signal if point.found else f"other ({point.signal} asked for)"),
-        f"{metric} during that step (stage {point.stage}, {point.samples} samples "
-        f"after the {point.settle_s:g} s settle"
+        f"{metric} during the {point.capacity_rps:g} req/s step ({point.samples} "
+        f"samples after the {point.settle_s:g} s settle"
         + (f", / {measured_replicas} replicas" if measured_replicas > 1 else "")
         + f"): {statistic} {point.value:.4g} per replica",
         f"threshold = {point.value:.4g} x (1 - {headroom:g}) = {threshold:.3g}",

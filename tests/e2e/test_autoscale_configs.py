@@ -75,7 +75,10 @@ def promtool() -> str:
 def test_threshold_is_the_mean_less_headroom_and_says_so(files: Path) -> None:
     text = (files / "keda-scaledobject.yaml").read_text(encoding="utf-8")
     assert "# threshold = 1 x (1 - 0.2) = 0.8\n" in text
-    assert "(stage 1, 4 samples after the 1 s settle): mean 1 per replica" in text
+    assert (
+        "during the 10 req/s step (4 samples after the 1 s settle): mean 1 per replica"
+        in text
+    )
     trigger = load(files / "keda-scaledobject.yaml")["spec"]["triggers"][0]
     assert trigger["metadata"]["threshold"] == "0.8"
     hpa = load(files / "hpa.yaml")
