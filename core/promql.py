@@ -32,6 +32,7 @@ __all__ = [
     "le_matcher",
     "number",
     "on",
+    "over_time",
     "parse_duration",
     "quantile",
     "rate",
@@ -151,3 +152,8 @@ def quantile(
     """The q-quantile of a histogram's events over ``window``, per ``by``."""
     buckets = rate(selector(series, *matchers, part="bucket"), window)
     return histogram_quantile(q, aggregate("sum", buckets, ("le", *by)))
+
+
+def over_time(op: str, samples: str, window: str) -> str:
+    """``<op>_over_time(samples[window])``: ``op`` is ``avg``, ``max``, ..."""
+    return f"{op}_over_time({samples}[{window}])"

@@ -19,6 +19,14 @@ last:
 - ``target_model:<metric>:burn_rate<W>{slo="<name>"}``: that ratio over the error
   budget (1 - objective).
 
+``servemon autoscale`` (:mod:`dashboards.autoscale`) names its rule for one scaled
+workload, the labels its rule sets:
+
+- ``namespace_workload:<metric>:per_pod_avg<W>``: an engine gauge (the waiting queue
+  or KV-cache usage) per replica: each pod's engines combined, averaged over W, then
+  averaged over the pods. An engine's own name (``vllm:num_requests_waiting``) is
+  written with ``_`` for ``:``.
+
 The energy rules (:mod:`dashboards.energy`) keep other levels: ``job_instance``, the
 scrape of one exporter and so the host of its GPUs, and ``target_model``:
 
@@ -50,6 +58,7 @@ __all__ = [
     "ALERT_PREEMPTIONS",
     "ALERT_QUEUE",
     "ALERT_TARGET_DOWN",
+    "AUTOSCALE_LEVEL",
     "BURN_RATE",
     "ENERGY_PER_TOKEN",
     "ENERGY_RULES",
@@ -62,6 +71,7 @@ __all__ = [
     "TARGET_ENERGY_RATE",
     "TRAFFIC",
     "EnergyRule",
+    "autoscale_record_name",
     "burn_rate_name",
     "burn_rate_regex",
     "energy_record_name",
@@ -84,6 +94,9 @@ ALERT_CLIENT_STALLED = "ServemonClientStalled"
 #: The labels every SLO recording rule keeps, and the level they name.
 LEVEL_LABELS: tuple[str, ...] = ("target", "model")
 LEVEL = "_".join(LEVEL_LABELS)
+
+#: The level of the autoscaling rule: one workload, by its namespace and name.
+AUTOSCALE_LEVEL = "namespace_workload"
 
 #: The operations of the recording rules (each followed by its window).
 TRAFFIC = "rate"
@@ -123,6 +136,11 @@ def energy_record_name(rule: EnergyRule, window: int | None = None) -> str:
     """``level:metric:operation`` with the window after a rate."""
     level, metric, operation = rule
     return f"{level}:{metric}:{operation}{'' if window is None else duration(window)}"
+
+
+def autoscale_record_name(metric: str, window: int) -> str:
+    """``namespace_workload:<metric>:per_pod_avg<W>``."""
+    return f"{AUTOSCALE_LEVEL}:{metric.replace(':', '_')}:per_pod_avg{duration(window)}"
 
 
 def record_name(series: Series, operation: str, window: int) -> str:

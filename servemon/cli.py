@@ -60,6 +60,7 @@ _LOAD, _RUNS, _GENERATE = (
 )
 #: Every command, by name. ``extra`` is None for what the base install runs.
 COMMANDS: dict[str, CommandHome] = {
+    "autoscale": CommandHome("servemon.commands.autoscale", "autoscale", "loadgen"),
     "capacity": CommandHome(_LOAD, "capacity", "loadgen"),
     "compare": CommandHome(_RUNS, "compare", "stats"),
     "control": CommandHome(_LOAD, "control", "loadgen"),
