@@ -57,10 +57,12 @@ from servemon.loadgen.send.client import (
 from servemon.loadgen.send.dispatch import KernelTimer, Pacer
 from servemon.loadgen.send.timing import RequestTiming
 
-__all__ = ["SILENCE_S", "WorkerEnd", "run_worker"]
+__all__ = ["RETRY_S", "SILENCE_S", "WorkerEnd", "run_worker"]
 
 #: Silence from the coordinator after which a worker stops sending.
 SILENCE_S = 1.0
+#: Seconds between tries to reach a coordinator not there yet (``--join-timeout``).
+RETRY_S = 1.0
 #: The most records one ``rec`` message carries.
 BATCH = 512
 
@@ -149,19 +151,53 @@ async def run_worker(
     name: str | None = None,
     spool_dir: Path | None = None,
     ssl_context: ssl.SSLContext | bool = True,
+    join_timeout_s: float = 0.0,
     say: Callable[[str], None] = print,
 ) -> WorkerEnd:
     """Join the coordinator at ``url`` (``http://host:port`` or ``https://``) and
     send what it asks until it says stop or goes away; ``spool_dir`` (which must
-    exist) keeps every record made."""
+    exist) keeps every record made. A coordinator that cannot be reached yet (no
+    such host, nothing listening) is tried again every :data:`RETRY_S` for
+    ``join_timeout_s`` seconds (0: once)."""
     name = name or f"{socket.gethostname()}-{os.getpid()}"
     spool_path = None if spool_dir is None else spool_dir / f"{name}.jsonl"
     end = WorkerEnd("lost", spool=spool_path)
     ws_url = url.rstrip("/").replace("http", "ws", 1) + PATH
     timeout = aiohttp.ClientTimeout(total=None, connect=10)
     async with aiohttp.ClientSession(timeout=timeout) as control:
+        ws = await _connect(
+            control, url, ws_url, token, ssl_context, join_timeout_s, say
+        )
+        spool = spool_path.open("a", encoding="utf-8") if spool_path else None
+        worker = _Worker(ws, spool, end)
         try:
-            ws = await control.ws_connect(
+            await _serve(worker, name, say)
+        finally:
+            await _stop_all(worker)
+            if worker.session is not None:
+                await worker.session.close()
+            if spool is not None:
+                spool.close()
+            await ws.close()
+    return end
+
+
+async def _connect(
+    session: aiohttp.ClientSession,
+    url: str,
+    ws_url: str,
+    token: Secret,
+    ssl_context: ssl.SSLContext | bool,
+    join_timeout_s: float,
+    say: Callable[[str], None],
+) -> aiohttp.ClientWebSocketResponse:
+    """The connection to the coordinator, tried until ``join_timeout_s`` has passed
+    while it cannot be reached; a refusal (the token, a full fleet) is final."""
+    deadline = time.monotonic() + join_timeout_s
+    waiting = False
+    while True:
+        try:
+            return await session.ws_connect(
                 ws_url,
                 headers=bearer(token),
                 max_msg_size=MAX_MESSAGE,
@@ -179,21 +215,20 @@ async def run_worker(
                 f"{exc.message}"
             ) from None
         except (aiohttp.ClientError, OSError) as exc:
-            raise ServemonError(
-                f"servemon worker: cannot reach the coordinator at {url}: {exc}"
-            ) from None
-        spool = spool_path.open("a", encoding="utf-8") if spool_path else None
-        worker = _Worker(ws, spool, end)
-        try:
-            await _serve(worker, name, say)
-        finally:
-            await _stop_all(worker)
-            if worker.session is not None:
-                await worker.session.close()
-            if spool is not None:
-                spool.close()
-            await ws.close()
-    return end
+            left = deadline - time.monotonic()
+            if left <= 0:
+                waited = f" (tried for {join_timeout_s:g} s)" if join_timeout_s else ""
+                raise ServemonError(
+                    f"servemon worker: cannot reach the coordinator at {url}{waited}: "
+                    f"{exc}"
+                ) from None
+            if not waiting:
+                waiting = True
+                say(
+                    f"servemon worker: waiting for the coordinator at {url} (up to "
+                    f"{join_timeout_s:g} s): {exc}"
+                )
+            await asyncio.sleep(min(RETRY_S, left))
 
 
 async def _serve(worker: _Worker, name: str, say: Callable[[str], None]) -> None:

@@ -90,6 +90,14 @@ def fleet_options() -> Callable[[F], F]:
     "takes in what the coordinator did not get).",
 )
 @click.option(
+    "--join-timeout",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds to keep trying to reach a coordinator that is not up yet (a "
+    "Job's pods start in any order); 0: try once.",
+)
+@click.option(
     "--ca-file",
     type=click.Path(path_type=Path, exists=True, dir_okay=False),
     help="CA certificate to verify an https:// coordinator with.",
@@ -99,6 +107,7 @@ def worker(
     fleet_token_file: str | None,
     name: str | None,
     spool: Path,
+    join_timeout: float,
     ca_file: Path | None,
 ) -> None:
     """Send a coordinator's requests (a load command run with --fleet-listen)."""
@@ -117,7 +126,15 @@ def worker(
         click.echo(line, err=True)
 
     end = run_async(
-        run_worker(url, token, name=name, spool_dir=spool, ssl_context=context, say=say)
+        run_worker(
+            url,
+            token,
+            name=name,
+            spool_dir=spool,
+            ssl_context=context,
+            join_timeout_s=join_timeout,
+            say=say,
+        )
     )
     say(
         f"servemon worker: {end.how}; sent {end.sent}, recorded {end.recorded}"

@@ -15,7 +15,10 @@
   kustomizations, rendered by ``kubectl kustomize`` where kubectl is installed
   (optional).
 - Across files: every ``servemon ...`` command line in compose and the manifests parses
-  with servemon's own CLI, and ports, host names and paths agree between files.
+  with servemon's own CLI, and ports, host names and paths agree between files. A
+  container whose command is an ``sh -c`` script (the fleet's Indexed Job) is run
+  here, once per pod index, with a stand-in ``servemon`` that records what it is
+  given: those are its command lines.
 
 Debian tools come from ``scripts/system-deps``; a check skips only when its tool is
 missing, and says which package brings it.
@@ -30,7 +33,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -130,6 +137,142 @@ def pod_templates() -> Iterator[dict[str, Any]]:
     for _, doc in manifests():
         if doc["kind"] in {"Deployment", "DaemonSet", "StatefulSet", "Job"}:
             yield doc["spec"]["template"]
+
+
+#: The label the Job controller puts on each pod of an Indexed Job (1.28 and later).
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+#: A stand-in for the console script: it appends its arguments to $STUB_LOG as a
+#: JSON line, sleeps $STUB_SLEEP seconds (a SIGTERM ends that with status 130, as
+#: servemon's does) and exits with $STUB_STATUS.
+STUB = """#!{python}
+import json, os, signal, sys, time
+with open(os.environ["STUB_LOG"], "a", encoding="utf-8") as log:
+    log.write(json.dumps(sys.argv[1:]) + "\\n")
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(130))
+time.sleep(float(os.environ.get("STUB_SLEEP", "0")))
+sys.exit(int(os.environ.get("STUB_STATUS", "0")))
+"""
+
+
+def pods(doc: dict[str, Any]) -> list[tuple[int | None, dict[str, str]]]:
+    """(completion index, labels) of each pod a workload makes at once: an Indexed
+    Job's pods carry their index as a label; any other workload: one pod."""
+    labels = dict(doc["spec"]["template"]["metadata"]["labels"])
+    spec = doc["spec"]
+    if doc["kind"] == "Job" and spec.get("completionMode") == "Indexed":
+        job = {"batch.kubernetes.io/job-name": doc["metadata"]["name"]}
+        return [
+            (i, {**labels, **job, INDEX_LABEL: str(i)})
+            for i in range(spec["completions"])
+        ]
+    return [(None, labels)]
+
+
+def container_env(
+    doc: dict[str, Any], container: dict[str, Any], index: int | None
+) -> dict[str, str]:
+    """A container's environment as the pod of ``index`` gets it ("0" for a value
+    from elsewhere that this test does not know)."""
+    env = {}
+    for var in container.get("env", []):
+        path = var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", "")
+        if INDEX_LABEL in path:
+            env[var["name"]] = str(index)
+        elif "batch.kubernetes.io/job-name" in path:
+            env[var["name"]] = doc["metadata"]["name"]
+        else:
+            env[var["name"]] = var.get("value", "0")
+    return env
+
+
+def shell_script(container: dict[str, Any]) -> str | None:
+    command = container.get("command", [])
+    if command[:2] == ["sh", "-c"]:
+        script: str = command[2]
+        return script
+    return None
+
+
+def run_script(
+    script: str, env: dict[str, str], folder: Path, **stub_env: str
+) -> subprocess.Popen[str]:
+    """Start a container's ``sh -c`` script here, with :data:`STUB` as servemon
+    and ``$RESULTS`` in ``folder``."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stub = bin_dir / "servemon"
+    stub.write_text(STUB.format(python=os.path.realpath(sys.executable)))
+    stub.chmod(0o755)
+    results = folder / "results"
+    results.mkdir(exist_ok=True)
+    full = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        **env,
+        "RESULTS": str(results),
+        "STUB_LOG": str(folder / "argv.jsonl"),
+        **stub_env,
+    }
+    return subprocess.Popen(
+        ["sh", "-c", script],
+        env=full,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def logged_argv(folder: Path) -> list[list[str]]:
+    log = folder / "argv.jsonl"
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+@functools.cache
+def scripted_commands(where: str, index: int | None) -> list[list[str]]:
+    """The servemon command lines the ``sh -c`` script of the manifest document
+    ``where`` runs in the pod of ``index`` (its run directory already collected),
+    found by running it with :data:`STUB` as servemon."""
+    doc = dict(manifests())[where]
+    found = []
+    for container in doc["spec"]["template"]["spec"]["containers"]:
+        script = shell_script(container)
+        if script is None:
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            (folder / "results").mkdir()
+            (folder / "results" / ".collected").touch()
+            env = container_env(doc, container, index)
+            proc = run_script(script, env, folder)
+            out, err = proc.communicate(timeout=30)
+            assert proc.returncode == 0, f"{where}: {out}{err}"
+            # Paths as the pod has them ($RESULTS was a folder here).
+            here, there = str(folder / "results"), env.get("RESULTS", "")
+            found += [
+                ["servemon", *(a.replace(here, there) for a in argv)]
+                for argv in logged_argv(folder)
+            ]
+    return found
+
+
+def container_commands(
+    where: str, doc: dict[str, Any], container: dict[str, Any]
+) -> list[tuple[str, list[str], dict[str, str]]]:
+    """(where, command line, env) of each servemon command a container runs: its
+    command itself, or what its ``sh -c`` script runs in each of its pods."""
+    if shell_script(container) is None:
+        command = container.get("command") or [""]
+        env = container_env(doc, container, None)
+        return [(where, command, env)] if command[0] == "servemon" else []
+    found = []
+    for index, _ in pods(doc):
+        env = container_env(doc, container, index)
+        for argv in scripted_commands(where, index):
+            suffix = "" if index is None else f"[{index}]"
+            found.append((f"{where}{suffix}", argv, env))
+    return found
 
 
 def gen_k8s() -> ModuleType:
@@ -440,11 +583,16 @@ def test_every_servemon_container_holds_the_extra_its_command_needs() -> None:
         if doc["kind"] not in {"Deployment", "DaemonSet", "Job"}:
             continue
         for container in doc["spec"]["template"]["spec"]["containers"]:
-            command = container.get("command") or [""]
-            if command[0] == "servemon":
-                image = container["image"].partition(":")[0]
-                found.append((where, command[1], IMAGE_EXTRAS[image]))
-    assert {command for _, command, _ in found} >= {"exporter", "ramp", "control"}
+            image = container["image"].partition(":")[0]
+            for at, command, _ in container_commands(where, doc, container):
+                found.append((at, command[1], IMAGE_EXTRAS[image]))
+    assert {command for _, command, _ in found} >= {
+        "exporter",
+        "ramp",
+        "capacity",
+        "worker",
+        "control",
+    }
     for where, command, extras in found:
         needs = COMMANDS[command].extra
         assert needs is None or needs in extras, f"{where}: {command} needs {needs}"
@@ -477,10 +625,8 @@ def servemon_commands() -> list[tuple[str, list[str], dict[str, str]]]:
         if doc["kind"] not in {"Deployment", "DaemonSet", "Job"}:
             continue
         for container in doc["spec"]["template"]["spec"]["containers"]:
-            command = container.get("command", [])
-            if command and command[0] == "servemon":
-                env = {e["name"]: e.get("value", "0") for e in container.get("env", [])}
-                found.append((f"{where}:{container['name']}", command[1:], env))
+            for at, command, env in container_commands(where, doc, container):
+                found.append((f"{at}:{container['name']}", command[1:], env))
     return found
 
 
@@ -572,18 +718,42 @@ def test_strict_validation_rejects_a_misspelt_field() -> None:
 # --- Kubernetes: Prometheus Operator kinds ------------------------------------------
 
 
+def workload_pods() -> list[tuple[str, dict[str, str], list[str]]]:
+    """(where[index], labels, container port names) of each pod our workloads make."""
+    found = []
+    for where, doc in manifests():
+        if doc["kind"] not in {"Deployment", "DaemonSet", "StatefulSet", "Job"}:
+            continue
+        names = [
+            port["name"]
+            for container in doc["spec"]["template"]["spec"]["containers"]
+            for port in container.get("ports", [])
+        ]
+        for index, labels in pods(doc):
+            suffix = "" if index is None else f"[{index}]"
+            found.append((f"{where}{suffix}", labels, names))
+    return found
+
+
 def test_podmonitors_have_their_required_fields_and_find_ports() -> None:
     monitors = of_kind("PodMonitor")
     assert {m["metadata"]["name"] for m in monitors} == {
         "servemon-exporter",
         "servemon-loadgen",
+        "servemon-fleet",
     }
+    jobs = {
+        j["job_name"] for j in load_yaml(DEPLOY / "prometheus.yml")["scrape_configs"]
+    }
+    targets: dict[str, list[str]] = {}
     for monitor in monitors:
         name = monitor["metadata"]["name"]
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
         spec = monitor["spec"]
         selector = spec["selector"]["matchLabels"]  # selector is required
         assert selector, name
+        # Label values are strings (the API refuses `0` where it wants "0").
+        assert all(isinstance(v, str) for v in selector.values()), name
         assert spec["podMetricsEndpoints"], name
         for endpoint in spec["podMetricsEndpoints"]:
             assert isinstance(endpoint["port"], str), name  # a named port
@@ -592,22 +762,23 @@ def test_podmonitors_have_their_required_fields_and_find_ports() -> None:
             for relabel in endpoint.get("relabelings", []):
                 assert relabel["action"] == "replace", name
                 assert relabel["targetLabel"] == "job", name
-                assert relabel["replacement"] == name  # as in deploy/prometheus.yml
-            # Some pod of ours carries those labels and a container port of that name.
-            ports = [
-                port["name"]
-                for template in pod_templates()
-                if selector.items() <= template["metadata"]["labels"].items()
-                for container in template["spec"]["containers"]
-                for port in container.get("ports", [])
+                # A job of deploy/prometheus.yml: its own name where it is one.
+                assert relabel["replacement"] in jobs, name
+                if name in jobs:
+                    assert relabel["replacement"] == name
+            # The pods it scrapes: those with its labels and a port of that name.
+            scraped = [
+                where
+                for where, labels, ports in workload_pods()
+                if selector.items() <= labels.items() and endpoint["port"] in ports
             ]
-            assert endpoint["port"] in ports, (
-                f"{name}: no pod with port {endpoint['port']}"
-            )
-    jobs = {
-        j["job_name"] for j in load_yaml(DEPLOY / "prometheus.yml")["scrape_configs"]
-    }
-    assert {m["metadata"]["name"] for m in monitors} <= jobs
+            assert scraped, f"{name}: no pod with port {endpoint['port']}"
+            targets.setdefault(name, []).extend(scraped)
+    # A fleet is one target, its coordinator; no other monitor scrapes its pods.
+    fleet = "loadgen/capacity-fleet.yaml:Job/servemon-capacity"
+    assert targets["servemon-fleet"] == [f"{fleet}[0]"]
+    others = targets["servemon-loadgen"] + targets["servemon-exporter"]
+    assert not [t for t in others if t.startswith(fleet)]
 
 
 def test_prometheusrule_has_its_required_fields() -> None:
@@ -800,38 +971,155 @@ def _claim(name: str) -> dict[str, Any]:
     return pvc
 
 
-def test_load_generator_is_an_indexed_job_of_shards() -> None:
-    job = _job("servemon-ramp")
+def parsed(argv: list[str]) -> dict[str, Any]:
+    """The parameters servemon's CLI reads from a command line."""
+    command = cli.get_command(click.Context(cli), argv[1])
+    assert command is not None, argv
+    params: dict[str, Any] = command.make_context(argv[1], argv[2:]).params
+    return params
+
+
+def test_the_load_generator_is_a_fleet_that_pod_0_coordinates() -> None:
+    """An Indexed Job of N pods: pod 0 runs the capacity search with
+    --fleet-listen and --fleet-workers N-1, pods 1..N-1 join it by the DNS name
+    its headless Service gives it; the token from a Secret's file; the run
+    directory on pod 0 (no shared volume); its client /metrics on the port the
+    PodMonitor servemon-fleet scrapes."""
+    where = "loadgen/capacity-fleet.yaml:Job/servemon-capacity"
+    job = _job("servemon-capacity")
     spec = job["spec"]
     assert spec["completionMode"] == "Indexed"
+    n = spec["completions"]
+    assert spec["parallelism"] == n == 8
+    # No pod retried, and a failed worker does not fail the Job (and kill pod 0).
+    assert spec["backoffLimitPerIndex"] == 0
+    assert "backoffLimit" not in spec
     pod = spec["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
     (container,) = pod["containers"]
-    command = container["command"]
-    assert command[:2] == ["servemon", "ramp"]
-    shard = command[command.index("--shard") + 1]
-    match = re.fullmatch(r"\$\(JOB_COMPLETION_INDEX\)/(\d+)", shard)
-    assert match, shard
-    assert spec["parallelism"] == spec["completions"] == int(match[1])
-    env = {e["name"]: e for e in container["env"]}
-    assert (
-        "job-completion-index"
-        in env["JOB_COMPLETION_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+    script = shell_script(container)
+    assert script is not None
+    # Kubernetes expands $(VAR) and $$ in a command: the script uses neither.
+    assert "$(" not in script
+    assert "$$" not in script
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+
+    (coordinator,) = scripted_commands(where, 0)
+    boss = parsed(coordinator)
+    assert coordinator[1] == "capacity"
+    host, port = boss["fleet_listen"].rsplit(":", 1)
+    assert (host, int(port)) == ("0.0.0.0", ports["fleet"])
+    assert boss["fleet_workers"] == n - 1
+    for index in range(1, n):
+        (worker,) = scripted_commands(where, index)
+        assert worker[1] == "worker"
+        params = parsed(worker)
+        assert params["url"] == (
+            f"http://{job['metadata']['name']}-0.{pod['subdomain']}:{ports['fleet']}"
+        )
+        assert params["name"] == f"worker-{index}"
+        assert params["join_timeout"] >= 60  # pods start in any order
+        assert params["fleet_token_file"] == boss["fleet_token_file"]
+
+    # The headless Service of the pods' subdomain names pod 0 alone.
+    (service,) = [
+        s for s in of_kind("Service") if s["metadata"]["name"] == pod["subdomain"]
+    ]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    selector = service["spec"]["selector"]
+    assert all(isinstance(v, str) for v in selector.values())
+    selected = [i for i, labels in pods(job) if selector.items() <= labels.items()]
+    assert selected == [0]
+    (service_port,) = service["spec"]["ports"]
+    assert service_port["port"] == ports["fleet"]
+    assert service_port["targetPort"] == "fleet"
+
+    # The token: a Secret's file, on no command line and in no plain variable.
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    token = Path(boss["fleet_token_file"])
+    (secret_mount,) = [
+        m for m in mounts.values() if m["mountPath"] == str(token.parent)
+    ]
+    assert secret_mount["readOnly"] is True
+    secret = volumes[secret_mount["name"]]["secret"]
+    assert secret["secretName"] == "servemon-fleet-token"
+    assert not secret.get("optional", False)
+    assert "SERVEMON_FLEET_TOKEN" not in {e["name"] for e in container["env"]}
+
+    # The run directory on pod 0's own volume; no shared claim.
+    assert not [
+        d
+        for w, d in manifests()
+        if w.startswith("loadgen/") and d["kind"] == "PersistentVolumeClaim"
+    ]
+    results = mounts["results"]
+    assert "emptyDir" in volumes["results"]
+    env = container_env(job, container, 0)
+    assert str(boss["out"]) == env["RESULTS"] == results["mountPath"]
+    # Long enough for the workers to join, the search and the copy out.
+    assert spec["activeDeadlineSeconds"] > (
+        boss["fleet_wait"] + boss["max_duration"] + float(env["KEEP_S"])
     )
-    assert command[command.index("--start-at") + 1] == "$(START_AT)"
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", env["START_AT"]["value"])
-    # Each shard writes its own run directory on the shared results volume.
-    out = command[command.index("--out") + 1]
-    (mount,) = container["volumeMounts"]
-    assert out.startswith(mount["mountPath"] + "/")
-    assert "$(JOB_COMPLETION_INDEX)" in out
-    (volume,) = pod["volumes"]
-    claim = volume["persistentVolumeClaim"]["claimName"]
-    pvc = _claim(claim)
-    assert "ReadWriteMany" in pvc["spec"]["accessModes"]
+
     # Its client /metrics on the port the PodMonitor scrapes.
-    port = int(command[command.index("--metrics-port") + 1])
-    assert container["ports"] == [{"name": "client-metrics", "containerPort": port}]
+    assert boss["metrics_host"] == "0.0.0.0"
+    assert boss["metrics_port"] == ports["client-metrics"]
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["resources"]["limits"]["memory"]
+
+
+def _fleet_script() -> tuple[str, dict[str, str]]:
+    job = _job("servemon-capacity")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    script = shell_script(container)
+    assert script is not None
+    return script, container_env(job, container, 0)
+
+
+def test_the_fleets_pod_0_keeps_its_run_until_collected(tmp_path: Path) -> None:
+    """Pod 0 outlives its search until the run directory is collected (or
+    KEEP_S), so that `kubectl cp` can reach it, then exits with servemon's
+    status."""
+    script, env = _fleet_script()
+    proc = run_script(script, {**env, "KEEP_S": "60"}, tmp_path, STUB_STATUS="3")
+    try:
+        deadline = time.monotonic() + 20
+        while not logged_argv(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        assert proc.poll() is None, proc.communicate()
+        (tmp_path / "results" / ".collected").touch()
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3, err
+    assert "kubectl cp" in err
+
+
+def test_the_fleets_pod_0_passes_sigterm_to_servemon(tmp_path: Path) -> None:
+    """A pod deleted mid-run: servemon gets the SIGTERM (and records the run as
+    interrupted), and the pod ends with its status, without waiting to be
+    collected."""
+    script, env = _fleet_script()
+    proc = run_script(script, {**env, "KEEP_S": "60"}, tmp_path, STUB_SLEEP="60")
+    try:
+        deadline = time.monotonic() + 20
+        while not logged_argv(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # the stub's handler is in place
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert time.monotonic() - started < 5
+    assert "kubectl cp" not in err
 
 
 def test_the_controller_job_reads_the_clusters_prometheus() -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from servemon.embedded import free_port
 from servemon.loadgen.send.arrivals import Arrival, Stage, schedule
 from tests.support.fleet import COORDINATOR, RecordingProxy, clock_env
 
@@ -208,6 +209,53 @@ def test_a_worker_without_the_token_is_refused(
     assert info["fleet"]["refused"] == 1
     assert [w["name"] for w in info["fleet"]["workers"]] == ["good"]
     assert TOKEN not in (only_run(out) / "run.json").read_text(encoding="utf-8")
+
+
+def test_a_worker_started_first_waits_for_its_coordinator(
+    servemon: Callable[..., Any], tmp_path: Path
+) -> None:
+    """A Job's pods start in any order: a worker given --join-timeout keeps trying
+    a coordinator that is not listening yet, and joins once it is; without one
+    (or past it) it is one line and a non-zero exit."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    alone = servemon("worker", "--join", url, "--join-timeout", "1", env=ENV)
+    assert alone.wait(20) == 2, alone.stderr
+    assert time.monotonic() - started >= 1.0
+    assert "cannot reach the coordinator" in alone.stderr
+    assert "(tried for 1 s)" in alone.stderr
+    assert alone.stderr.count("servemon") <= 3, alone.stderr
+
+    target = start_sim(servemon)
+    early = servemon(
+        "worker", "--join", url, "--name", "early", "--join-timeout", "60", env=ENV
+    )
+    poll(lambda: "waiting for the coordinator" in early.stderr, 30, "the worker waits")
+    time.sleep(2.5)  # a few tries against nothing
+    assert early.proc.poll() is None, early.stderr
+    out = tmp_path / "runs"
+    coordinator = servemon(
+        "ramp",
+        "--target",
+        target,
+        *LOAD[:-2],
+        "--stages",
+        "5:1",
+        "--fleet-listen",
+        f"127.0.0.1:{port}",
+        "--fleet-workers",
+        "1",
+        "--out",
+        str(out),
+        env=ENV,
+    )
+    assert coordinator.wait(60) == 0, coordinator.stdout + coordinator.stderr
+    assert early.wait(20) == 0, early.stderr
+    info = read_json(only_run(out) / "run.json")
+    (joined,) = info["fleet"]["workers"]
+    assert joined["name"] == "early"
+    assert joined["records"] > 0
 
 
 @pytest.mark.parametrize("on_loss", ["abort", "continue"])
