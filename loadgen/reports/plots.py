@@ -16,16 +16,27 @@ one scan of the run (:mod:`loadgen.record.scan`): no JavaScript, no external URL
 from __future__ import annotations
 
 import io
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
 
 from servemon.core import names
 from servemon.loadgen.record.runrecord import RunInfo, RunSummary, StageResult
 from servemon.loadgen.record.scan import CDF_FIGURES, WINDOW_S, RunScan
+from servemon.loadgen.reports.marks import (
+    Tier,
+    figure_label,
+    mark_capacity,
+    mark_steps,
+    mark_thresholds,
+    tiers_of,
+)
 
 __all__ = [
     "plot_by_turn",
@@ -42,6 +53,14 @@ plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "figure.dpi": 96})
 #: Quantiles a CDF is drawn through.
 CDF_POINTS = [i / 200 for i in range(1, 200)] + [0.999]
 LABELS = {"ttft": "TTFT", "itl": "ITL", "e2e": "E2E"}
+#: The latencies drawn against load (an SLO term on another figure adds its own).
+LATENCY_SERIES = {
+    "ttft_p50": "o-",
+    "ttft_p95": "o-",
+    "ttft_p99": "o-",
+    "itl_p95": "^--",
+    "e2e_p95": "s:",
+}
 
 
 def svg(fig: Any) -> str:
@@ -75,7 +94,10 @@ def plot_vs_load(info: RunInfo, record: RunSummary) -> str:
     )
     x = [_load(info, s) for s in stages]
     summaries = [s.summary for s in stages if s.summary is not None]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
+    # The latency panel is the wider one: it carries the SLO and the capacity.
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1, 1.4]}
+    )
     left.plot(x, [s.request_throughput for s in summaries], "o-", label="requests/s")
     left.set_xlabel(label)
     left.set_ylabel("requests/s (ok)")
@@ -88,28 +110,34 @@ def plot_vs_load(info: RunInfo, record: RunSummary) -> str:
         label="output tokens/s",
     )
     twin.set_ylabel("output tokens/s")
+    for axis in (left, twin):
+        axis.set_ylim(bottom=0)
     left.set_title("Throughput")
     left.legend(loc="upper left")
     twin.legend(loc="lower right")
-    for key, style in (
-        ("ttft_p50", "o-"),
-        ("ttft_p95", "o-"),
-        ("ttft_p99", "o-"),
-        ("itl_p95", "^--"),
-        ("e2e_p95", "s:"),
-    ):
+    tiers = tiers_of(info, record)
+    drawn = dict(LATENCY_SERIES)
+    for tier in tiers:
+        for term in tier.terms:
+            if term.key != "error_rate":
+                drawn.setdefault(term.key, "x-.")
+    colours = {}
+    for key, style in drawn.items():
         values = [s.value(key) for s in summaries]
-        right.plot(
+        (line,) = right.plot(
             x,
             [float("nan") if v is None else v * 1000 for v in values],
             style,
-            label=key.replace("_", " ").upper().replace(" P", " p"),
+            label=figure_label(key),
         )
+        colours[key] = line.get_color()
+    mark_thresholds(right, tiers, colours)
+    mark_capacity(right, tiers, max(x, default=0.0))
     right.set_xlabel(label)
     right.set_ylabel("ms")
     right.set_yscale("log")
     right.set_title("Latency (client)")
-    right.legend(fontsize=7)
+    right.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     for axis in (left, right):
         axis.grid(alpha=0.3)
     fig.subplots_adjust(wspace=0.55)
@@ -140,11 +168,15 @@ def plot_energy_vs_load(info: RunInfo, record: RunSummary) -> str | None:
     twin.plot(x, of("watts"), "s--", color="tab:orange", label="W")
     twin.set_ylabel("mean power (W)")
     left.set_title("Energy per token")
-    left.legend(loc="upper left")
-    twin.legend(loc="lower right")
     right.plot(x, of("cost_per_mtok"), "o-", label="$ per million output tokens")
     right.set_ylabel("$ / Mtok")
     right.set_title("Cost per token (at the run's price)")
+    # From zero: a steady 300 W drawn on 299.8-300.1 W would look like a swing.
+    # Headroom above the highest point keeps the legends off the lines.
+    for axis in (left, twin, right):
+        axis.set_ylim(0, axis.get_ylim()[1] * 1.3)
+    left.legend(loc="upper left")
+    twin.legend(loc="upper right")
     right.legend(fontsize=7)
     for axis in (left, right):
         axis.set_xlabel(label)
@@ -203,16 +235,43 @@ def plot_cdf(scan: RunScan, record: RunSummary) -> str:
                 continue
             values = stats.quantiles(CDF_POINTS)
             axis.plot([v * 1000 for v in values], CDF_POINTS, label=stage.load_label)
-        axis.set_xscale("log")
+        _log_ms_axis(axis)
         axis.set_xlabel(f"{LABELS[name]} (ms)")
         axis.set_title(f"{LABELS[name]} CDF")
         axis.grid(alpha=0.3)
     axes[0].set_ylabel("share of requests (ITL: of gaps)")
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
-        axes[-1].legend(handles, labels, fontsize=7, loc="lower right")
+        # Beside the panels: inside one it hid the slowest stages' curves.
+        axes[-1].legend(
+            handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5)
+        )
     fig.subplots_adjust(wspace=0.35)
     return svg(fig)
+
+
+def _plain(value: float) -> str:
+    return f"{value:g}" if 1e-4 <= value < 1e5 else f"{value:.0e}"
+
+
+def _log_ms_axis(axis: Any) -> None:
+    """A log x axis labelled in plain numbers (``200``, not ``2x10^2``): decades
+    always; within one or two decades 2 and 5 of each too, and within less than
+    one most of the rest. matplotlib's own minor labels overlapped on a narrow
+    span."""
+    axis.set_xscale("log")
+    axis.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: _plain(v)))
+
+    def minor(value: float, _pos: int | None) -> str:
+        low, high = axis.get_xlim()
+        if value <= 0 or low <= 0 or high <= low:
+            return ""
+        span = math.log10(high / low)
+        mantissa = round(value / 10 ** math.floor(math.log10(value) + 1e-9), 6)
+        shown = (2, 3, 4, 5, 6, 8) if span < 0.7 else (2, 5) if span < 2 else ()
+        return _plain(value) if mantissa in shown else ""
+
+    axis.xaxis.set_minor_formatter(FuncFormatter(minor))
 
 
 def plot_ttft_scatter(scan: RunScan, record: RunSummary) -> str:
@@ -300,9 +359,11 @@ def _hit_ratio(scan: RunScan) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
-def plot_timeline(scan: RunScan, record: RunSummary) -> str:
+def plot_timeline(scan: RunScan, record: RunSummary, tiers: Sequence[Tier] = ()) -> str:
     """The run on one time axis, stage boundaries marked; the server's panels only
-    where the target served ``/metrics``."""
+    where the target served ``/metrics``. A capacity search's steps that broke an
+    SLO are shaded and each tier's capacity step marked; ``tiers``' TTFT p95
+    thresholds are drawn on the TTFT panel."""
     server = scan.has_server_metrics()
     rows = 5 if server else 2
     fig, axes = plt.subplots(rows, 1, figsize=(10, 1.8 * rows + 0.6), sharex=True)
@@ -329,11 +390,13 @@ def plot_timeline(scan: RunScan, record: RunSummary) -> str:
         xs, ys = scan.series[names.ENGINE_KV_CACHE_USAGE.name]
         kv_ax.plot(xs, [y * 100 for y in ys], color="tab:purple")
         kv_ax.set_ylabel("KV usage %")
+        kv_ax.set_ylim(0, 100)
         xs, ys = _hit_ratio(scan)
         hit_ax.plot(xs, [y * 100 for y in ys], color="tab:green")
         hit_ax.set_ylabel("prefix hits %")
+        hit_ax.set_ylim(0, 100)
     keys = sorted(scan.ttft_windows)
-    ttft_ax.plot(
+    (ttft_line,) = ttft_ax.plot(
         [k * WINDOW_S + WINDOW_S / 2 for k in keys],
         [scan.ttft_windows[k].quantile(0.95) * 1000 for k in keys],
         "o-",
@@ -341,7 +404,16 @@ def plot_timeline(scan: RunScan, record: RunSummary) -> str:
     )
     ttft_ax.set_ylabel("TTFT p95 ms")
     ttft_ax.set_xlabel("seconds since the run started")
+    mark_thresholds(
+        ttft_ax, tiers, {"ttft_p95": ttft_line.get_color()}, prefix="timeline-"
+    )
+    if mark_steps(axes, tiers, record):
+        broke = "every SLO tier (red) or some (orange)" if len(tiers) > 1 else "the SLO"
+        rate_ax.set_title(
+            f"Target (red) vs achieved request rate; shaded: steps that broke {broke}"
+        )
     for axis in axes:
         axis.grid(alpha=0.3)
+        axis.set_ylim(bottom=0)
         _stage_lines(axis, record)
     return svg(fig)

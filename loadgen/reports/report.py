@@ -40,6 +40,7 @@ from servemon.loadgen.record.record import UNFINISHED, read_run
 from servemon.loadgen.record.runrecord import RunResult, RunSummary
 from servemon.loadgen.record.scan import RunScan, scan
 from servemon.loadgen.reports.controlplot import plot_control
+from servemon.loadgen.reports.marks import tiers_of
 from servemon.loadgen.reports.plots import (
     plot_by_turn,
     plot_cdf,
@@ -225,7 +226,7 @@ def render_report(data: RunResult, found: RunScan | None = None) -> str:
             f"({found.samples} samples taken): queue, KV cache and prefix-cache "
             "panels are left out; the client's figures are all there is.</p>"
         )
-    parts += [plot_timeline(found, record), "</body></html>"]
+    parts += [plot_timeline(found, record, tiers_of(info, record)), "</body></html>"]
     return "\n".join(parts)
 
 

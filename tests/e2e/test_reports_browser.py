@@ -3,10 +3,12 @@ offline, from real run directories.
 
 Two short ramps against the built-in simulator (same stages, different workloads)
 make the run directories; ``servemon report`` rewrites one report and ``servemon
-compare`` compares both. Each page is then checked four ways: it references nothing
-outside itself (and names no external URL at all), Chromium logs no console message
-while loading it, the DOM Chromium rendered holds the summary table and SVG plots
-with drawn data, and a screenshot of it is not blank and shows the data colours.
+compare`` compares both. A two-step capacity search over two SLO tiers, beside them,
+makes a third report, whose plots must draw each tier's thresholds and capacity.
+Each page is then checked four ways: it references nothing outside itself (and names
+no external URL at all), Chromium logs no console message while loading it, the DOM
+Chromium rendered holds the summary table and SVG plots with drawn data, and a
+screenshot of it is not blank and shows the data colours.
 
 Chromium's console goes to stderr with ``--enable-logging=stderr``: every console
 message, whatever its level, is one ``...:CONSOLE:LINE] "text", source: URL`` line.
@@ -39,8 +41,9 @@ CHROMIUM = shutil.which("chromium")
 
 pytestmark = [
     pytest.mark.e2e,
-    # The first test also builds the module's pages: two ramps, a report, a
-    # comparison and four Chromium runs (about 15 s; 40 s on a busy 2-CPU machine).
+    # The first test also builds the module's pages: two ramps and a capacity
+    # search side by side, a report, a comparison and six Chromium runs (about 45 s
+    # on a busy 2-CPU machine).
     pytest.mark.timeout(240),
     pytest.mark.skipif(
         CHROMIUM is None,
@@ -68,6 +71,24 @@ CONSOLE_LINE = re.compile(r":CONSOLE(?::\d+)?\]\s*(.*)")
 STAGES = "4:1.5,8:1.5"
 WORKLOADS = {"a": "random:prompt=16,output=8", "b": "random:prompt=64,output=24"}
 LEVELS = ["4 rps", "8 rps"]
+#: The capacity search: 4 then 8 req/s (--rps-max), two tiers loose enough that both
+#: steps meet both on a busy machine, so each tier's capacity is 8 req/s.
+CAPACITY = (
+    *("capacity", "--rps-min", "4", "--rps-max", "8"),
+    *("--step-seconds", "1.5", "--settle", "0.5"),
+    *("--slo", "interactive=ttft_p95<=2,itl_p95<=1", "--slo", "batch=e2e_p95<=10"),
+)
+#: The SVG ids (matplotlib gids, loadgen/reports/marks.py) of the decision's marks.
+CAPACITY_MARKS = {
+    "slo-interactive-ttft_p95",
+    "slo-interactive-itl_p95",
+    "slo-batch-e2e_p95",
+    "capacity-interactive",
+    "capacity-batch",
+    "timeline-slo-interactive-ttft_p95",
+    "timeline-capacity-interactive",
+    "timeline-capacity-batch",
+}
 #: matplotlib's default colour cycle: the colours data series are drawn in.
 TAB10 = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
@@ -296,15 +317,20 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Page]:
         )
         for key, workload in WORKLOADS.items()
     }
+    procs["capacity"] = _servemon(
+        *CAPACITY, *ramp[1:], "--workload", WORKLOADS["a"], "--out", "capacity",
+        cwd=work,
+    )  # fmt: skip
     try:
         for key, proc in procs.items():
-            _ok(_finish(proc, 60, f"servemon ramp ({key})"), f"servemon ramp ({key})")
+            _ok(_finish(proc, 60, f"servemon {key}"), f"servemon {key}")
     finally:
         for proc in procs.values():
             if proc.poll() is None:
                 _kill_group(proc)
-    run_dirs = [next(p for p in (work / key).iterdir() if p.is_dir()) for key in procs]
-    run_a, run_b = run_dirs
+    run_a, run_b, run_c = (
+        next(p for p in (work / key).iterdir() if p.is_dir()) for key in procs
+    )
 
     report = run_a / "report.html"
     report.unlink()  # so that the page checked is the one `servemon report` writes
@@ -325,11 +351,15 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Page]:
     )
     assert f"written: {compare}" in out
 
-    run = json.loads((run_a / "run.json").read_text(encoding="utf-8"))
+    def target(run_dir: Path) -> frozenset[str]:
+        run = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        return frozenset({run["target"]["url"]})
+
     found = {}
     for name, path, named in (
-        ("report", report, frozenset({run["target"]["url"]})),
+        ("report", report, target(run_a)),
         ("compare", compare, frozenset()),
+        ("capacity", run_c / "report.html", target(run_c)),
     ):
         dom = _chromium(path, work, "--dump-dom")
         shot = work / f"{name}.png"
@@ -339,7 +369,7 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Page]:
     return found
 
 
-PAGES = pytest.mark.parametrize("name", ["report", "compare"])
+PAGES = pytest.mark.parametrize("name", ["report", "compare", "capacity"])
 
 
 @PAGES
@@ -457,3 +487,63 @@ def test_screenshot_is_not_blank(pages: dict[str, Page], name: str) -> None:
     # The first two data colours were painted: the plots are not empty frames.
     assert _near(rgb, BLUE) > 200
     assert _near(rgb, ORANGE) > 200
+
+
+class Marks(HTMLParser):
+    """The SVG groups with an id, each with the points of the paths drawn in it."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.paths: dict[str, list[list[tuple[float, float]]]] = {}
+        self._open: list[str | None] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "g":
+            self._open.append(dict(attrs).get("id"))
+            return
+        if tag != "path":
+            return
+        numbers = [
+            float(n)
+            for n in re.findall(
+                r"-?\d+(?:\.\d+)?(?:e-?\d+)?", dict(attrs).get("d") or ""
+            )
+        ]
+        for gid in filter(None, self._open):
+            self.paths.setdefault(gid, []).append(
+                list(zip(numbers[::2], numbers[1::2], strict=False))
+            )
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "g" and self._open:
+            self._open.pop()
+
+
+def test_capacity_report_draws_the_decision(pages: dict[str, Page]) -> None:
+    """Each tier's thresholds are horizontal lines, its capacity a vertical one on
+    latency against load and a marker on the time line, each labelled."""
+    dom = pages["capacity"].dom
+    marks = Marks()
+    marks.feed(dom)
+    assert set(marks.paths) >= CAPACITY_MARKS, sorted(marks.paths)
+    for gid in CAPACITY_MARKS - {m for m in CAPACITY_MARKS if "-capacity-" in m}:
+        (points,) = (p for p in marks.paths[gid] if p)
+        xs, ys = {x for x, _ in points}, {y for _, y in points}
+        # A threshold is level across its panel, a capacity upright through it.
+        across, along = (xs, ys) if gid.startswith("capacity-") else (ys, xs)
+        assert len(across) == 1, (gid, points)
+        assert max(along) - min(along) > 100, (gid, points)
+    shape = PageShape.parse(dom)
+    vs_load = next(s for s in shape.svgs if "Latency (client)" in s.texts)
+    assert {
+        "interactive: TTFT p95 ≤ 2000 ms",
+        "interactive: ITL p95 ≤ 1000 ms",
+        "batch: E2E p95 ≤ 10000 ms",
+        "interactive capacity 8 req/s",
+        "batch capacity 8 req/s",
+    } <= set(vs_load.texts), vs_load.texts
+    # Both tiers' capacities are one step: one line per tier, at the same rate.
+    assert (
+        len({marks.paths[f"capacity-{t}"][0][0][0] for t in ("interactive", "batch")})
+        == 1
+    )
