@@ -9,7 +9,9 @@ run itself is never changed:
 
 - every line of the run's ``requests.jsonl``, except the ones a spool replaces;
 - every spool line whose request id the run lacks, with ``worker`` set to the index
-  of the worker the spool is named after (``run.json`` ``fleet.workers[].name``);
+  of the worker the spool is named after (``run.json`` ``fleet.workers[].name``,
+  written when the workers have joined), or else the index the run's own records
+  of the spool's requests name (a worker that joined late);
 - where the coordinator wrote a request as cancelled because it could not know how
   it ended (error ``worker N lost`` or ``cancelled``), the worker's own record of it
   in its place.
@@ -52,6 +54,7 @@ class SpoolCount:
     """What one spool gave."""
 
     path: Path
+    #: The index of the worker that kept it (-1 until it is known).
     worker: int
     #: Requests the run lacked, appended.
     recovered: int = 0
@@ -77,39 +80,45 @@ def _tag(request_id: str) -> str:
     return request_id.split("-", 1)[0]
 
 
-def _workers(info: RunInfo, run_dir: Path, spools: Sequence[Path]) -> list[int]:
-    """Each spool's worker index, from its file name (``NAME.jsonl``)."""
-    if info.fleet is None:
+def _named(info: RunInfo, path: Path) -> int | None:
+    """The index of the worker ``run.json`` names as the spool's file is named
+    (``NAME.jsonl``); None where it names none."""
+    workers = [] if info.fleet is None else info.fleet.workers
+    found = [w.index for w in workers if w.name == path.stem]
+    if len(found) > 1:
         raise ConfigError(
-            f"{run_dir}: not a fleet run (run.json has no fleet): --spool takes "
-            "the run directory of a --fleet-listen run"
+            f"{path}: workers {found} share the name {path.stem!r}: which one kept "
+            "this spool is not known"
         )
-    by_name: dict[str, list[int]] = {}
-    for worker in info.fleet.workers:
-        by_name.setdefault(worker.name, []).append(worker.index)
-    known = ", ".join(sorted(by_name)) or "none"
-    out = []
-    for path in spools:
-        found = by_name.get(path.stem)
-        if not found:
-            raise ConfigError(
-                f"{path}: no worker of {run_dir} is named {path.stem!r} (its "
-                f"workers: {known}); a spool is NAME.jsonl"
-            )
-        if len(found) > 1:
-            raise ConfigError(
-                f"{path}: workers {found} of {run_dir} share the name "
-                f"{path.stem!r}: which one kept this spool is not known"
-            )
-        out.append(found[0])
-    return out
+    return found[0] if found else None
+
+
+def _worker_of(
+    count: SpoolCount, named: int | None, votes: set[int | None], run_dir: Path
+) -> int:
+    """The spool's worker: by its name, else the one the run's records of its
+    requests name (a worker that joined a killed run late)."""
+    if named is not None:
+        return named
+    indices = {v for v in votes if v is not None}
+    if len(indices) == 1:
+        return indices.pop()
+    raise ConfigError(
+        f"{count.path}: which worker of {run_dir} kept it is not known: run.json "
+        f"names no worker {count.path.stem!r} (a spool is NAME.jsonl) and "
+        + (
+            "none of the run's records of its requests names a worker"
+            if not indices
+            else f"the run's records of its requests name workers {sorted(indices)}"
+        )
+    )
 
 
 def _spool_lines(
     path: Path, count: SpoolCount
 ) -> Iterator[tuple[int, str, RequestTiming]]:
-    """Each request record of a spool: its line number, id and timing (the
-    worker's index set); a line that is not one is noted in ``count``."""
+    """Each request record of a spool: its line number, id and timing; a line
+    that is not one is noted in ``count``."""
     try:
         handle = path.open("rb")
     except OSError as exc:
@@ -129,7 +138,7 @@ def _spool_lines(
                 why = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
                 count.unreadable.append(f"{path}:{number}: not a request record: {why}")
                 continue
-            yield number, timing.request_id, replace(timing, worker=count.worker)
+            yield number, timing.request_id, timing
 
 
 def _run_lines(run_dir: Path) -> Iterator[RequestTiming]:
@@ -153,26 +162,29 @@ def recover_spools(
     holding the fleet run ``run_dir`` and what its workers' ``spools`` kept that it
     lacks."""
     info, summary = read_record(run_dir)
-    counts = [
-        SpoolCount(path, index)
-        for path, index in zip(spools, _workers(info, run_dir, spools), strict=True)
-    ]
-    # The run's request ids (one pass), then which spool line each taken id comes
-    # from (one pass over the spools); the writing passes follow.
-    present: set[str] = set()
+    named = [_named(info, path) for path in spools]
+    counts = [SpoolCount(path, -1) for path in spools]
+    # The run's request ids and the worker each names (one pass), then which
+    # spool line each taken id comes from (one pass over the spools); the
+    # writing passes follow.
+    present: dict[str, int | None] = {}
     unanswered: set[str] = set()
     tags: set[str] = set()
     for timing in _run_lines(run_dir):
-        present.add(timing.request_id)
+        present[timing.request_id] = timing.worker
         tags.add(_tag(timing.request_id))
         if _unanswered(timing):
             unanswered.add(timing.request_id)
     taken: dict[str, tuple[int, int]] = {}
     for n, count in enumerate(counts):
+        votes: set[int | None] = set()
         for number, request_id, _timing in _spool_lines(count.path, count):
             if _tag(request_id) not in tags:
                 count.other_runs += 1
-            elif request_id in taken or (
+                continue
+            if request_id in present:
+                votes.add(present[request_id])
+            if request_id in taken or (
                 request_id in present and request_id not in unanswered
             ):
                 count.present += 1
@@ -182,6 +194,7 @@ def recover_spools(
                     count.replaced += 1
                 else:
                     count.recovered += 1
+        count.worker = _worker_of(count, named[n], votes, run_dir)
 
     parent = run_dir.parent if out_parent is None else out_parent
     rundir = RunDirectory.create(parent, "recovered")
@@ -194,7 +207,7 @@ def recover_spools(
             count.path, SpoolCount(count.path, count.worker)
         ):
             if taken.get(request_id) == (n, number):
-                rundir.append_request(timing)
+                rundir.append_request(replace(timing, worker=count.worker))
     rundir.close()
     rundir.check()  # a line that could not be written (a full disk) fails it
     for name in _COPIED:

@@ -85,6 +85,7 @@ class RecordingProxy:
         with contextlib.suppress(Exception):
             self._loop.run_until_complete(self._runner.cleanup())
             self._loop.run_until_complete(self._session.close())
+        self._loop.close()  # else its self-pipe is an unclosed socket at exit
 
     async def _start(self) -> None:
         self._session = aiohttp.ClientSession(

@@ -38,7 +38,7 @@ def timing(index: int, **fields: object) -> RequestTiming:
     return RequestTiming(**{**base, **fields})  # type: ignore[arg-type]
 
 
-def killed_run(tmp_path: Path, fleet: bool = True) -> Path:
+def killed_run(tmp_path: Path) -> Path:
     """A fleet run whose coordinator died: requests 0-4 recorded (4 of worker 0's
     and worker 1's, and 5 cancelled when worker 1 was lost); 6-9 never came."""
     rundir = RunDirectory(tmp_path / "runs" / "killed")
@@ -54,7 +54,7 @@ def killed_run(tmp_path: Path, fleet: bool = True) -> Path:
         status="running",
         clock_origin=rundir.clock_origin,
         stages=[StageResult(0, "10 req/s", target_rate=10.0, planned_s=1.0)],
-        fleet=FleetRecord("127.0.0.1:9500", 2, workers=workers) if fleet else None,
+        fleet=FleetRecord("127.0.0.1:9500", 2, workers=workers),
     )
     write_record(rundir.path, info)
     return rundir.path
@@ -155,14 +155,23 @@ def test_merge_with_spools_says_what_each_spool_gave(tmp_path: Path) -> None:
     assert f"recovered run directory: {made}" in result.stdout
 
 
-def test_a_spool_must_name_a_worker_of_a_fleet_run(tmp_path: Path) -> None:
+def test_a_spool_not_named_in_run_json_is_told_by_the_run_s_records(
+    tmp_path: Path,
+) -> None:
+    # A worker that joined after run.json was written: the run's records of its
+    # requests (1 and 3) name its index.
+    run = killed_run(tmp_path)
+    late = spool(tmp_path / "late.jsonl", *(request_line(timing(i)) for i in (1, 3, 7)))
+    (count,) = recover_spools(run, [late]).spools
+    assert (count.worker, count.recovered, count.present) == (1, 1, 2)
+
+
+def test_a_spool_whose_worker_cannot_be_told_is_refused(tmp_path: Path) -> None:
     run = killed_run(tmp_path)
     stray = spool(tmp_path / "w7.jsonl", request_line(timing(6)))
-    with pytest.raises(ConfigError, match=r"w7\.jsonl: no worker .* w0, w1"):
+    with pytest.raises(ConfigError, match=r"w7\.jsonl: which worker .* not known"):
         recover_spools(run, [stray])
-    alone = killed_run(tmp_path / "alone", fleet=False)
-    with pytest.raises(ConfigError, match="not a fleet run"):
-        recover_spools(alone, [stray])
-    result = CliRunner().invoke(merge_command, [str(run), str(alone), "--spool", "x"])
+    assert list((tmp_path / "runs").iterdir()) == [run]  # nothing written
+    result = CliRunner().invoke(merge_command, [str(run), str(run), "--spool", "x"])
     assert result.exit_code != 0
     assert "--spool takes one fleet run directory" in str(result.exception)
