@@ -271,6 +271,8 @@ async def run_load(
                 # The plan, so that a run killed before its end still knows its
                 # stages (the end rewrites them with what happened).
                 stages=[r.result(rundir.origin_s) for r in stages],
+                # Its workers: a killed run's spools are told apart by their names.
+                fleet=coordinator.record(rundir.origin_s) if coordinator else None,
             )
             write_record(rundir.path, info)
             if isinstance(workload, PrefixWorkload):

@@ -10,7 +10,7 @@ at its time; its record goes back in the next batch, on this worker's clock (the
 coordinator moves it into its own frame). Every record is also appended to a spool
 file on this machine, moved into the coordinator's frame with the offset the
 coordinator last told, so that what could not be delivered is kept
-(``servemon merge RUN_DIR SPOOL`` takes it in).
+(``servemon merge RUN_DIR --spool FILE`` takes it in).
 
 A worker that hears nothing from its coordinator for :data:`SILENCE_S` (its pings
 come every quarter second) or loses the connection stops at once: credits not yet

@@ -63,11 +63,59 @@ def compare(run_dirs: tuple[Path, ...], out: Path) -> None:
 
 @click.command("merge")
 @options.run_dirs()
-@options.out(default="runs")
-def merge_command(run_dirs: tuple[Path, ...], out: str) -> None:
-    """Merge shard run directories (servemon ramp --shard I/N) into one run."""
+@click.option(
+    "--spool",
+    "spools",
+    multiple=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="A fleet worker's spool (NAME.jsonl; repeatable): take into the one fleet "
+    "run directory given what its coordinator never recorded.",
+)
+@options.out(default=None)
+def merge_command(
+    run_dirs: tuple[Path, ...], spools: tuple[Path, ...], out: str | None
+) -> None:
+    """Merge shard run directories (servemon ramp --shard I/N) into one run, or,
+    with --spool, recover a fleet run's records from its workers' spools.
+
+    Either way a new run directory is written (shards: under --out, default
+    runs; spools: beside the run, or under --out); the runs read are left as
+    they are."""
+    if spools:
+        _recover(run_dirs, spools, None if out is None else Path(out))
+        return
     from servemon.loadgen.reports.merge import merge_runs
 
-    path = merge_runs(run_dirs, Path(out))
+    path = merge_runs(run_dirs, Path(out or "runs"))
     click.echo(f"merged run directory: {path}")
     click.echo(f"report: {path / 'report.html'}")
+
+
+#: The unreadable lines named per spool; the rest are counted.
+_NAMED = 5
+
+
+def _recover(
+    run_dirs: tuple[Path, ...], spools: tuple[Path, ...], out: Path | None
+) -> None:
+    from servemon.loadgen.reports.recover import recover_spools
+
+    if len(run_dirs) != 1:
+        raise ConfigError(
+            f"merge: --spool takes one fleet run directory ({len(run_dirs)} given)"
+        )
+    result = recover_spools(run_dirs[0], spools, out)
+    for count in result.spools:
+        for line in count.unreadable[:_NAMED]:
+            click.echo(f"skipped {line}", err=True)
+        more = len(count.unreadable) - _NAMED
+        if more > 0:
+            click.echo(f"skipped {more} more lines of {count.path}", err=True)
+        click.echo(
+            f"{count.path} (worker {count.worker}): {count.recovered} recovered, "
+            f"{count.replaced} replacing cancelled records, {count.present} already "
+            f"in the run, {count.other_runs} of other runs, "
+            f"{len(count.unreadable)} unreadable"
+        )
+    click.echo(f"recovered run directory: {result.path}")
+    click.echo(f"report: {result.path / 'report.html'}")

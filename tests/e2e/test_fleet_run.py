@@ -6,7 +6,9 @@ What is checked: each worker's clock offset as measured against the one it was
 given; the workers together sent exactly the one seeded schedule; a worker without
 the token is refused; a worker killed mid-run is named with the time its share
 stopped and what it recorded is kept; a coordinator killed mid-run leaves the
-target without load within 2 s (seen by a proxy in front of the target)."""
+target without load within 2 s (seen by a proxy in front of the target), and
+``servemon merge --spool`` takes what its workers kept into its run, with every
+request the target saw."""
 
 from __future__ import annotations
 
@@ -321,7 +323,9 @@ def test_a_killed_worker_is_named_and_its_records_kept(
 def test_a_killed_coordinator_leaves_the_target_without_load(
     servemon: Callable[..., Any], tmp_path: Path
 ) -> None:
-    target = start_sim(servemon)
+    # Slow answers (about 0.3 s): requests are in flight when the coordinator dies,
+    # and only their workers' spools have them.
+    target = start_sim(servemon, "--speed", "0.05")
     with RecordingProxy(target) as proxy:
         out = tmp_path / "runs"
         coordinator = servemon(
@@ -351,7 +355,37 @@ def test_a_killed_coordinator_leaves_the_target_without_load(
         last = proxy.last_arrival()
         assert last is not None
         assert last - killed < 2.0, f"a request reached the target {last - killed} s on"
+        arrived = len(proxy.arrivals)
     # Each worker kept its records, on the coordinator's clock.
-    spools = [read_jsonl(p) for p in (tmp_path / "servemon-spool").glob("*.jsonl")]
+    paths = sorted((tmp_path / "servemon-spool").glob("*.jsonl"))
+    spools = [read_jsonl(p) for p in paths]
     assert len(spools) == 2
     assert all(spools)
+
+    # servemon merge takes the spools into a new run directory: every request the
+    # target saw is in it, once, with its worker.
+    run = only_run(out)
+    written = len(read_jsonl(run / "requests.jsonl"))
+    merge = servemon("merge", str(run), *(f"--spool={p}" for p in paths))
+    assert merge.wait(60) == 0, merge.stderr
+    recovered = [
+        int(found)
+        for found in re.findall(r"\(worker \d\): (\d+) recovered", merge.stdout)
+    ]
+    assert len(recovered) == 2, merge.stdout
+    assert sum(recovered) > 0, merge.stdout
+    merged = Path(re.findall(r"recovered run directory: (\S+)", merge.stdout)[0])
+    assert merged.parent == run.parent
+    records = read_jsonl(merged / "requests.jsonl")
+    assert len(records) == written + sum(recovered)
+    assert len({r["id"] for r in records}) == len(records)
+    assert {r["worker"] for r in records} == {0, 1}
+    # The workers recorded every request they sent: ok, or cancelled when they
+    # stopped (one cancelled on its way out may not have reached the proxy).
+    cancelled = sum(1 for r in records if r["outcome"] == "cancelled")
+    assert len(records) - cancelled <= arrived <= len(records), (arrived, merge.stdout)
+    report = servemon("report", str(merged))
+    assert report.wait(60) == 0, report.stderr
+    summary = read_json(merged / "summary.json")
+    assert summary["overall"]["requests"] == len(records)
+    assert summary["status"] == "unfinished"
