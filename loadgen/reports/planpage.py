@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 from servemon.core.errors import RecordError
 from servemon.loadgen.reports.plots import svg
@@ -80,6 +81,7 @@ def plot_replicas(plan: Plan) -> str | None:
         top.step(hours, steps, where="post", label=f"{t.name} ({t.planned_rps:.3g}/r)")
     top.set_ylabel("replicas")
     top.set_ylim(bottom=0)
+    top.yaxis.set_major_locator(MaxNLocator(integer=True))
     top.legend(fontsize=7, loc="upper right")
     top.set_title(
         f"Replicas per {f.bin_s:g}-s bin (each planned at capacity x "

@@ -26,7 +26,7 @@ from typing import Any
 from servemon.loadgen.reports.measured import Measured, Span, TierCapacity
 
 __all__ = [
-    "LENGTH_DRIFT",
+    "DRIFT",
     "OUTSIDE_WARN",
     "Forecast",
     "Plan",
@@ -39,7 +39,7 @@ __all__ = [
 #: The share of a trace's lengths outside the measured range that warns.
 OUTSIDE_WARN = 0.01
 #: How far apart mean lengths (or hit rates, absolute) may be before a warning.
-LENGTH_DRIFT = 0.10
+DRIFT = 0.10
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,6 +302,11 @@ def _assumptions(m: Measured, f: Forecast, headroom: float) -> list[str]:
         f"prefix-cache hit rate: {run_hit} in the capacity run (at the first "
         f"tier's capacity), {trace_hit}"
     )
+    if f.hit_rate is not None and run_hits and f.hit_rate - run_hits[0] > DRIFT:
+        said.append(
+            "the forecast's prompts share more prefix than the capacity run's: "
+            "its prefills cost less, so the plan likely has room to spare"
+        )
     return said
 
 
@@ -325,14 +330,14 @@ def _warnings(m: Measured, f: Forecast) -> list[str]:
                 f"{span.min:,}-{span.max:,} tokens the capacity run measured"
             )
         mean = sum(lengths) / len(lengths)
-        if abs(mean / span.mean - 1) > LENGTH_DRIFT:
+        if abs(mean / span.mean - 1) > DRIFT:
             out.append(
                 f"the forecast's mean {what} length ({mean:,.0f} tokens) is "
                 f"{mean / span.mean - 1:+.0%} off the capacity run's "
                 f"({span.mean:,.0f}): a capacity in req/s holds for its lengths"
             )
     hits = [t.hit_rate for t in m.tiers if t.hit_rate is not None]
-    if f.hit_rate is not None and hits and hits[0] - f.hit_rate > LENGTH_DRIFT:
+    if f.hit_rate is not None and hits and hits[0] - f.hit_rate > DRIFT:
         out.append(
             f"the capacity run's prefix cache served {hits[0]:.0%} of prompt tokens "
             f"and the forecast's would serve {f.hit_rate:.0%}: its prefills cost "

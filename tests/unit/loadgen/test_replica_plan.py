@@ -26,7 +26,13 @@ from servemon.loadgen.record.runrecord import (
     write_record,
 )
 from servemon.loadgen.record.summary import summarize
-from servemon.loadgen.reports.replicas import Forecast, replicas_for
+from servemon.loadgen.reports.measured import measure
+from servemon.loadgen.reports.replicas import (
+    Forecast,
+    Pricing,
+    plan_replicas,
+    replicas_for,
+)
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 #: Each step: its rate, the tiers it met, and its requests' output tokens.
@@ -259,3 +265,21 @@ def test_a_run_that_is_not_a_capacity_search_is_refused(tmp_path: Path) -> None:
     code, text = plan(str(run), "--peak-rps", "5", "--out", str(tmp_path / "p.html"))
     assert code == 2
     assert "not a capacity search" in text
+
+
+@pytest.mark.parametrize(
+    ("hit", "warned", "noted"),
+    [(0.05, "so the plan may be short", None), (0.9, None, "room to spare")],
+)
+def test_the_prefix_cache_of_the_run_is_held_against_the_forecasts(
+    tmp_path: Path, hit: float, warned: str | None, noted: str | None
+) -> None:
+    measured = measure(capacity_run(tmp_path / "run"))  # its hit rate: 0.3
+    forecast = Forecast.of_trace("t", [0.0, 1.0], 60.0, hit_rate=hit)
+    found = plan_replicas(
+        measured, forecast, headroom=0.2, pricing=Pricing(None, "no price given")
+    )
+    said = " ".join(found.warnings)
+    assert (warned is not None and warned in said) or "short" not in said
+    assert any("room to spare" in a for a in found.assumptions) is (noted is not None)
+    assert found.tiers[0].cost_per_hour is None
