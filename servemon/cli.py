@@ -68,6 +68,7 @@ COMMANDS: dict[str, CommandHome] = {
     "demo": CommandHome("servemon.commands.demo", "demo", "loadgen"),
     "exporter": CommandHome("servemon.commands.exporter", "exporter"),
     "merge": CommandHome(_RUNS, "merge_command", "loadgen"),
+    "plan": CommandHome("servemon.commands.plan", "plan", "loadgen"),
     "ramp": CommandHome(_LOAD, "ramp", "loadgen"),
     "replay": CommandHome(_LOAD, "replay", "loadgen"),
     "report": CommandHome(_RUNS, "report", "loadgen"),

@@ -306,6 +306,7 @@ def test_ramp_workers_send_the_same_schedule_as_one_process(tmp_path: Path) -> N
         (("report", "{tmp}"), "run.json: missing"),
         (("compare", "{tmp}"), "give at least two run directories"),
         (("merge", "{tmp}", "{tmp}"), "run.json: missing"),
+        (("plan", "{tmp}", "--peak-rps", "5"), "run.json: missing"),
         (("rules", "--slo-config", "{tmp}/list.yaml"), "expected a mapping"),
         (("dashboards", "--out", "{tmp}/list.yaml/x"), "--out {tmp}/list.yaml/x"),
         (("demo", "--profile", "no-such", "--out", "{tmp}/runs"), "did not start"),
