@@ -87,7 +87,6 @@ class RecordingProxy:
         with contextlib.suppress(Exception):
             self._loop.run_until_complete(self._session.close())
         self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-        self._loop.close()
         self._loop.close()  # else its self-pipe is an unclosed socket at exit
 
     async def _start(self) -> None:
