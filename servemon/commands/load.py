@@ -96,6 +96,12 @@ def _int_list(
 @click.option(
     "--rps-step", type=float, help=f"Rate increment. [default: {RAMP_RPS_STEP:g}]"
 )
+@click.option(
+    "--rps-max",
+    type=float,
+    help="Refuse stages above this rate (required when the target is not on this "
+    "machine).",
+)
 @options.step_seconds(shown=f"{RAMP_STEP_S:g}")
 @options.arrival()
 @options.open_loop()

@@ -1,0 +1,58 @@
+"""Debian's nginx as a load balancer in end-to-end tests: its config file."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["NGINX", "nginx_file"]
+
+NGINX = shutil.which("nginx") or next(
+    (p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None
+)
+
+
+def nginx_file(folder: Path, listen: str, upstreams: Sequence[tuple[str, int]]) -> Path:
+    """nginx in the foreground on ``listen`` (host:port), everything it writes
+    under ``folder``, balancing ``upstreams`` (host:port, weight) by weighted
+    least_conn, with SSE passed through unbuffered."""
+    servers = "\n".join(
+        f"        server {hostport} weight={weight} max_fails=1 fail_timeout=5s;"
+        for hostport, weight in upstreams
+    )
+    temp = "\n".join(
+        f"    {kind}_temp_path {folder / kind};"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    text = f"""daemon off;
+worker_processes 1;
+pid {folder / "nginx.pid"};
+error_log {folder / "error.log"} warn;
+events {{
+    worker_connections 1024;
+}}
+http {{
+    access_log off;
+{temp}
+    upstream fleet {{
+        least_conn;
+{servers}
+        keepalive 32;
+    }}
+    server {{
+        listen {listen};
+        location / {{
+            proxy_pass http://fleet;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_connect_timeout 1s;
+            proxy_read_timeout 60s;
+        }}
+    }}
+}}
+"""
+    path = folder / "nginx.conf"
+    path.write_text(text, encoding="utf-8")
+    return path
