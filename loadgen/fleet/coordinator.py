@@ -347,13 +347,10 @@ class Fleet:
             return unsent(request_id, stage, scheduled_s, why, member.index)
         # Back with the offset the credit went out with: the request's times stay
         # on one frame with the time it was scheduled for.
+        line["worker"] = member.index
         timing = timing_from_line(line, shift_s=est.delta_s)
         text = line.get("text")
-        return replace(
-            timing,
-            worker=member.index,
-            text=None if text is None else str(text),
-        )
+        return timing if text is None else replace(timing, text=str(text))
 
     def _flush(self) -> None:
         self._flushing = False
