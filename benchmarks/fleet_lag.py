@@ -169,14 +169,14 @@ def measure(mode: str, n: int, path: Path, cpu_s: float) -> Run:
 
 def row(run: Run) -> str:
     v = run.values
-    ms = [f"{v[(f, q)] * 1e3:8.3f}" for f in FIGURES for q in (50, 99)]
+    ms = [f"{v[(f, q)] * 1e3:9.3f}" for f in FIGURES for q in (50, 99)]
     head = f"{run.mode:<7}{run.round:>6}{run.records:>9}"
     return f"{head}{''.join(ms)}{run.cpu_s:>9.1f}"
 
 
 HEADER = (
     f"{'mode':<7}{'round':>6}{'requests':>9}"
-    f"{'lag p50':>8}{'lag p99':>8}{'TTFT p50':>9}{'p99':>7}{'E2E p50':>8}{'p99':>8}"
+    f"{'lag p50':>9}{'lag p99':>9}{'TTFT p50':>9}{'p99':>9}{'E2E p50':>9}{'p99':>9}"
     f"{'CPU s':>9}"
 )
 
