@@ -86,6 +86,9 @@ class ClockFilter:
         #: The first estimate (after the start's exchanges) and the latest: the
         #: drift over the run is their difference.
         self.first: Estimate | None = None
+        #: The estimate of the samples as they are (every credit asks for it; the
+        #: samples change four times a second).
+        self._estimate: Estimate | None = None
 
     def add(self, sample: Sample) -> None:
         """One exchange more (an answer that came back)."""
@@ -93,6 +96,7 @@ class ClockFilter:
             return
         self._samples.append(sample)
         self.count += 1
+        self._estimate = None
 
     def settle(self) -> None:
         """The start's exchanges are in: what they give is the first estimate."""
@@ -101,13 +105,14 @@ class ClockFilter:
     def estimate(self) -> Estimate | None:
         """The estimate from the exchange of smallest round trip among the newest
         (None before any)."""
-        if not self._samples:
-            return None
+        if self._estimate is not None or not self._samples:
+            return self._estimate
         best = min(self._samples, key=lambda s: s.rtt_s)
         delta = best.delta_s
-        return Estimate(
+        self._estimate = Estimate(
             delta_s=delta,
             uncertainty_s=best.rtt_s / 2,
             rtt_s=best.rtt_s,
             offset_s=self._worker.anchor_s - self._coordinator.anchor_s - delta,
         )
+        return self._estimate

@@ -361,12 +361,10 @@ class Fleet:
             member.malformed += 1
             why = f"worker {member.index} sent a record that does not read: {exc}"
             return unsent(request_id, stage, scheduled_s, why, member.index)
+        line["worker"] = member.index
+        timing = timing_from_line(line, shift_s=est.delta_s)
         text = line.get("text")
-        return replace(
-            timing,
-            worker=member.index,
-            text=None if text is None else str(text),
-        )
+        return timing if text is None else replace(timing, text=str(text))
 
     def _flush(self) -> None:
         self._flushing = False
