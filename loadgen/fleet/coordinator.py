@@ -355,14 +355,13 @@ class Fleet:
             return unsent(request_id, stage, scheduled_s, why, member.index)
         # Back with the offset the credit went out with: the request's times stay
         # on one frame with the time it was scheduled for.
+        line["worker"] = member.index
         try:
             timing = timing_from_line(line, shift_s=est.delta_s)
         except (KeyError, TypeError, ValueError) as exc:
             member.malformed += 1
             why = f"worker {member.index} sent a record that does not read: {exc}"
             return unsent(request_id, stage, scheduled_s, why, member.index)
-        line["worker"] = member.index
-        timing = timing_from_line(line, shift_s=est.delta_s)
         text = line.get("text")
         return timing if text is None else replace(timing, text=str(text))
 

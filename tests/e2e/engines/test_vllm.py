@@ -364,8 +364,12 @@ def test_vllm_capacity_search_reads_its_metrics(
         # machine's vLLM broke it at 8-16 req/s from compute alone, with no queue
         # and its batch not yet full (the search then rightly says "none"); at 1.5 s the
         # breach comes where its 16 slots are full or the client cannot keep up.
+        # Two tiers in one search (#44): the strict one found first, the loose one
+        # from the steps already measured and the few it adds.
         "--slo",
-        "ttft_p95<=1.5,error_rate<=0.01",
+        "strict=ttft_p95<=1.5,error_rate<=0.01",
+        "--slo",
+        "loose=ttft_p95<=3,error_rate<=0.01",
         "--rps-min",
         "1",
         "--rps-max",
@@ -375,7 +379,7 @@ def test_vllm_capacity_search_reads_its_metrics(
         "--settle",
         "1",
         "--max-duration",
-        "90",
+        "120",
         "--precision",
         "0.5",
         *tok(vllm_model),
@@ -388,6 +392,15 @@ def test_vllm_capacity_search_reads_its_metrics(
     # server ran out of from vLLM's own gauges.
     assert found["first_breach"], found
     assert found["saturated_first"] in {"queue", "kv_cache", "client"}, found
+    strict, loose = found["tiers"]
+    assert (strict["name"], loose["name"]) == ("strict", "loose")
+    assert strict["capacity_rps"] == found["capacity_rps"]
+    # The loose tier meets at least the rate the strict one met, and no rate was
+    # measured twice for it.
+    assert loose["capacity_rps"] is not None
+    assert loose["capacity_rps"] >= strict["capacity_rps"]
+    rates = [step["rate"] for step in found["steps"]]
+    assert len(rates) == len(set(rates)), rates
     samples = (capacity / "server_metrics.jsonl").read_text().splitlines()
     assert samples
     last = samples[-1]
