@@ -56,18 +56,25 @@ def tiers_of(info: RunInfo, record: RunSummary) -> list[Tier]:
     """The run's SLO tiers, strictest first; none without an SLO."""
     found = record.capacity
     if found is not None:
-        pairs = [(t.name, t.slo, t.capacity_rps) for t in tier_results(found, info.slo)]
-    else:
-        pairs = [("slo", ",".join(str(t) for t in info.terms()), None)]
+        pairs = [
+            (t.name, _terms(t.slo), t.capacity_rps)
+            for t in tier_results(found, info.slo)
+        ]
+    else:  # the run's one SLO, as the record has it (no second parse)
+        pairs = [("slo", tuple(info.terms()), None)]
     tiers = []
-    for i, (name, text, rate) in enumerate(pairs):
-        try:
-            terms = tuple(parse_slo(text)) if text else ()
-        except ConfigError:
-            terms = ()
+    for i, (name, terms, rate) in enumerate(pairs):
         if terms or rate is not None:
             tiers.append(Tier(name, terms, rate, STYLES[i % len(STYLES)]))
     return tiers
+
+
+def _terms(text: str) -> tuple[SloTerm, ...]:
+    """A tier's terms from the text the record keeps (none if it does not read)."""
+    try:
+        return tuple(parse_slo(text)) if text else ()
+    except ConfigError:
+        return ()
 
 
 def figure_label(key: str) -> str:

@@ -11,6 +11,7 @@ header values redacted (:func:`loadgen.run.plan.recorded_config`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -160,6 +161,13 @@ Selector = Annotated[
 HoldText = Annotated[Hold, _from_text(parse_hold)]
 
 
+@functools.cache
+def _default_workload() -> WorkloadSpec:
+    """The default ``--workload``, parsed once however many configs are built (the
+    CLI's help fills its defaults from a config of each command)."""
+    return parse_workload("random:prompt=128,output=128")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, config=FORBID_EXTRA)
 class LoadConfig:
     """Everything a load run takes (see ``docs/loadgen.md``). Validated however it
@@ -174,9 +182,7 @@ class LoadConfig:
     model: str | None = None
     api: Literal["chat", "completions"] = "chat"
     stream: bool = True
-    workload: WorkloadText = field(
-        default_factory=lambda: parse_workload("random:prompt=128,output=128")
-    )
+    workload: WorkloadText = field(default_factory=lambda: _default_workload())
     tokenizer: str | None = None
     ignore_eos: bool = False
     extra_body: dict[str, Any] | None = None
