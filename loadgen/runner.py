@@ -26,7 +26,8 @@ from servemon.core.errors import ConfigError, RecordError
 from servemon.core.version import __version__
 from servemon.loadgen.drivers.capacity import CapacitySettings, drive_capacity
 from servemon.loadgen.drivers.control import ControlSettings, drive_control
-from servemon.loadgen.drivers.ramp import RampSettings, drive_ramp
+from servemon.loadgen.drivers.openloop import RampSettings
+from servemon.loadgen.drivers.ramp import drive_ramp
 from servemon.loadgen.drivers.replay import drive_replay
 from servemon.loadgen.drivers.sweep import SweepSettings, drive_sweep
 from servemon.loadgen.fleet.coordinator import Fleet

@@ -41,7 +41,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from servemon.core.slo import SloTerm, SloTier
-from servemon.loadgen.drivers.ramp import open_loop
+from servemon.loadgen.drivers.openloop import open_loop
 from servemon.loadgen.drivers.tiersearch import TierSearch
 from servemon.loadgen.record.reading import Reading
 from servemon.loadgen.record.runrecord import CapacityResult, StepVerdict, TierResult

@@ -171,7 +171,7 @@ from servemon.loadgen.drivers.controlsignal import (
     window_mean,
 )
 from servemon.loadgen.drivers.heldtokens import HeldTokens
-from servemon.loadgen.drivers.ramp import open_loop, wait_for_start
+from servemon.loadgen.drivers.openloop import open_loop, wait_for_start
 from servemon.loadgen.record.runrecord import ControlResult
 from servemon.loadgen.run.config import paces
 from servemon.loadgen.run.context import Drive, Driven

@@ -181,3 +181,24 @@ def test_drivers_get_the_parts_of_a_run_not_the_run() -> None:
         assert typing.get_origin(hints["run"]).__name__ == "Drive", kind
         # It reads its own settings, not the run's LoadConfig.
         assert typing.get_args(hints["run"]) == (driver.settings,), kind
+
+
+def test_no_driver_imports_another_driver() -> None:
+    """A driver (a module of drivers/ that defines a ``drive_*``) stands on the run's
+    machinery and the drivers' shared parts (``openloop``, ``conversation``), never
+    on another driver: what two drivers share moves out of both."""
+    drivers = {
+        name
+        for name, path in MODULES.items()
+        if name.startswith(DRIVERS + ".")
+        and any(
+            isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.name.startswith("drive_")
+            for node in ast.parse(path.read_text(encoding="utf-8")).body
+        )
+    }
+    assert len(drivers) == 5, drivers
+    wrong = [
+        f"{name} imports {dep}" for name in drivers for dep in GRAPH[name] & drivers
+    ]
+    assert not wrong, wrong
