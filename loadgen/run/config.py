@@ -260,7 +260,7 @@ class LoadConfig:
     #: Stop when the signal has been missing this long (the controller is blind).
     blind_timeout: Positive = 60.0
     #: ttft_p95: pace each gap by the client's prefill backlog; kv_cache_usage:
-    #: by its requests in flight (loadgen.drivers.backlog). None: as
+    #: by its requests in flight (servemon.loadgen.drivers.control.backlog). None: as
     #: :func:`paces` says (KV usage paced, TTFT not).
     pace: bool | None = None
     # guard rails (every load command)

@@ -27,6 +27,8 @@ LOADGEN = "servemon.loadgen"
 SEND, WORKLOADS, RECORD = f"{LOADGEN}.send", f"{LOADGEN}.workloads", f"{LOADGEN}.record"
 RUN, DRIVERS, REPORTS = f"{LOADGEN}.run", f"{LOADGEN}.drivers", f"{LOADGEN}.reports"
 FLEET = f"{LOADGEN}.fleet"
+#: The control family, a sub-wing of the drivers: it stands on what drivers share.
+CONTROL = f"{DRIVERS}.control"
 #: The floors, bottom up: what each package may import besides itself. Nothing is
 #: left out and nothing is excepted; a module belongs to the deepest package that
 #: holds it (``servemon.loadgen`` itself: ``runner``, the top of the load generator).
@@ -41,11 +43,12 @@ MAY_IMPORT: dict[str, set[str]] = {
     RECORD: {CORE, WIRE, SEND},
     RUN: {CORE, WIRE, MONITOR, SEND, WORKLOADS, RECORD},
     DRIVERS: {CORE, WIRE, MONITOR, SEND, WORKLOADS, RECORD, RUN},
+    CONTROL: {CORE, WIRE, MONITOR, SEND, WORKLOADS, RECORD, RUN, DRIVERS},
     REPORTS: {CORE, WIRE, MONITOR, SEND, RECORD, RUN},
     FLEET: {CORE, WIRE, SEND, RECORD, RUN},
     LOADGEN: {
         *(CORE, WIRE, MONITOR, SEND, WORKLOADS, RECORD, RUN, DRIVERS, REPORTS),
-        FLEET,
+        *(CONTROL, FLEET),
     },
 }
 MAY_IMPORT[CLI] = set(MAY_IMPORT)

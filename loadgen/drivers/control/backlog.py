@@ -24,7 +24,7 @@ spread 0.12-0.14, against 0.99 and 0.09 with the sends owed; see
 answer), but less bursty than the process they are drawn from: each interval
 records what went out over what was drawn at (:meth:`Pace.mean_pace`).
 The law does not pace while it drains a backlog (a TTFT far over its setpoint,
-:data:`loadgen.drivers.controllaw.TTFT_DRAIN_OVER`; :meth:`Pace.unpaced`); it
+:data:`servemon.loadgen.drivers.control.law.TTFT_DRAIN_OVER`; :meth:`Pace.unpaced`); it
 drains the count of requests here.
 """
 
