@@ -53,7 +53,6 @@ from servemon.loadgen.run.live import LiveMetrics
 from servemon.loadgen.run.plan import (
     Kind,
     Plan,
-    StageRecord,
     check_rate_bound,
     recorded_config,
     redact_argv,
@@ -77,6 +76,7 @@ from servemon.loadgen.run.sources import (
     scrape_interval_of,
     source_record,
 )
+from servemon.loadgen.run.stages import StageRecord
 from servemon.loadgen.run.target import (
     check_served,
     context_of,

@@ -55,11 +55,11 @@ from servemon.loadgen.run.clientwatch import (
 from servemon.loadgen.run.context import Drive, Driven
 from servemon.loadgen.run.plan import (
     LOOPBACK_RPS_MAX,
-    StageRecord,
     capacity_step_s,
     rate_label,
     step_seconds,
 )
+from servemon.loadgen.run.stages import StageRecord
 from servemon.loadgen.send.arrivals import Stage
 from servemon.loadgen.send.timing import RequestTiming
 

@@ -15,8 +15,8 @@ from servemon.loadgen.drivers.control.signal import ClientWindow
 from servemon.loadgen.record.figures import exact_quantile
 from servemon.loadgen.record.slo import request_meets
 from servemon.loadgen.record.summary import Distribution, flat_row, summarize
-from servemon.loadgen.run.plan import StageRecord
 from servemon.loadgen.run.progress import Progress
+from servemon.loadgen.run.stages import StageRecord
 from servemon.loadgen.send.timing import Outcome, RequestTiming, TokenSource
 
 
