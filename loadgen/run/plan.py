@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from servemon.core.errors import ConfigError
 from servemon.core.fields import Secret
 from servemon.core.wire.webconfig import WebConfig, load_web_config
+from servemon.loadgen.record.runrecord import parallel_label, rate_label
 from servemon.loadgen.run.config import (
     PACED,
     PROMETHEUS_ONLY,
@@ -41,8 +42,6 @@ __all__ = [
     "capacity_step_s",
     "check_rate_bound",
     "make_plan",
-    "parallel_label",
-    "rate_label",
     "recorded_config",
     "redact_argv",
     "replay_plan_of",
@@ -239,16 +238,6 @@ def _stages(
         StageRecord(i, parallel_label(p, users=users), None, p, None)
         for i, p in enumerate(levels)
     ]
-
-
-def rate_label(rate: float, unit: str = "rps") -> str:
-    """A load level by its rate, as every table, plot and comparison names it."""
-    return f"{rate:g} {unit}"
-
-
-def parallel_label(parallel: int, *, users: bool = False) -> str:
-    """A closed-loop level by its concurrency (a sessions sweep's: its users)."""
-    return f"{parallel} users" if users else f"parallel {parallel}"
 
 
 def sweep_levels(config: LoadConfig) -> tuple[int, ...]:
