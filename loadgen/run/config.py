@@ -374,8 +374,9 @@ Settings = TypeVar("Settings", bound="DataclassInstance")
 
 def settings_of(kind: type[Settings], config: LoadConfig) -> Settings:
     """The part of ``config`` a driver reads: ``kind`` is a dataclass whose fields are
-    named and typed as :class:`LoadConfig`'s (``tests/unit/loadgen/test_drive.py``
-    holds them to that), filled from the same-named fields, already validated."""
+    named and typed as :class:`LoadConfig`'s
+    (``tests/unit/loadgen/drivers/test_drive.py`` holds them to that), filled from the
+    same-named fields, already validated."""
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(kind)}
     return kind(**values)
 
