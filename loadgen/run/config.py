@@ -1,4 +1,5 @@
-"""Configuration of a load run: every flag of ``servemon ramp``/``sweep`` as a field.
+"""Configuration of a load run: every flag of the load commands (``ramp``, ``sweep``,
+``capacity``, ``replay``, ``control``) as a field.
 
 YAML (``--config servemon.yaml``) uses the flag names with underscores; flags win.
 Secrets never live here: the API key comes from ``SERVEMON_API_KEY``, a header file
