@@ -1,6 +1,6 @@
 """What ``servemon control`` measures each tick
-(:mod:`servemon.loadgen.drivers.control.driver`): the
-signal over the last interval, and what the client knows of it without lag.
+(:mod:`servemon.loadgen.drivers.control.driver`): the signal over the last interval,
+and what the client knows of it without lag.
 
 - :func:`measure`: the mean of the signal's fresh readings over an interval
   (Prometheus' or the target's ``/metrics``), or the client's own TTFT p95;
