@@ -37,7 +37,8 @@ control tests; ``--repeat`` runs share one server a case, each from an idle one.
 With ``--pin RATE`` the law's rate is pinned (``--rps-min = --rps-max = RATE``) and
 no speed change is made: for ``ttft_p95``, runs with and without ``--no-pace``
 print the share of 30-s p95s within ±15 % of their own median: the noise floor of
-the signal itself, which the pace on the sends lowers (``loadgen/drivers/backlog.py``).
+the signal itself, which the pace on the sends lowers
+(``loadgen/drivers/control/backlog.py``).
 """
 
 from __future__ import annotations

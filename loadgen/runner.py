@@ -26,7 +26,8 @@ from servemon.core.errors import ConfigError, RecordError
 from servemon.core.version import __version__
 from servemon.loadgen.drivers.capacity import CapacitySettings, drive_capacity
 from servemon.loadgen.drivers.control import ControlSettings, drive_control
-from servemon.loadgen.drivers.ramp import RampSettings, drive_ramp
+from servemon.loadgen.drivers.openloop import RampSettings
+from servemon.loadgen.drivers.ramp import drive_ramp
 from servemon.loadgen.drivers.replay import drive_replay
 from servemon.loadgen.drivers.sweep import SweepSettings, drive_sweep
 from servemon.loadgen.fleet.coordinator import Fleet
@@ -52,7 +53,6 @@ from servemon.loadgen.run.live import LiveMetrics
 from servemon.loadgen.run.plan import (
     Kind,
     Plan,
-    StageRecord,
     check_rate_bound,
     recorded_config,
     redact_argv,
@@ -76,6 +76,7 @@ from servemon.loadgen.run.sources import (
     scrape_interval_of,
     source_record,
 )
+from servemon.loadgen.run.stages import StageRecord
 from servemon.loadgen.run.target import (
     check_served,
     context_of,

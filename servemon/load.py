@@ -1,4 +1,5 @@
-"""``servemon ramp`` and ``servemon sweep``: target, signals, run, summary table."""
+"""The load commands run (``ramp``, ``sweep``, ``capacity``, ``replay``,
+``control``): plan, workers, target, signals, run, summary table."""
 
 from __future__ import annotations
 

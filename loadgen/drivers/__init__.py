@@ -1,4 +1,6 @@
 """Drivers: one async function per kind of run over the run's context -- the open
 loop (ramp), the closed loop (sweep), the capacity search, replay, and the load
-controller with its laws and the client-side models they steer on.
+controller (``control/``, with its law and the client-side models it steers on).
+What several drivers share is not a driver: the open loop's sending
+(``openloop``) and conversations (``conversation``).
 """

@@ -41,10 +41,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from servemon.core.slo import SloTerm, SloTier
-from servemon.loadgen.drivers.ramp import open_loop
+from servemon.loadgen.drivers.openloop import open_loop
 from servemon.loadgen.drivers.tiersearch import TierSearch
 from servemon.loadgen.record.reading import Reading
-from servemon.loadgen.record.runrecord import CapacityResult, StepVerdict, TierResult
+from servemon.loadgen.record.runrecord import (
+    CapacityResult,
+    StepVerdict,
+    TierResult,
+    rate_label,
+)
 from servemon.loadgen.record.summary import Summarizer, Summary
 from servemon.loadgen.run.clientwatch import (
     LAG_LOST_S,
@@ -55,11 +60,10 @@ from servemon.loadgen.run.clientwatch import (
 from servemon.loadgen.run.context import Drive, Driven
 from servemon.loadgen.run.plan import (
     LOOPBACK_RPS_MAX,
-    StageRecord,
     capacity_step_s,
-    rate_label,
     step_seconds,
 )
+from servemon.loadgen.run.stages import StageRecord
 from servemon.loadgen.send.arrivals import Stage
 from servemon.loadgen.send.timing import RequestTiming
 

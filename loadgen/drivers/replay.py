@@ -11,7 +11,7 @@ between them.
 
 from __future__ import annotations
 
-from servemon.loadgen.drivers.ramp import RampSettings, open_loop, wait_for_start
+from servemon.loadgen.drivers.openloop import RampSettings, open_loop, wait_for_start
 from servemon.loadgen.run.context import Drive, Driven
 from servemon.loadgen.send.arrivals import Due, Stage
 

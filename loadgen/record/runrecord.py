@@ -51,6 +51,8 @@ __all__ = [
     "StageResult",
     "StepVerdict",
     "TierResult",
+    "parallel_label",
+    "rate_label",
     "read_record",
     "write_json",
     "write_record",
@@ -58,6 +60,16 @@ __all__ = [
 
 RECORD_VERSION = 1
 _LENIENT = pydantic.ConfigDict(extra="ignore")
+
+
+def rate_label(rate: float, unit: str = "rps") -> str:
+    """A load level by its rate, as every table, plot and comparison names it."""
+    return f"{rate:g} {unit}"
+
+
+def parallel_label(parallel: int | None, *, users: bool = False) -> str:
+    """A closed-loop level by its concurrency (a sessions sweep's: its users)."""
+    return f"{parallel} users" if users else f"parallel {parallel}"
 
 
 @dataclass(slots=True)
@@ -97,10 +109,8 @@ class StageResult:
         ``8 users``."""
         if self.target_rate:
             unit = "sessions/s" if self.sessions is not None else "rps"
-            return f"{self.target_rate:g} {unit}"
-        if self.sessions is not None:
-            return f"{self.parallel} users"
-        return f"parallel {self.parallel}"
+            return rate_label(self.target_rate, unit)
+        return parallel_label(self.parallel, users=self.sessions is not None)
 
     def to_json(self, *, with_summary: bool = True) -> dict[str, Any]:
         """The JSON form (``run.json`` keeps stages without their summaries)."""

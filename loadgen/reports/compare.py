@@ -23,7 +23,12 @@ from servemon.loadgen.record.columns import COMPARED
 from servemon.loadgen.record.figures import FIGURES
 from servemon.loadgen.record.line import timing_from_line
 from servemon.loadgen.record.record import read_jsonl, read_run
-from servemon.loadgen.record.runrecord import RunResult, StageResult
+from servemon.loadgen.record.runrecord import (
+    RunResult,
+    StageResult,
+    parallel_label,
+    rate_label,
+)
 from servemon.loadgen.record.summary import Summary
 from servemon.loadgen.reports.plots import svg
 from servemon.loadgen.reports.report import CSS
@@ -33,7 +38,6 @@ from servemon.loadgen.reports.significance import (
     Samples,
     judge,
 )
-from servemon.loadgen.run.plan import parallel_label, rate_label
 from servemon.loadgen.send.timing import Outcome
 
 __all__ = [

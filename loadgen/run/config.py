@@ -1,4 +1,5 @@
-"""Configuration of a load run: every flag of ``servemon ramp``/``sweep`` as a field.
+"""Configuration of a load run: every flag of the load commands (``ramp``, ``sweep``,
+``capacity``, ``replay``, ``control``) as a field.
 
 YAML (``--config servemon.yaml``) uses the flag names with underscores; flags win.
 Secrets never live here: the API key comes from ``SERVEMON_API_KEY``, a header file
@@ -266,7 +267,7 @@ class LoadConfig:
     #: Stop when the signal has been missing this long (the controller is blind).
     blind_timeout: Positive = 60.0
     #: ttft_p95: pace each gap by the client's prefill backlog; kv_cache_usage:
-    #: by its requests in flight (loadgen.drivers.backlog). None: as
+    #: by its requests in flight (servemon.loadgen.drivers.control.backlog). None: as
     #: :func:`paces` says (KV usage paced, TTFT not).
     pace: bool | None = None
     # guard rails (every load command)
@@ -380,8 +381,9 @@ Settings = TypeVar("Settings", bound="DataclassInstance")
 
 def settings_of(kind: type[Settings], config: LoadConfig) -> Settings:
     """The part of ``config`` a driver reads: ``kind`` is a dataclass whose fields are
-    named and typed as :class:`LoadConfig`'s (``tests/unit/loadgen/test_drive.py``
-    holds them to that), filled from the same-named fields, already validated."""
+    named and typed as :class:`LoadConfig`'s
+    (``tests/unit/loadgen/drivers/test_drive.py`` holds them to that), filled from the
+    same-named fields, already validated."""
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(kind)}
     return kind(**values)
 

@@ -34,9 +34,10 @@ from servemon.loadgen.run.clientwatch import CHECK_S, ClientWatch, Verdict
 from servemon.loadgen.run.config import LoadConfig, Settings, settings_of
 from servemon.loadgen.run.guard import GuardRail
 from servemon.loadgen.run.live import ControlGauges, LiveMetrics
-from servemon.loadgen.run.plan import Kind, StageRecord
+from servemon.loadgen.run.plan import Kind
 from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.run.sender import Sender
+from servemon.loadgen.run.stages import StageRecord
 from servemon.loadgen.send.arrivals import Arrival
 from servemon.loadgen.send.dispatch import OpenLoop
 from servemon.loadgen.send.stopping import Stopper

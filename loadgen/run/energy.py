@@ -46,8 +46,8 @@ from servemon.loadgen.record.runrecord import StageResult
 from servemon.loadgen.record.summary import Summary
 from servemon.loadgen.record.tally import with_energy
 from servemon.loadgen.run.firstread import FirstRead
-from servemon.loadgen.run.plan import StageRecord
 from servemon.loadgen.run.promsource import PrometheusSampler
+from servemon.loadgen.run.stages import StageRecord
 from servemon.monitor.gpu import GpuReader, GpuSnapshot, GpuUnavailable, one_line
 
 __all__ = [

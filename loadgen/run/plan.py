@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from servemon.core.errors import ConfigError
 from servemon.core.fields import Secret
 from servemon.core.wire.webconfig import WebConfig, load_web_config
-from servemon.loadgen.record.runrecord import ClientLimit, StageResult
+from servemon.loadgen.record.runrecord import parallel_label, rate_label
 from servemon.loadgen.run.config import (
     PACED,
     PROMETHEUS_ONLY,
@@ -21,6 +21,7 @@ from servemon.loadgen.run.config import (
     config_headers,
     config_text,
 )
+from servemon.loadgen.run.stages import StageRecord
 from servemon.loadgen.run.target import is_loopback
 from servemon.loadgen.send.arrivals import linear_stages, parse_stages
 from servemon.loadgen.send.cpulatency import check_cpu_latency
@@ -38,12 +39,9 @@ __all__ = [
     "RAMP_STEP_S",
     "Kind",
     "Plan",
-    "StageRecord",
     "capacity_step_s",
     "check_rate_bound",
     "make_plan",
-    "parallel_label",
-    "rate_label",
     "recorded_config",
     "redact_argv",
     "replay_plan_of",
@@ -62,66 +60,6 @@ RAMP_STEP_S = 30.0
 #: The highest rate a search or a controller may offer a target on this machine
 #: when ``--rps-max`` is not given (elsewhere ``--rps-max`` is required).
 LOOPBACK_RPS_MAX = {"capacity": 10_000.0, "control": 1000.0}
-
-
-@dataclass(slots=True)
-class StageRecord:
-    """One stage (ramp, capacity step) or level (sweep) while it runs: monotonic
-    times, and the dispatcher's counts."""
-
-    index: int
-    label: str
-    target_rate: float | None
-    parallel: int | None
-    planned_s: float | None
-    start_s: float | None = None
-    end_s: float | None = None
-    sent: int = 0
-    held_back: int = 0
-    skipped: int = 0
-    client_limits: list[ClientLimit] = field(default_factory=list)
-    #: A sessions workload's sessions started in the stage, and those of them
-    #: cut short (a turn due past the schedule's end, or a failed turn); ``sent``
-    #: then counts turns.
-    sessions: int | None = None
-    sessions_cut: int | None = None
-    #: Which run of its level this stage is (1..N), with ``--repeats N`` > 1.
-    repeat: int | None = None
-
-    def duration_s(self) -> float | None:
-        """What its throughput divides by: the planned length, cut short where the
-        stage ended early; None (the span of its requests) if it never started."""
-        if self.planned_s is None or self.start_s is None:
-            return None
-        if self.end_s is None:
-            return self.planned_s
-        return min(self.planned_s, self.end_s - self.start_s)
-
-    def until_s(self) -> float | None:
-        """Its window's end: when it ended, else its planned end (None if it
-        never started)."""
-        if self.end_s is not None or self.start_s is None:
-            return self.end_s
-        return None if self.planned_s is None else self.start_s + self.planned_s
-
-    def result(self, origin_s: float) -> StageResult:
-        """The record's form, times relative to ``origin_s``."""
-        return StageResult(
-            stage=self.index,
-            label=self.label,
-            target_rate=self.target_rate,
-            parallel=self.parallel,
-            planned_s=self.planned_s,
-            start_s=None if self.start_s is None else self.start_s - origin_s,
-            end_s=None if self.end_s is None else self.end_s - origin_s,
-            sent=self.sent,
-            held_back=self.held_back,
-            skipped=self.skipped,
-            client_limits=list(self.client_limits),
-            sessions=self.sessions,
-            sessions_cut=self.sessions_cut,
-            repeat=self.repeat,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,16 +238,6 @@ def _stages(
         StageRecord(i, parallel_label(p, users=users), None, p, None)
         for i, p in enumerate(levels)
     ]
-
-
-def rate_label(rate: float, unit: str = "rps") -> str:
-    """A load level by its rate, as every table, plot and comparison names it."""
-    return f"{rate:g} {unit}"
-
-
-def parallel_label(parallel: int, *, users: bool = False) -> str:
-    """A closed-loop level by its concurrency (a sessions sweep's: its users)."""
-    return f"{parallel} users" if users else f"parallel {parallel}"
 
 
 def sweep_levels(config: LoadConfig) -> tuple[int, ...]:

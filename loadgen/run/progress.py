@@ -18,7 +18,7 @@ from rich.table import Table
 
 from servemon.core.outcomes import failed
 from servemon.loadgen.record.figures import exact_quantile
-from servemon.loadgen.run.plan import StageRecord
+from servemon.loadgen.run.stages import StageRecord
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 __all__ = ["Progress"]

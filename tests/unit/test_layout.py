@@ -27,6 +27,8 @@ LOADGEN = "servemon.loadgen"
 SEND, WORKLOADS, RECORD = f"{LOADGEN}.send", f"{LOADGEN}.workloads", f"{LOADGEN}.record"
 RUN, DRIVERS, REPORTS = f"{LOADGEN}.run", f"{LOADGEN}.drivers", f"{LOADGEN}.reports"
 FLEET = f"{LOADGEN}.fleet"
+#: The control family, a sub-wing of the drivers: it stands on what drivers share.
+CONTROL = f"{DRIVERS}.control"
 #: The floors, bottom up: what each package may import besides itself. Nothing is
 #: left out and nothing is excepted; a module belongs to the deepest package that
 #: holds it (``servemon.loadgen`` itself: ``runner``, the top of the load generator).
@@ -41,11 +43,12 @@ MAY_IMPORT: dict[str, set[str]] = {
     RECORD: {CORE, WIRE, SEND},
     RUN: {CORE, WIRE, MONITOR, SEND, WORKLOADS, RECORD},
     DRIVERS: {CORE, WIRE, MONITOR, SEND, WORKLOADS, RECORD, RUN},
+    CONTROL: {CORE, WIRE, MONITOR, SEND, WORKLOADS, RECORD, RUN, DRIVERS},
     REPORTS: {CORE, WIRE, MONITOR, SEND, RECORD, RUN},
     FLEET: {CORE, WIRE, SEND, RECORD, RUN},
     LOADGEN: {
         *(CORE, WIRE, MONITOR, SEND, WORKLOADS, RECORD, RUN, DRIVERS, REPORTS),
-        FLEET,
+        *(CONTROL, FLEET),
     },
 }
 MAY_IMPORT[CLI] = set(MAY_IMPORT)
@@ -181,3 +184,24 @@ def test_drivers_get_the_parts_of_a_run_not_the_run() -> None:
         assert typing.get_origin(hints["run"]).__name__ == "Drive", kind
         # It reads its own settings, not the run's LoadConfig.
         assert typing.get_args(hints["run"]) == (driver.settings,), kind
+
+
+def test_no_driver_imports_another_driver() -> None:
+    """A driver (a module of drivers/ that defines a ``drive_*``) stands on the run's
+    machinery and the drivers' shared parts (``openloop``, ``conversation``), never
+    on another driver: what two drivers share moves out of both."""
+    drivers = {
+        name
+        for name, path in MODULES.items()
+        if name.startswith(DRIVERS + ".")
+        and any(
+            isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.name.startswith("drive_")
+            for node in ast.parse(path.read_text(encoding="utf-8")).body
+        )
+    }
+    assert len(drivers) == 5, drivers
+    wrong = [
+        f"{name} imports {dep}" for name in drivers for dep in GRAPH[name] & drivers
+    ]
+    assert not wrong, wrong

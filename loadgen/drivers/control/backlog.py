@@ -24,7 +24,7 @@ spread 0.12-0.14, against 0.99 and 0.09 with the sends owed; see
 answer), but less bursty than the process they are drawn from: each interval
 records what went out over what was drawn at (:meth:`Pace.mean_pace`).
 The law does not pace while it drains a backlog (a TTFT far over its setpoint,
-:data:`loadgen.drivers.controllaw.TTFT_DRAIN_OVER`; :meth:`Pace.unpaced`); it
+:data:`servemon.loadgen.drivers.control.law.TTFT_DRAIN_OVER`; :meth:`Pace.unpaced`); it
 drains the count of requests here.
 """
 
@@ -54,9 +54,9 @@ PACE_MIN = 0.25
 PACE_MAX = 2.0
 #: How soon the sends owed bring the rate sent back to the law's (``T``: a deficit
 #: of ``T`` seconds of sends multiplies the rate by e). A toy prefill queue
-#: (``tests/unit/loadgen/test_backlog.py``, ten seeds) picked it: 1 s, 2 s and
-#: 3 s held 89, 93 and 95 % of the 30-s p95s within ±15 % with 10-s send counts
-#: spread 0.065, 0.082 and 0.095 (Poisson: 0.093).
+#: (``tests/unit/loadgen/drivers/control/test_backlog.py``, ten seeds) picked it:
+#: 1 s, 2 s and 3 s held 89, 93 and 95 % of the 30-s p95s within ±15 % with 10-s
+#: send counts spread 0.065, 0.082 and 0.095 (Poisson: 0.093).
 PACE_CATCH_UP_S = 2.0
 #: The most sends owed (or ahead), in catch-up times.
 OWED_MAX = 3.0

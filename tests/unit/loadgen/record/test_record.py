@@ -13,7 +13,7 @@ from servemon.loadgen.record.line import LINE, keys, request_line, timing_from_l
 from servemon.loadgen.record.record import RunDirectory, read_jsonl
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def timing(**fields: object) -> RequestTiming:

@@ -18,14 +18,14 @@ from aiohttp import web
 
 from servemon.core.errors import ConfigError
 from servemon.core.signals import SIGNALS, parse_selector, queries
-from servemon.loadgen.drivers.control import _arrivals
-from servemon.loadgen.drivers.controllaw import (
+from servemon.loadgen.drivers.control.driver import _arrivals
+from servemon.loadgen.drivers.control.law import (
     KP_MAX,
     ControlLaw,
     ControlSettings,
     control_interval,
 )
-from servemon.loadgen.drivers.controlsignal import QueueEstimate
+from servemon.loadgen.drivers.control.signal import QueueEstimate
 from servemon.loadgen.run.config import LoadConfig, paces, parse_hold, settings_of
 from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.run.promsource import PrometheusSampler

@@ -6,8 +6,8 @@ seeded ``--arrival`` process) at a rate the controller sets every control interv
 from the measured signal (``--hold waiting=8``, ``kv_cache_usage=0.8``,
 ``ttft_p95=0.4``, ``burn_rate=1``, ``gpu_utilization=0.9``).
 
-The control law (:class:`loadgen.drivers.controllaw.ControlLaw`) is a PI controller in
-velocity form on the logarithm of the rate::
+The control law (:class:`servemon.loadgen.drivers.control.law.ControlLaw`) is a PI
+controller in velocity form on the logarithm of the rate::
 
     e[k] = clamp(log(setpoint / measured[k]), -1, 1)
     log r[k+1] = log r[k] + kp * (e[k] - e[k-1]) + ki * e[k]      (step-limited)
@@ -16,7 +16,8 @@ velocity form on the logarithm of the rate::
 except for ``waiting``, a queue, held by the queue law ``r[k+1] = served[k] +
 (setpoint - waiting[k]) / (2 T)``, and for a ratio at its ceiling (KV usage or GPU
 utilization at 0.95 or more), which drains the queue behind it: ``r[k+1] <=
-served[k] - waiting[k] / (2 T)`` (see :class:`~loadgen.drivers.controllaw.ControlLaw`).
+served[k] - waiting[k] / (2 T)`` (see
+:class:`~servemon.loadgen.drivers.control.law.ControlLaw`).
 
 Why this shape:
 
@@ -45,7 +46,7 @@ Why this shape:
 - **A queue through Prometheus: the client's count, calibrated.** A queued request
   has no first token yet, so the client's prompts with no answer are the server's
   queue (plus those in prefill) without the scrape's delay
-  (:class:`~loadgen.drivers.controlsignal.QueueEstimate`). The gauge, a scrape
+  (:class:`~servemon.loadgen.drivers.control.signal.QueueEstimate`). The gauge, a scrape
   late, only gives the offset between them (other clients' traffic, requests in
   prefill, answers not streamed), averaged over intervals; the queue law steers
   the count plus the offset, which each tick records as ``steered``. On the real
@@ -88,7 +89,8 @@ Why this shape:
   a rate gives has no fixed gain: on vLLM's CPU build a law that predicted from the
   rate swung between an empty and a full cache (17 % of ticks within ±15 %,
   ``benchmarks/RESULTS.md``). The client knows the population without lag
-  (:mod:`loadgen.drivers.heldtokens`): what each request in flight holds now, at
+  (:mod:`servemon.loadgen.drivers.control.held`): what each request in flight holds
+  now, at
   the decode speed of the last seconds of recent streams. The law scales that
   model to the gauge (the ratio of their averages), turns the setpoint into the
   number of requests in flight that holds it (each holding its prompt and half its
@@ -111,7 +113,8 @@ Why this shape:
 - **TTFT far over: a backlog to drain.** Past twice the setpoint the p95 is a
   backlog of prompts that grows faster than the clamped integral step cuts (a
   server that got slower). The client knows that backlog without lag
-  (:mod:`loadgen.drivers.backlog`: the prompts it sent with no first token yet), and the
+  (:mod:`servemon.loadgen.drivers.control.backlog`: the prompts it sent with no
+  first token yet), and the
   law drains it like a queue, at no less than half of what was served.
 - **TTFT's bursts: a pace on the sends (``--pace``, off by default).** Poisson
   arrivals bunch, a bunch queues, and the window's p95 is the top few requests of
@@ -127,7 +130,8 @@ Why this shape:
   for, which is why it is not the default. Every tick records ``pace`` (what went
   out over what was drawn at) and ``backlog``. KV usage is paced by default
   (``--no-pace`` turns it off), by the count of requests in flight after the start
-  phase (:class:`~loadgen.drivers.backlog.InFlightPace`): Poisson arrivals swing
+  phase (:class:`~servemon.loadgen.drivers.control.backlog.InFlightPace`): Poisson
+  arrivals swing
   that count, and the usage with it, by more than the ±15 % band. ``--pace`` with
   ``--hold waiting`` paces on the same prefill backlog as TTFT's (off by default:
   on vLLM it overshoots a short run's queue after the hand-over, docs/capacity.md).
@@ -154,15 +158,16 @@ import time
 from collections import deque
 from collections.abc import Iterator
 
-from servemon.loadgen.drivers.backlog import InFlightPace, Paced, PrefillBacklog
-from servemon.loadgen.drivers.controllaw import (
+from servemon.loadgen.drivers.control.backlog import InFlightPace, Paced, PrefillBacklog
+from servemon.loadgen.drivers.control.held import HeldTokens
+from servemon.loadgen.drivers.control.law import (
     FAST_START,
     SATURATING,
     ControlLaw,
     ControlSettings,
     control_interval,
 )
-from servemon.loadgen.drivers.controlsignal import (
+from servemon.loadgen.drivers.control.signal import (
     ClientWindow,
     QueueEstimate,
     held_model,
@@ -170,8 +175,7 @@ from servemon.loadgen.drivers.controlsignal import (
     measure,
     window_mean,
 )
-from servemon.loadgen.drivers.heldtokens import HeldTokens
-from servemon.loadgen.drivers.ramp import open_loop, wait_for_start
+from servemon.loadgen.drivers.openloop import open_loop, wait_for_start
 from servemon.loadgen.record.runrecord import ControlResult
 from servemon.loadgen.run.config import paces
 from servemon.loadgen.run.context import Drive, Driven
@@ -180,7 +184,7 @@ from servemon.loadgen.run.plan import LOOPBACK_RPS_MAX
 from servemon.loadgen.run.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
 from servemon.loadgen.send.arrivals import WAKE, Arrival, Due, Stage
 
-__all__ = ["WAKE_EVERY_S", "ControlSettings", "drive_control"]
+__all__ = ["WAKE_EVERY_S", "drive_control"]
 
 #: The longest wait between sends before the schedule reads the law's rate again.
 WAKE_EVERY_S = 1.0

@@ -1,6 +1,6 @@
-"""The control law of ``servemon control`` (see :mod:`loadgen.drivers.control` for why
-it has this shape): the PI step from one control interval
-to the next."""
+"""The control law of ``servemon control`` (see
+:mod:`servemon.loadgen.drivers.control.driver` for why it has this shape): the PI
+step from one control interval to the next."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 
-from servemon.loadgen.drivers.heldtokens import Held
+from servemon.loadgen.drivers.control.held import Held
 from servemon.loadgen.run.config import Hold
 from servemon.loadgen.run.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
 
@@ -49,7 +49,8 @@ class ControlSettings:
     control_interval: float | None
     blind_timeout: float
     #: ``--pace``/``--no-pace``: each send paced on the client's own count (see
-    #: :mod:`loadgen.drivers.backlog`); None: :func:`~loadgen.run.config.paces`.
+    #: :mod:`servemon.loadgen.drivers.control.backlog`); None:
+    #: :func:`~loadgen.run.config.paces`.
     pace: bool | None
     #: When the schedule starts (``--start-at``); None: now.
     start_at: datetime | None
@@ -105,7 +106,8 @@ START_UP = 1.0
 
 @dataclass(slots=True)
 class ControlLaw:
-    """The law of :mod:`loadgen.drivers.control`; ``update`` gives the next rate.
+    """The law of :mod:`servemon.loadgen.drivers.control.driver`; ``update`` gives
+    the next rate.
 
     ``waiting`` is a queue, an integrator of (offered - served): the queue law
     offers what the server served plus the queue error spread over ``drain``
@@ -135,7 +137,8 @@ class ControlLaw:
     flight; and where the server's speed falls with its batch (a CPU, a GPU past its
     knee) each request sent makes every other one live longer, so the usage a rate
     gives has no fixed gain. Given the client's model of what its requests hold
-    (``held``, see :mod:`loadgen.drivers.heldtokens`), the law holds the number of
+    (``held``, see :mod:`servemon.loadgen.drivers.control.held`), the law holds the
+    number of
     requests in flight that holds the setpoint, like a queue: ``scale``, the measured
     usage per modelled token above what the server holds idle (``floor``), follows
     the gauge (an average, :data:`SCALE_ALPHA` of the way each interval); the

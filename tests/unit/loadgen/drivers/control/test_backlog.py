@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from servemon.loadgen.drivers.backlog import (
+from servemon.loadgen.drivers.control.backlog import (
     PACE_MAX,
     PACE_MIN,
     InFlightPace,

@@ -14,7 +14,8 @@ models what each request holds::
                                       up to the output length; then it finishes)
 
 :class:`HeldTokens` sums that over the requests in flight (``held``): the law
-(:class:`loadgen.drivers.controllaw.ControlLaw`) scales the sum to the measured gauge
+(:class:`servemon.loadgen.drivers.control.law.ControlLaw`) scales the sum to the
+measured gauge
 (block rounding, other traffic). What a request holds on average over its life
 (:attr:`Shape.mean_held`: its prompt, and half its output for the part of its life it
 decodes) turns the setpoint into a number of requests in flight, which the law holds

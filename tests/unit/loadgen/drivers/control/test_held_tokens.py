@@ -11,13 +11,13 @@ from collections.abc import Callable
 
 import pytest
 
-from servemon.loadgen.drivers.controllaw import TOLERANCE, ControlLaw
-from servemon.loadgen.drivers.heldtokens import (
+from servemon.loadgen.drivers.control.held import (
     MIN_FINISHED,
     Held,
     HeldTokens,
     tail_speed,
 )
+from servemon.loadgen.drivers.control.law import TOLERANCE, ControlLaw
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 

@@ -11,12 +11,12 @@ from rich.console import Console
 
 from servemon.core.outcomes import count_failed, count_not_judged
 from servemon.core.slo import parse_slo
-from servemon.loadgen.drivers.controlsignal import ClientWindow
+from servemon.loadgen.drivers.control.signal import ClientWindow
 from servemon.loadgen.record.figures import exact_quantile
 from servemon.loadgen.record.slo import request_meets
 from servemon.loadgen.record.summary import Distribution, flat_row, summarize
-from servemon.loadgen.run.plan import StageRecord
 from servemon.loadgen.run.progress import Progress
+from servemon.loadgen.run.stages import StageRecord
 from servemon.loadgen.send.timing import Outcome, RequestTiming, TokenSource
 
 
