@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import platform
-import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic
 from urllib.parse import urlsplit
 
+import aiohttp
+
 from servemon.core.errors import ConfigError, RecordError
 from servemon.core.version import __version__
+from servemon.core.wire.webconfig import WebConfig
 from servemon.loadgen.drivers.capacity import CapacitySettings, drive_capacity
 from servemon.loadgen.drivers.control import ControlSettings, drive_control
 from servemon.loadgen.drivers.openloop import RampSettings
@@ -39,6 +40,12 @@ from servemon.loadgen.record.runrecord import (
     RunResult,
     RunSummary,
     write_record,
+)
+from servemon.loadgen.record.sections import (
+    ClientRecord,
+    EmbeddedSimulator,
+    EnergyRecord,
+    WorkloadRecord,
 )
 from servemon.loadgen.record.tally import with_hit_rates
 from servemon.loadgen.run.config import LoadConfig, Settings, auth_headers
@@ -57,39 +64,27 @@ from servemon.loadgen.run.plan import (
     recorded_config,
     redact_argv,
 )
-from servemon.loadgen.run.prefixcache import (
-    find_prefix_target,
-    prefix_record,
-    send_warm,
-)
+from servemon.loadgen.run.prefixcache import find_prefix_target, send_warm
 from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.run.promsource import PrometheusSampler
-from servemon.loadgen.run.promtargets import (
-    ScrapeInterval,
-)
+from servemon.loadgen.run.promtargets import ScrapeInterval
 from servemon.loadgen.run.sampler import ServerSampler
 from servemon.loadgen.run.sender import Sender, endpoint, model_picker
 from servemon.loadgen.run.sources import (
     make_sampler,
     prom_headers,
-    read_record,
     scrape_interval_of,
-    source_record,
+    server_metrics_record,
 )
 from servemon.loadgen.run.stages import StageRecord
-from servemon.loadgen.run.target import (
-    check_served,
-    context_of,
-    discover_model,
-    is_loopback,
-    local_gpus,
-    target_version,
-)
+from servemon.loadgen.run.target import TargetFacts, is_loopback, survey
+from servemon.loadgen.run.workloadrecord import workload_record
 from servemon.loadgen.send.arrivals import Arrival
 from servemon.loadgen.send.client import ClientSettings, make_session
 from servemon.loadgen.send.cpulatency import hold_cpu_latency
 from servemon.loadgen.send.stopping import Stopper
 from servemon.loadgen.workloads.prefix import PrefixWorkload
+from servemon.loadgen.workloads.prompts import Workload
 from servemon.loadgen.workloads.tokens import pick_counter
 from servemon.loadgen.workloads.traceprompts import TraceWorkload
 from servemon.loadgen.workloads.workload import build_workload
@@ -134,170 +129,176 @@ async def run_load(
     stop: Stopper,
     env: Mapping[str, str],
     progress: Progress,
-    embedded: Mapping[str, Any] | None = None,
+    embedded: EmbeddedSimulator | None = None,
     fleet: FleetSettings | None = None,
 ) -> RunResult:
     """Run a load command, checked and planned already (:func:`make_plan`),
-    against ``target`` (a base URL); with ``fleet``, sent by its workers."""
-    kind, stages = plan.kind, plan.stages
-    slo = list(config.slo_terms)
-    check_rate_bound(kind, config, target, stages)
-    arrival = config.arrival
+    against ``target`` (a base URL); with ``fleet``, sent by its workers.
+
+    The steps: find out about the target (:func:`survey`), serve the live client
+    metrics, build the workload, open the run directory and write the record's
+    opening, warm a ``prefix:`` workload's cache, then drive (:func:`_execute`)."""
+    check_rate_bound(plan.kind, config, target, plan.stages)
     headers = {k: v.reveal() for k, v in auth_headers(env, plan.headers).items()}
-    web_config = plan.web_config
     settings = ClientSettings(
         max_connections=config.max_connections, timeout_s=config.timeout
     )
-    base = target.rstrip("/")
-    mix = plan.mix
+    mix = None if plan.mix is None else plan.mix.names
     async with make_session(settings) as session:
-        model, listing = await discover_model(
-            session, base, None if mix else config.model, headers
-        )
-        if mix is not None:
-            check_served(base, listing, mix.names)
-            model = ",".join(mix.names)
-        version, gpus = await asyncio.gather(
-            target_version(session, base, headers), asyncio.to_thread(local_gpus)
-        )
+        facts = await survey(session, target.rstrip("/"), config.model, mix, headers)
         given = config
         scrape = await scrape_interval_of(session, config, progress)
         if scrape is not None:
             config = replace(config, scrape_interval=scrape.seconds)
-        label = config.target_name or urlsplit(base).netloc
-        live = LiveMetrics(label, model, slo)
-        try:
-            await live.serve(
-                config.metrics_host, config.metrics_port, web_config=web_config
-            )
-        except OSError as exc:
-            raise ConfigError(
-                f"--metrics-port {config.metrics_port}: cannot listen on "
-                f"{config.metrics_host}: {exc.strerror or exc}"
-            ) from None
+        live = await _serve_live(config, facts, plan.web_config)
         say = progress.console.print
-        coordinator = None if fleet is None else Fleet(fleet, say, web_config)
+        coordinator = None if fleet is None else Fleet(fleet, say, plan.web_config)
         try:
             if coordinator is not None:
                 await coordinator.listen()
-            counter = await pick_counter(
-                session, base, model, config.tokenizer, headers
+            workload, recorded = await _build_workload(
+                session, facts, config, headers, progress
             )
-            context = context_of(listing, model)
-            prefix = (
-                await find_prefix_target(
-                    session, base, model.split(",")[0], config.api, headers
-                )
-                if config.workload.kind == "prefix"
-                else None
-            )
-            workload = await build_workload(
-                config.workload,
-                counter=counter,
-                seed=config.seed,
-                context=context,
-                over_context=config.over_context,
-                **(prefix.build_options() if prefix else {}),
-            )
-            said = workload.said() if isinstance(workload, TraceWorkload) else None
-            if said is not None:
-                progress.console.print(said, soft_wrap=True)
+            url = endpoint(facts.base, config.api)
             if coordinator is not None:
-                await coordinator.gather(
-                    FleetPlan(endpoint(base, config.api), headers, config)
-                )
-            rundir = RunDirectory.create(Path(config.out), kind)
+                await coordinator.gather(FleetPlan(url, headers, config))
             sender = Sender(
                 session=session,
-                url=endpoint(base, config.api),
+                url=url,
                 headers=headers,
                 config=config,
                 workload=workload,
-                model=model,
-                pick_model=model_picker(config.seed, mix, model, workload),
+                model=facts.model,
+                pick_model=model_picker(config.seed, plan.mix, facts.model, workload),
                 transport=coordinator,
             )
             ctx = RunContext(
-                kind=kind,
+                kind=plan.kind,
                 replay=plan.replay,
                 config=config,
-                base=base,
-                rundir=rundir,
+                base=facts.base,
+                rundir=RunDirectory.create(Path(config.out), plan.kind),
                 live=live,
-                stages=stages,
+                stages=plan.stages,
                 progress=progress,
                 stopper=stop,
                 sender=sender,
             )
-            info = RunInfo(
-                kind=kind,
-                status="running",
-                clock_origin=rundir.clock_origin,
-                servemon_version=__version__,
-                command=redact_argv(argv),
-                config=recorded_config(given),
-                target={
-                    "url": base,
-                    "model": model,
-                    "models": listing,
-                    "embedded_simulator": embedded,
-                },
-                workload={
-                    "spec": workload.spec,
-                    "token_source": workload.token_source,
-                    **(
-                        workload.record()
-                        if isinstance(workload, TraceWorkload)
-                        else {"context_tokens": context}
-                    ),
-                    **prefix_record(workload, prefix),
-                },
-                client={
-                    **asdict(settings),
-                    "trust_env": False,
-                    "loop": _loop_name(),
-                    "cpu_dma_latency_us": config.cpu_dma_latency,
-                    "live_metrics": live.url,
-                },
-                arrival=str(arrival) if kind != "sweep" else None,
-                slo=[str(t) for t in slo],
-                slo_terms=list(slo),
-                environment={
-                    "python": sys.version.split()[0],
-                    "platform": platform.platform(),
-                    "host": platform.node(),
-                    "gpus": gpus,
-                },
-                engine_version=version or "none",
-                # The plan, so that a run killed before its end still knows its
-                # stages (the end rewrites them with what happened).
-                stages=[r.result(rundir.origin_s) for r in stages],
-                # Its workers: a killed run's spools are told apart by their names.
-                fleet=coordinator.record(rundir.origin_s) if coordinator else None,
-            )
-            write_record(rundir.path, info)
+            info = _opening(ctx, given, argv, facts, recorded, embedded, settings)
+            # Its workers: a killed run's spools are told apart by their names.
+            if coordinator is not None:
+                info = replace(info, fleet=coordinator.record(ctx.rundir.origin_s))
+            write_record(ctx.rundir.path, info)
             if isinstance(workload, PrefixWorkload):
-                # Each group's prefix in the cache before the first stage, for
-                # every model asked for; not recorded.
-                await send_warm(
-                    session,
-                    sender.url,
-                    [
-                        sender.body_of(prompt, name)
-                        for name in (mix.names if mix else (model,))
-                        for prompt in workload.warm
-                    ],
-                    headers,
-                    config.timeout,
-                )
+                await _warm(sender, workload, mix or (facts.model,), config.timeout)
             if coordinator is not None:
                 coordinator.on_abort = ctx.abort
             with hold_cpu_latency(config.cpu_dma_latency):
-                return await _execute(ctx, info, arrival, scrape, coordinator)
+                return await _execute(ctx, info, config.arrival, scrape, coordinator)
         finally:
             if coordinator is not None:
                 await coordinator.stop(config.grace)
             await live.stop()
+
+
+async def _serve_live(
+    config: LoadConfig, facts: TargetFacts, web_config: WebConfig | None
+) -> LiveMetrics:
+    """The live client metrics, listening (a port taken is a one-line
+    :class:`ConfigError`)."""
+    label = config.target_name or urlsplit(facts.base).netloc
+    live = LiveMetrics(label, facts.model, list(config.slo_terms))
+    try:
+        await live.serve(
+            config.metrics_host, config.metrics_port, web_config=web_config
+        )
+    except OSError as exc:
+        raise ConfigError(
+            f"--metrics-port {config.metrics_port}: cannot listen on "
+            f"{config.metrics_host}: {exc.strerror or exc}"
+        ) from None
+    return live
+
+
+async def _build_workload(
+    session: aiohttp.ClientSession,
+    facts: TargetFacts,
+    config: LoadConfig,
+    headers: Mapping[str, str],
+    progress: Progress,
+) -> tuple[Workload, WorkloadRecord]:
+    """The run's prompts, counted by the target's tokenizer (else the
+    ``--tokenizer``, else an estimate), fit to its context (a ``prefix:``
+    workload: to its cache's blocks), and their record."""
+    base, model = facts.base, facts.model
+    counter = await pick_counter(session, base, model, config.tokenizer, headers)
+    prefix = (
+        await find_prefix_target(
+            session, base, model.split(",")[0], config.api, headers
+        )
+        if config.workload.kind == "prefix"
+        else None
+    )
+    context = facts.context
+    workload = await build_workload(
+        config.workload,
+        counter=counter,
+        seed=config.seed,
+        context=context,
+        over_context=config.over_context,
+        **(prefix.build_options() if prefix else {}),
+    )
+    said = workload.said() if isinstance(workload, TraceWorkload) else None
+    if said is not None:
+        progress.console.print(said, soft_wrap=True)
+    return workload, workload_record(workload, context, prefix)
+
+
+def _opening(
+    ctx: RunContext,
+    given: LoadConfig,
+    argv: Sequence[str],
+    facts: TargetFacts,
+    workload: WorkloadRecord,
+    embedded: EmbeddedSimulator | None,
+    settings: ClientSettings,
+) -> RunInfo:
+    """``run.json`` as the run starts (``status: running``): its conditions, and
+    the plan, so that a run killed before its end still knows its stages (the
+    end rewrites them with what happened)."""
+    config = ctx.config
+    return RunInfo(
+        kind=ctx.kind,
+        status="running",
+        clock_origin=ctx.rundir.clock_origin,
+        servemon_version=__version__,
+        command=redact_argv(argv),
+        config=recorded_config(given),
+        target=facts.record(embedded),
+        workload=workload,
+        client=ClientRecord.of(
+            settings,
+            loop=_loop_name(),
+            cpu_dma_latency_us=config.cpu_dma_latency,
+            live_metrics=ctx.live.url,
+        ),
+        arrival=str(config.arrival) if ctx.kind != "sweep" else None,
+        slo_terms=list(config.slo_terms),
+        environment=facts.environment(),
+        engine_version=facts.version or "none",
+        stages=[r.result(ctx.rundir.origin_s) for r in ctx.stages],
+    )
+
+
+async def _warm(
+    sender: Sender, workload: PrefixWorkload, models: Sequence[str], wait_s: float
+) -> None:
+    """Each group's prefix in the cache before the first stage, for every model
+    asked for; not recorded."""
+    bodies = [
+        sender.body_of(prompt, name) for name in models for prompt in workload.warm
+    ]
+    await send_warm(sender.session, sender.url, bodies, sender.headers, wait_s)
 
 
 async def _execute(
@@ -360,12 +361,12 @@ async def _execute(
             console.print(said, soft_wrap=True)
         elif energy is not None and energy.late:
             said = late_line(energy, origin)
-        energy_record = (
-            {"source": None, "first_read_s": None, "tries": 0}
+        info = replace(
+            info,
+            energy=EnergyRecord(said=said)
             if energy is None
-            else energy.record(origin)
+            else energy.record(origin, said),
         )
-        info = replace(info, energy={**energy_record, "said": said})
         if fleet is not None:
             await fleet.stop(ctx.config.grace)
             info = replace(info, fleet=fleet.record(ctx.rundir.origin_s))
@@ -417,14 +418,7 @@ def _finish(
         start_late_s=found.start_late_s,
         ended_utc=datetime.now(UTC).isoformat(timespec="milliseconds"),
         stages=stages,
-        server_metrics={
-            "scrapes": sampler.scrapes,
-            "errors": sampler.errors,
-            "engine_info": sampler.engine_info or None,
-            **source_record(ctx.config),
-            **read_record(sampler, origin),
-            "scrape_interval": None if scrape is None else scrape.record(),
-        },
+        server_metrics=server_metrics_record(ctx.config, sampler, scrape, origin),
     )
     try:
         write_record(ctx.rundir.path, info, summary)

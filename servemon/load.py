@@ -39,6 +39,7 @@ from servemon.loadgen.record.runrecord import (
     RunSummary,
     TierResult,
 )
+from servemon.loadgen.record.sections import EmbeddedSimulator
 from servemon.loadgen.reports.report import write_report
 from servemon.loadgen.run.clientwatch import limit_lines
 from servemon.loadgen.run.config import LoadConfig
@@ -153,7 +154,7 @@ async def run_command(
 @contextlib.asynccontextmanager
 async def _target(
     config: LoadConfig, console: Console
-) -> AsyncIterator[tuple[str, dict[str, object] | None]]:
+) -> AsyncIterator[tuple[str, EmbeddedSimulator | None]]:
     if config.target is not None:
         yield config.target, None
         return
@@ -162,7 +163,7 @@ async def _target(
             f"servemon: no --target given: started the built-in simulator "
             f"(profile {config.sim_profile}) at {url}"
         )
-        yield url, {"profile": config.sim_profile, "args": list(config.sim_args)}
+        yield url, EmbeddedSimulator(config.sim_profile, list(config.sim_args))
 
 
 @contextlib.asynccontextmanager

@@ -8,11 +8,11 @@ table, add a column here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from servemon.loadgen.record.runrecord import RunSummary
+from servemon.loadgen.record.sections import WorkloadRecord
 from servemon.loadgen.record.summary import Summary
 
 __all__ = [
@@ -246,7 +246,7 @@ HIT_MARGIN = 0.03
 
 
 def prefix_lines(
-    workload: Mapping[str, Any], record: RunSummary
+    workload: WorkloadRecord, record: RunSummary
 ) -> tuple[list[str], list[str]]:
     """A run's prefix-cache hit rates by the server's counters, per stage: lines
     to show, and warnings where a ``prefix:`` workload's stage missed the rate it
@@ -261,13 +261,14 @@ def prefix_lines(
         + ")"
         for s, rate in measured
     )
-    asked = workload.get("asked_hit")
-    if not isinstance(asked, (int, float)):
+    prefix = workload.prefix
+    if prefix is None:
         return [f"prefix cache (the server's counters): {shown}"], []
-    planned = workload.get("expected_hit")
+    asked = prefix.asked_hit
     lines = [
-        f"prefix cache: asked {asked:g} of prompt tokens ({planned:.3f} with whole "
-        f"{workload.get('block_size')}-token blocks); the server's counters: {shown}"
+        f"prefix cache: asked {asked:g} of prompt tokens ({prefix.expected_hit:.3f} "
+        f"with whole {prefix.block_size}-token blocks); the server's counters: "
+        f"{shown}"
     ]
     missed = [
         f"prefix cache: stage {s.stage + 1} ({s.load_label}) hit {rate:.3f}, asked "

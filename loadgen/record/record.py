@@ -52,6 +52,7 @@ from servemon.loadgen.record.runrecord import (
     read_record,
     write_record,
 )
+from servemon.loadgen.record.sections import ClockOrigin
 from servemon.loadgen.record.tally import Tally, with_energy, with_hit_rates
 from servemon.loadgen.send.timing import RequestTiming
 
@@ -119,11 +120,9 @@ class RunDirectory:
         #: The monotonic time of the run's start; stage times in run.json are
         #: offsets from it, request times in requests.jsonl are absolute.
         self.origin_s = time.monotonic()
-        self.clock_origin: dict[str, Any] = {
-            "monotonic_s": self.origin_s,
-            "utc": datetime.now(UTC).isoformat(timespec="milliseconds"),
-            "clock": "CLOCK_MONOTONIC (time.monotonic)",
-        }
+        self.clock_origin = ClockOrigin(
+            self.origin_s, datetime.now(UTC).isoformat(timespec="milliseconds")
+        )
         self._requests = _Lines(path / "requests.jsonl")
         self._server = _Lines(path / "server_metrics.jsonl")
         self._control = _Lines(path / "control.jsonl")

@@ -24,7 +24,7 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pydantic
 
@@ -38,6 +38,18 @@ from servemon.loadgen.record.findings import (
     TierResult,
 )
 from servemon.loadgen.record.fleet import FleetRecord
+from servemon.loadgen.record.sections import (
+    ClientRecord,
+    ClockOrigin,
+    EnergyRecord,
+    EnvironmentRecord,
+    MergedShard,
+    ServerMetricsSection,
+    TargetRecord,
+    WorkloadRecord,
+    WorkloadSection,
+    as_json,
+)
 from servemon.loadgen.record.summary import Summarizer, Summary, flat_row
 
 __all__ = [
@@ -59,6 +71,7 @@ __all__ = [
 ]
 
 RECORD_VERSION = 1
+T = TypeVar("T")
 _LENIENT = pydantic.ConfigDict(extra="ignore")
 
 
@@ -199,27 +212,27 @@ _EMPTY = Summarizer().summary()
 
 @dataclass(slots=True)
 class RunInfo:
-    """``run.json``. The free-form parts (config, the target's model listing, the
-    environment) stay mappings: they record what was, not what servemon reads."""
+    """``run.json``. Its sections are typed (:mod:`loadgen.record.sections`);
+    ``config`` stays a mapping: it records the flags as given."""
 
     __pydantic_config__ = _LENIENT
 
     kind: str
     status: str
-    clock_origin: dict[str, Any]
+    clock_origin: ClockOrigin
     record_version: int = RECORD_VERSION
     servemon_version: str = "unknown"
     command: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
-    target: dict[str, Any] = field(default_factory=dict)
-    workload: dict[str, Any] = field(default_factory=dict)
-    client: dict[str, Any] = field(default_factory=dict)
+    target: TargetRecord = field(default_factory=TargetRecord)
+    workload: WorkloadSection = field(default_factory=WorkloadRecord)
+    client: ClientRecord = field(default_factory=ClientRecord)
     arrival: str | None = None
-    #: The SLO as given (``ttft_p95<=0.5``), and its terms, structured: what a
-    #: reader judges by (a record from before ``slo_terms`` has the text alone).
-    slo: list[str] = field(default_factory=list)
+    #: The SLO's terms, structured: what a reader judges by. ``run.json`` also
+    #: keeps them as text (``slo``, :attr:`slo`), derived from these; a record
+    #: from before ``slo_terms`` has the text alone, parsed when read.
     slo_terms: list[SloTerm] = field(default_factory=list)
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: EnvironmentRecord = field(default_factory=EnvironmentRecord)
     engine_version: str = "none"
     stages: list[StageResult] = field(default_factory=list)
     stop_reason: str | None = None
@@ -227,42 +240,61 @@ class RunInfo:
     start_at: str | None = None
     start_late_s: float | None = None
     ended_utc: str | None = None
-    server_metrics: dict[str, Any] | None = None
-    #: Where the GPUs' energy was read (``source``, None where nowhere), from
-    #: when (``first_read_s``, the run's clock), after how many ``tries``, and
-    #: the run's ``said`` line; None in a record from before it.
-    energy: dict[str, Any] | None = None
-    merged_from: list[dict[str, Any]] | None = None
+    #: None until the run's end (and in a record of a run killed before it).
+    server_metrics: ServerMetricsSection | None = None
+    #: None in a record from before it.
+    energy: EnergyRecord | None = None
+    merged_from: list[MergedShard] | None = None
     #: The workers that sent the run, where a fleet did (:mod:`loadgen.fleet`).
     fleet: FleetRecord | None = None
 
     @property
     def origin_s(self) -> float:
         """The monotonic time of the run's start (request times are absolute)."""
-        return float(self.clock_origin.get("monotonic_s", 0.0))
+        return self.clock_origin.monotonic_s
 
     @property
-    def engine_info(self) -> dict[str, Any]:
+    def engine_info(self) -> dict[str, str]:
         """The target's ``servemon_engine_info`` labels, if it had a ``/metrics``."""
-        return dict((self.server_metrics or {}).get("engine_info") or {})
+        return dict((self.server_metrics and self.server_metrics.engine_info) or {})
+
+    @property
+    def slo(self) -> list[str]:
+        """The SLO as text (``ttft_p95<=0.5``), one entry a term."""
+        return [str(t) for t in self.slo_terms]
 
     def terms(self) -> list[SloTerm]:
-        """The SLO's terms: the structured ones, or (an older record) its text
-        parsed."""
-        if self.slo_terms or not self.slo:
-            return list(self.slo_terms)
-        return parse_slo(",".join(self.slo))
+        """The SLO's terms."""
+        return list(self.slo_terms)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The JSON form (stages without summaries)."""
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        data["stages"] = [s.to_json(with_summary=False) for s in self.stages]
-        data["slo_terms"] = [asdict(t) for t in self.slo_terms]
-        data["fleet"] = None if self.fleet is None else asdict(self.fleet)
+        data: dict[str, object] = {}
+        for f in fields(self):
+            if f.name == "slo_terms":
+                data["slo"] = self.slo
+            data[f.name] = (
+                [s.to_json(with_summary=False) for s in self.stages]
+                if f.name == "stages"
+                else as_json(getattr(self, f.name))
+            )
         return data
 
 
-def write_json(path: Path, data: Mapping[str, Any]) -> None:
+def _info_input(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """A record from before ``slo_terms`` keeps the SLO as text: its terms are
+    parsed from it."""
+    text = data.get("slo")
+    if data.get("slo_terms") or not isinstance(text, list) or not text:
+        return data
+    try:
+        terms = parse_slo(",".join(str(t) for t in text))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: slo: {exc}") from None
+    return {**data, "slo_terms": [asdict(t) for t in terms]}
+
+
+def write_json(path: Path, data: Mapping[str, object]) -> None:
     """Write ``data`` as JSON atomically (a reader never sees half a file); a
     failed write is a one-line :class:`RecordError` and leaves no ``.tmp``."""
     tmp = path.with_name(path.name + ".tmp")
@@ -304,7 +336,7 @@ def write_record(
     write_json(run_dir / "run.json", info.to_json())
 
 
-def _read(path: Path, cls: type[Any]) -> Any:
+def _read(path: Path, cls: type[T]) -> T:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -317,6 +349,8 @@ def _read(path: Path, cls: type[Any]) -> Any:
         raise ConfigError(f"{path}: expected a JSON object")
     if cls is RunSummary:
         data = _summary_input(data)
+    if cls is RunInfo:
+        data = _info_input(path, data)
     try:
         return pydantic.TypeAdapter(cls).validate_python(data)
     except pydantic.ValidationError as exc:
@@ -329,7 +363,7 @@ def _summary_input(data: dict[str, Any]) -> dict[str, Any]:
     """Figures sit at the top level of a summary in JSON; the type keeps them in
     ``figures``."""
 
-    def one(item: Any) -> Any:
+    def one(item: object) -> object:
         return Summary.from_json(item) if isinstance(item, dict) else item
 
     stages = data.get("stages")
@@ -348,8 +382,7 @@ def _summary_input(data: dict[str, Any]) -> dict[str, Any]:
 
 def read_info(run_dir: Path) -> RunInfo:
     """``run.json`` of ``run_dir``, validated."""
-    info: RunInfo = _read(run_dir / "run.json", RunInfo)
-    return info
+    return _read(run_dir / "run.json", RunInfo)
 
 
 def read_record(run_dir: Path) -> tuple[RunInfo, RunSummary | None]:
@@ -357,8 +390,7 @@ def read_record(run_dir: Path) -> tuple[RunInfo, RunSummary | None]:
     info = read_info(run_dir)
     if not (run_dir / "summary.json").exists():
         return info, None
-    summary: RunSummary = _read(run_dir / "summary.json", RunSummary)
-    return info, summary
+    return info, _read(run_dir / "summary.json", RunSummary)
 
 
 @dataclass(frozen=True, slots=True)

@@ -277,7 +277,7 @@ def _warnings(
                 ", ".join(f"{k}={v}" for k, v in e) or "unknown" for e in engines
             )
         )
-    workloads = [r.info.workload.get("spec") for r in runs]
+    workloads = [r.info.workload.spec for r in runs]
     if len(set(workloads)) > 1:
         notes.append(f"workloads differ: {workloads}")
     return notes

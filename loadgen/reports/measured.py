@@ -119,7 +119,7 @@ def measure(run_dir: Path) -> Measured:
             outputs.append(o)
     return Measured(
         run=str(run_dir),
-        workload=str(run.info.workload.get("spec") or "unknown"),
+        workload=run.info.workload.spec or "unknown",
         tiers=tiers,
         gpus=gpus,
         gpus_from=gpus_from,
@@ -168,8 +168,8 @@ def _gpus(
     for summary in [*summaries, *record.summaries, record.overall]:
         if summary.energy is not None and summary.energy.gpus:
             return summary.energy.gpus, f"energy read from {summary.energy.source}"
-    host = urlsplit(str(info.target.get("url") or "")).hostname or ""
-    local = info.environment.get("gpus")
+    host = urlsplit(info.target.url).hostname or ""
+    local = info.environment.gpus
     if host in _LOCAL_HOSTS and isinstance(local, list) and local:
         return len(local), "NVML on the load generator's machine (a local target)"
     return None, "not recorded"

@@ -28,6 +28,7 @@ from servemon.loadgen.record.runrecord import (
     StageResult,
     write_record,
 )
+from servemon.loadgen.record.sections import MergedShard
 from servemon.loadgen.record.tally import Tally
 from servemon.loadgen.reports.report import write_report
 
@@ -35,7 +36,7 @@ __all__ = ["merge_runs"]
 
 
 def _utc(info: RunInfo) -> float:
-    return datetime.fromisoformat(str(info.clock_origin["utc"])).timestamp()
+    return datetime.fromisoformat(str(info.clock_origin.utc)).timestamp()
 
 
 def _plan(data: RunResult) -> list[tuple[Any, Any]]:
@@ -97,7 +98,7 @@ def merge_runs(dirs: Sequence[Path], out_parent: Path) -> Path:
     origin_mono, origin_utc = first.info.origin_s, _utc(first.info)
     rundir = RunDirectory.create(out_parent, "merged")
     # The merged run's clock is the first shard's: its origin, not the new dir's.
-    rundir.clock_origin = dict(first.info.clock_origin)
+    rundir.clock_origin = first.info.clock_origin
     slo = first.info.terms()
     tally = Tally(slo)
     stages = _combined(first, shards)
@@ -128,8 +129,7 @@ def merge_runs(dirs: Sequence[Path], out_parent: Path) -> Path:
         status=status,
         clock_origin=rundir.clock_origin,
         merged_from=[
-            {"path": str(d.path), "shard": d.info.shard, "status": d.info.status}
-            for d in shards
+            MergedShard(str(d.path), d.info.shard, d.info.status) for d in shards
         ],
         stages=results,
         ended_utc=max(str(d.info.ended_utc) for d in shards),

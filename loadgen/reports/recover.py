@@ -31,12 +31,12 @@ import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from servemon.core.errors import ConfigError
 from servemon.loadgen.record.line import timing_from_line
 from servemon.loadgen.record.record import RunDirectory, read_jsonl, rebuild_summary
 from servemon.loadgen.record.runrecord import RunInfo, read_record, write_record
+from servemon.loadgen.record.sections import MergedShard
 from servemon.loadgen.reports.report import write_report
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
@@ -198,7 +198,7 @@ def recover_spools(
 
     parent = run_dir.parent if out_parent is None else out_parent
     rundir = RunDirectory.create(parent, "recovered")
-    rundir.clock_origin = dict(info.clock_origin)  # the run's clock, not the copy's
+    rundir.clock_origin = info.clock_origin  # the run's clock, not the copy's
     for timing in _run_lines(run_dir):
         if timing.request_id not in taken:
             rundir.append_request(timing)
@@ -223,14 +223,15 @@ def recover_spools(
             stop_reason=summary.stop_reason,
             capacity=summary.capacity,
         )
-    merged: list[dict[str, Any]] = [{"path": str(run_dir), "status": info.status}]
+    merged = [MergedShard(path=str(run_dir), status=info.status)]
     merged += [
-        {
-            "spool": str(c.path),
-            "worker": c.worker,
-            "recovered": c.recovered,
-            "replaced": c.replaced,
-        }
+        MergedShard(
+            path=str(c.path),
+            spool=str(c.path),
+            worker=c.worker,
+            recovered=c.recovered,
+            replaced=c.replaced,
+        )
         for c in counts
     ]
     write_record(

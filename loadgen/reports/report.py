@@ -39,6 +39,7 @@ from servemon.loadgen.record.columns import (
 from servemon.loadgen.record.record import UNFINISHED, read_run
 from servemon.loadgen.record.runrecord import RunResult, RunSummary
 from servemon.loadgen.record.scan import RunScan, scan
+from servemon.loadgen.record.sections import GpuRecord
 from servemon.loadgen.reports.controlplot import plot_control
 from servemon.loadgen.reports.marks import tiers_of
 from servemon.loadgen.reports.plots import (
@@ -88,22 +89,22 @@ def _conditions(data: RunResult) -> list[tuple[str, str]]:
     return [
         ("status", info.status),
         *stopped,
-        ("target", f"{target.get('url')} (model {target.get('model')})"),
+        ("target", f"{target.url} (model {target.model})"),
         ("engine", ", ".join(f"{k}={v}" for k, v in sorted(engine.items())) or "none"),
         (
             "workload",
-            f"{workload.get('spec')} (prompt tokens: {workload.get('token_source')})",
+            f"{workload.spec} (prompt tokens: {workload.token_source})",
         ),
         ("arrival", info.arrival or "closed loop (none)"),
         ("SLO", _slo(data)),
         ("command", " ".join(info.command)),
         ("servemon", info.servemon_version),
         ("engine version", info.engine_version),
-        ("environment", f"Python {env.get('python')}, {env.get('platform')}"),
-        ("GPUs here", _gpus(env.get("gpus"))),
+        ("environment", f"Python {env.python}, {env.platform}"),
+        ("GPUs here", _gpus(env.gpus)),
         (
             "started / ended (UTC)",
-            f"{info.clock_origin.get('utc')} / {info.ended_utc}",
+            f"{info.clock_origin.utc} / {info.ended_utc}",
         ),
     ]
 
@@ -116,18 +117,17 @@ def _slo(data: RunResult) -> str:
     return ", ".join(data.info.slo) or "none"
 
 
-def _gpus(gpus: object) -> str:
+def _gpus(gpus: list[GpuRecord] | str) -> str:
     if isinstance(gpus, list):
         return (
             "; ".join(
-                f"{g.get('name')} (driver {g.get('driver')}, "
-                f"{(g.get('memory_total_bytes') or 0) / 2**30:.0f} GiB)"
+                f"{g.name} (driver {g.driver}, "
+                f"{(g.memory_total_bytes or 0) / 2**30:.0f} GiB)"
                 for g in gpus
-                if isinstance(g, dict)
             )
             or "none"
         )
-    return str(gpus or "none")
+    return gpus or "none"
 
 
 CSS = """

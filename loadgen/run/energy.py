@@ -43,6 +43,7 @@ from servemon.core.signals import SignalQuery, freshness
 from servemon.core.wire.limits import read_body
 from servemon.loadgen.record.energy import EnergyCounters
 from servemon.loadgen.record.runrecord import StageResult
+from servemon.loadgen.record.sections import EnergyRecord
 from servemon.loadgen.record.summary import Summary
 from servemon.loadgen.record.tally import with_energy
 from servemon.loadgen.run.firstread import FirstRead
@@ -122,10 +123,12 @@ class EnergySampler:
         self.why = why
         self.first.tried(time.monotonic(), ok=False)
 
-    def record(self, origin_s: float) -> dict[str, Any]:
+    def record(self, origin_s: float, said: str) -> EnergyRecord:
         """``run.json``'s ``energy``: the source, ``first_read_s`` (the run's
-        clock; None where never read) and ``tries``."""
-        return {"source": self.source, **self.first.record(origin_s)}
+        clock; None where never read), ``tries`` and the line ``said``."""
+        return EnergyRecord(
+            self.source, self.first.first_read_s(origin_s), self.first.tries, said
+        )
 
     async def run(self) -> None:
         """Read until cancelled, on a fixed cadence (missed rounds skipped)."""
@@ -219,10 +222,10 @@ async def open_energy(
 
 def late_line(sampler: EnergySampler, origin_s: float) -> str:
     """What the run says when a late source is first read."""
-    first = sampler.first.record(origin_s)
+    first_s = sampler.first.first_read_s(origin_s) or 0.0
     return (
-        f"energy: read from {first['first_read_s']:.1f} s on (the target's GPU "
-        f"energy counters from {sampler.source}, after {first['tries']} tries; "
+        f"energy: read from {first_s:.1f} s on (the target's GPU "
+        f"energy counters from {sampler.source}, after {sampler.first.tries} tries; "
         "a stage that started before has no energy)"
     )
 

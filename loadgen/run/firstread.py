@@ -10,7 +10,6 @@ none did)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 __all__ = ["FirstRead"]
 
@@ -33,10 +32,7 @@ class FirstRead:
             self.at = now
         return ok
 
-    def record(self, origin_s: float) -> dict[str, Any]:
-        """``first_read_s`` (seconds since the run's origin, 3 decimals; None if
-        never read) and ``tries``."""
-        return {
-            "first_read_s": None if self.at is None else round(self.at - origin_s, 3),
-            "tries": self.tries,
-        }
+    def first_read_s(self, origin_s: float) -> float | None:
+        """When the first reading worked, in seconds since the run's origin
+        (3 decimals); None if never read."""
+        return None if self.at is None else round(self.at - origin_s, 3)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiohttp
@@ -24,14 +24,11 @@ from servemon.core.errors import TargetError
 from servemon.core.wire.http import NotAnswered, post, post_json
 from servemon.core.wire.limits import ResponseTooLarge, read_body
 from servemon.loadgen.run.sampler import parse_engine_samples
-from servemon.loadgen.workloads.prefix import PrefixWorkload
-from servemon.loadgen.workloads.prompts import Workload
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "PrefixTarget",
     "find_prefix_target",
-    "prefix_record",
     "send_warm",
 ]
 
@@ -119,20 +116,6 @@ async def send_warm(
             raise TargetError(
                 f"POST {url}: a prefix workload's warm prompt failed: HTTP {status}"
             )
-
-
-def prefix_record(workload: Workload, prefix: PrefixTarget | None) -> dict[str, Any]:
-    """What ``run.json`` keeps of a ``prefix:`` workload (nothing for another
-    kind): the rate asked, the blocks' rate, and the engine's facts they rest on."""
-    if not isinstance(workload, PrefixWorkload) or prefix is None:
-        return {}
-    return {
-        "asked_hit": workload.asked_hit,
-        "expected_hit": round(workload.expected_hit, 6),
-        "shared_tokens": workload.shared_tokens,
-        "groups": workload.groups,
-        **asdict(prefix),
-    }
 
 
 async def _get_text(

@@ -32,6 +32,7 @@ import aiohttp
 
 from servemon.core import promql
 from servemon.core.wire.limits import DEFAULT_LIMITS, ResponseTooLarge, read_body
+from servemon.loadgen.record.sections import ScrapeIntervalRecord
 
 __all__ = ["DEFAULT_S", "TIMEOUT_S", "ScrapeInterval", "find_scrape_interval"]
 
@@ -60,15 +61,15 @@ class ScrapeInterval:
     targets: tuple[tuple[str, float], ...] = ()
     why: str | None = None
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> ScrapeIntervalRecord:
         """As ``run.json``'s ``server_metrics.scrape_interval`` keeps it."""
-        return {
-            "seconds": self.seconds,
-            "source": self.source,
-            "matched_by": self.matched_by,
-            "targets": {name: s for name, s in self.targets} or None,
-            "why": self.why,
-        }
+        return ScrapeIntervalRecord(
+            self.seconds,
+            self.source,
+            self.matched_by,
+            {name: s for name, s in self.targets} or None,
+            self.why,
+        )
 
     def said(self) -> str:
         """The one line a run prints about it."""

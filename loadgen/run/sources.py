@@ -12,6 +12,12 @@ from typing import Any
 import aiohttp
 
 from servemon.core.signals import SignalQuery, queries
+from servemon.loadgen.record.sections import (
+    PromSource,
+    QueryRecord,
+    ServerMetricsRecord,
+    SignalsRead,
+)
 from servemon.loadgen.run.config import LoadConfig
 from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.run.promsource import PrometheusSampler, auth_header
@@ -26,10 +32,9 @@ from servemon.monitor.config import load_auth
 __all__ = [
     "make_sampler",
     "prom_headers",
-    "read_record",
     "scrape_interval_of",
+    "server_metrics_record",
     "signal_queries",
-    "source_record",
 ]
 
 
@@ -90,33 +95,52 @@ def signal_queries(config: LoadConfig) -> dict[str, SignalQuery]:
     return queries(config.select, round(config.signal_window))
 
 
-def source_record(config: LoadConfig) -> dict[str, Any]:
-    """Where the server's signals came from, and (Prometheus) the queries."""
+def server_metrics_record(
+    config: LoadConfig,
+    sampler: ServerSampler | PrometheusSampler,
+    scrape: ScrapeInterval | None,
+    origin_s: float,
+) -> ServerMetricsRecord:
+    """``run.json``'s ``server_metrics``: the sampler's scrapes and failures, the
+    engine's description, where the signals came from (Prometheus: the queries),
+    when they were first read (:mod:`loadgen.run.firstread`; Prometheus: each
+    signal too), and the scrape interval gone by."""
+    return ServerMetricsRecord(
+        scrapes=sampler.scrapes,
+        errors=sampler.errors,
+        engine_info=sampler.engine_info or None,
+        source="target /metrics" if config.prometheus is None else "prometheus",
+        prom_source=_prom_source(config),
+        first_read_s=sampler.first.first_read_s(origin_s),
+        tries=sampler.first.tries,
+        signals=_signals_read(sampler, origin_s),
+        scrape_interval=None if scrape is None else scrape.record(),
+    )
+
+
+def _prom_source(config: LoadConfig) -> PromSource | None:
     if config.prometheus is None:
-        return {"source": "target /metrics"}
-    return {
-        "source": "prometheus",
-        "prometheus": config.prometheus,
-        "select": ",".join(config.select) or None,
-        "stale_after_s": 2 * (config.scrape_interval or DEFAULT_S),
-        "queries": {
-            name: {"value": q.value, "age": q.age}
+        return None
+    return PromSource(
+        prometheus=config.prometheus,
+        select=",".join(config.select) or None,
+        stale_after_s=2 * (config.scrape_interval or DEFAULT_S),
+        queries={
+            name: QueryRecord(q.value, q.age)
             for name, q in signal_queries(config).items()
         },
-    }
+    )
 
 
-def read_record(
+def _signals_read(
     sampler: ServerSampler | PrometheusSampler, origin_s: float
-) -> dict[str, Any]:
-    """When the server's signals were first read, after how many tries
-    (:mod:`loadgen.run.firstread`), and (Prometheus) when each signal first had a
-    value (None: never)."""
-    data = sampler.first.record(origin_s)
-    if isinstance(sampler, PrometheusSampler):
-        seen = sampler.first_seen
-        data["signals_first_read_s"] = {
+) -> SignalsRead | None:
+    if not isinstance(sampler, PrometheusSampler):
+        return None
+    seen = sampler.first_seen
+    return SignalsRead(
+        {
             name: round(seen[name] - origin_s, 3) if name in seen else None
             for name in sampler.queries
         }
-    return data
+    )

@@ -1,12 +1,14 @@
 """What the load generator finds out about its target (and its own machine) before
 a run: the model to use, the engine version, local GPUs, whether the target is on
-this machine."""
+this machine; :func:`survey` finds them all, into :class:`TargetFacts`."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -15,15 +17,73 @@ import aiohttp
 from servemon.core.errors import TargetError
 from servemon.core.wire.failures import tls_failure
 from servemon.core.wire.limits import ResponseTooLarge, head_refused, read_body
+from servemon.loadgen.record.sections import (
+    EmbeddedSimulator,
+    EnvironmentRecord,
+    GpuRecord,
+    Json,
+    TargetRecord,
+)
 
 __all__ = [
+    "TargetFacts",
     "check_served",
     "context_of",
     "discover_model",
     "is_loopback",
     "local_gpus",
+    "survey",
     "target_version",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class TargetFacts:
+    """What a run found out before it started: the target's base URL, the model
+    to ask for (a mix: its names joined by commas), its ``/v1/models`` answer and
+    engine version, and the GPUs where the load generator runs."""
+
+    base: str
+    model: str
+    listing: Json
+    version: str | None
+    gpus: list[GpuRecord] | str
+
+    @property
+    def context(self) -> int | None:
+        """The target's context in tokens (:func:`context_of`)."""
+        return context_of(self.listing, self.model)
+
+    def record(self, embedded: EmbeddedSimulator | None) -> TargetRecord:
+        """``run.json``'s ``target`` (``embedded``: the simulator started for the
+        run, if one was)."""
+        return TargetRecord(self.base, self.model, self.listing, embedded)
+
+    def environment(self) -> EnvironmentRecord:
+        """``run.json``'s ``environment``: this process's, with the GPUs found."""
+        return EnvironmentRecord.here(self.gpus)
+
+
+async def survey(
+    session: aiohttp.ClientSession,
+    base: str,
+    model: str | None,
+    mix: Sequence[str] | None,
+    headers: Mapping[str, str],
+) -> TargetFacts:
+    """Find out about the target at ``base``: the model (``model``, else the
+    first it lists; every model of a ``mix``, each checked served), its version,
+    and this machine's GPUs."""
+    model, listing = await discover_model(
+        session, base, None if mix else model, headers
+    )
+    if mix is not None:
+        check_served(base, listing, mix)
+        model = ",".join(mix)
+    version, gpus = await asyncio.gather(
+        target_version(session, base, headers), asyncio.to_thread(local_gpus)
+    )
+    return TargetFacts(base, model, listing, version, gpus)
 
 
 async def target_version(
@@ -48,7 +108,7 @@ async def target_version(
     return str(version) if version is not None else None
 
 
-def local_gpus() -> list[dict[str, Any]] | str:
+def local_gpus() -> list[GpuRecord] | str:
     """GPU names, driver and memory from NVML where the load generator runs, or
     why there are none (blocking: call through a thread)."""
     from servemon.monitor.gpu import GpuUnavailable
@@ -65,13 +125,9 @@ def local_gpus() -> list[dict[str, Any]] | str:
     finally:
         reader.close()
     return [
-        {
-            "index": g.index,
-            "name": g.name,
-            "uuid": g.uuid,
-            "driver": snapshot.driver_version,
-            "memory_total_bytes": g.memory_total_bytes,
-        }
+        GpuRecord(
+            g.index, g.name, g.uuid, snapshot.driver_version, g.memory_total_bytes
+        )
         for g in snapshot.gpus
     ]
 

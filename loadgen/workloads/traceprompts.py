@@ -63,14 +63,6 @@ class ContextFit:
     #: The longest entry that does not fit: (line, prompt + output tokens).
     longest: tuple[int, int] | None = None
 
-    def record(self) -> dict[str, object]:
-        """The ``run.json`` form (``workload.context``)."""
-        return {
-            "context_tokens": self.context,
-            "over_context": self.policy,
-            "entries_over_context": self.over,
-        }
-
     def fits(self, prompt_tokens: int | None, output: int) -> bool:
         return (
             self.context is None
@@ -102,16 +94,6 @@ class TraceWorkload:
     _blocks: dict[tuple[int, int], str] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
-
-    def record(self) -> dict[str, object]:
-        """The ``run.json`` form (``workload``): how the entries fit the context,
-        the trace's format and the failed lines it marks (skipped or kept)."""
-        record = self.fit.record()
-        if self.source is not None:
-            record["trace_format"] = self.source.format
-            record["failed_lines"] = self.source.failed
-            record["failed_lines_policy"] = self.source.failed_lines
-        return record
 
     def said(self) -> str | None:
         """One line for the terminal on the failed lines the trace marks (None:

@@ -28,6 +28,7 @@ from servemon.loadgen.record.runrecord import (
     StageResult,
     write_record,
 )
+from servemon.loadgen.record.sections import ClockOrigin
 from servemon.loadgen.record.tally import Tally
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
@@ -71,9 +72,9 @@ def _write_run(path: Path) -> list[int]:
     info = RunInfo(
         kind="ramp",
         status="completed",
-        clock_origin={"monotonic_s": 9.0, "utc": "2026-12-01T00:00:00+00:00"},
+        clock_origin=ClockOrigin(9.0, "2026-12-01T00:00:00+00:00"),
         stages=stages,
-        slo=["ttft_p95<=0.5"],
+        slo_terms=parse_slo("ttft_p95<=0.5"),
         stop_reason="arrêt ✓",
     )
     summary = RunSummary(

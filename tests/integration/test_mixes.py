@@ -84,7 +84,7 @@ def test_a_model_mix_sends_each_model_its_share_and_counts_it_apart(
     by_model = result.record.by_model
     assert by_model is not None
     assert {k: v.requests for k, v in by_model.items()} == dict(models)
-    assert result.info.target["model"] == "base,sql,chat"
+    assert result.info.target.model == "base,sql,chat"
     # The live series carry each request's model.
     assert any(
         re.search(r'servemon_client_requests_total\{[^}]*model="sql"', text)

@@ -63,7 +63,7 @@ def test_later_turns_find_their_history_in_the_prefix_cache(tmp_path: Path) -> N
     for line in lines:
         by_session[line["session"]].append(line)
     assert stage.start_s is not None
-    end_of_schedule = stage.start_s + 6.0 + cached.info.clock_origin["monotonic_s"]
+    end_of_schedule = stage.start_s + 6.0 + cached.info.origin_s
     for turns in by_session.values():
         turns.sort(key=lambda x: x["turn"])
         assert [t["turn"] for t in turns] == list(range(1, len(turns) + 1))

@@ -138,6 +138,26 @@ def test_modules_stay_readable() -> None:
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
+#: Where a run is put together, a function a reader can follow in one screen.
+RUNNER = (RUN, f"{LOADGEN}.runner")
+MAX_FUNCTION_LINES = 80
+
+
+def test_the_runs_functions_stay_readable() -> None:
+    """No function of ``loadgen/run/`` or ``loadgen/runner.py`` is over
+    :data:`MAX_FUNCTION_LINES` lines, its signature and docstring included."""
+    long = {
+        f"{name}.{node.name}": n
+        for name, path in MODULES.items()
+        if name.startswith(RUNNER)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and (n := (node.end_lineno or node.lineno) - node.lineno + 1)
+        > MAX_FUNCTION_LINES
+    }
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
 def test_one_import_root() -> None:
     """The wheel installs ``servemon`` only; each part is reached through it."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))

@@ -17,6 +17,7 @@ from servemon.loadgen.record.runrecord import (
     read_record,
     write_record,
 )
+from servemon.loadgen.record.sections import ClockOrigin
 from servemon.loadgen.record.tally import Tally
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
@@ -49,9 +50,9 @@ def record(tmp_path: Path) -> tuple[RunInfo, RunSummary]:
     info = RunInfo(
         kind="ramp",
         status="completed",
-        clock_origin={"monotonic_s": 9.0, "utc": "2026-12-01T00:00:00+00:00"},
+        clock_origin=ClockOrigin(9.0, "2026-12-01T00:00:00+00:00"),
         stages=stages,
-        slo=["ttft_p95<=0.5"],
+        slo_terms=parse_slo("ttft_p95<=0.5"),
     )
     summary = RunSummary(
         kind="ramp", status="completed", stages=stages, overall=overall, slo=info.slo
@@ -133,7 +134,9 @@ def test_every_figure_reaches_the_json_the_csv_and_back(tmp_path: Path) -> None:
         )
     stages, overall = tally.results([StageResult(0, "1 rps", 1.0, sent=5)], [None])
     assert set(overall.figures) == set(FIGURE_NAMES)
-    info = RunInfo(kind="ramp", status="completed", clock_origin={}, stages=stages)
+    info = RunInfo(
+        kind="ramp", status="completed", clock_origin=ClockOrigin(), stages=stages
+    )
     summary = RunSummary(
         kind="ramp", status="completed", stages=stages, overall=overall
     )
@@ -151,7 +154,8 @@ def test_slo_terms_are_kept_structured_and_an_older_record_still_reads(
     tmp_path: Path,
 ) -> None:
     """``run.json`` keeps the SLO's terms as fields (a reader judges by them, not
-    by parsing text again); a record written before them is judged by its text."""
+    by parsing text again) and their text, derived from them; a record written
+    before the terms is judged by its text."""
     info, summary = record(tmp_path)
     terms = parse_slo("ttft_p95<=0.5,error_rate<=0.01")
     info = RunInfo(
@@ -159,7 +163,6 @@ def test_slo_terms_are_kept_structured_and_an_older_record_still_reads(
         status="completed",
         clock_origin=info.clock_origin,
         stages=info.stages,
-        slo=[str(t) for t in terms],
         slo_terms=terms,
     )
     write_record(tmp_path, info, summary)
@@ -173,5 +176,5 @@ def test_slo_terms_are_kept_structured_and_an_older_record_still_reads(
     del raw["slo_terms"]  # as servemon wrote it before
     (tmp_path / "run.json").write_text(json.dumps(raw))
     older, _ = read_record(tmp_path)
-    assert older.slo_terms == []
-    assert older.terms() == terms
+    assert older.slo_terms == terms  # parsed from the text as it is read
+    assert older.slo == raw["slo"]

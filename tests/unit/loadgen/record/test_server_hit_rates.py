@@ -13,6 +13,7 @@ from servemon.loadgen.record.columns import prefix_lines
 from servemon.loadgen.record.reading import Reading, reading_of, server_hit_rates
 from servemon.loadgen.record.record import RunDirectory, rebuild_summary
 from servemon.loadgen.record.runrecord import RunInfo, RunSummary, StageResult
+from servemon.loadgen.record.sections import ClockOrigin, PrefixRecord, WorkloadRecord
 from servemon.loadgen.record.summary import Summarizer
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
@@ -68,7 +69,9 @@ def stages(*rates: float | None) -> RunSummary:
 
 
 def test_a_stage_that_misses_the_asked_rate_is_a_warning() -> None:
-    asked = {"asked_hit": 0.6, "expected_hit": 0.59375, "block_size": 16}
+    asked = WorkloadRecord(
+        "prefix:hit=0.6", prefix=PrefixRecord(0.6, 0.59375, block_size=16)
+    )
     shown, missed = prefix_lines(asked, stages(0.594, 0.41))
     assert "asked 0.6" in shown[0]
     assert "0.594 (4 rps), 0.410 (4 rps)" in shown[0]
@@ -78,10 +81,10 @@ def test_a_stage_that_misses_the_asked_rate_is_a_warning() -> None:
 
 
 def test_another_workload_shows_the_rates_without_judging_them() -> None:
-    shown, missed = prefix_lines({"spec": "random"}, stages(0.0, None))
+    shown, missed = prefix_lines(WorkloadRecord("random"), stages(0.0, None))
     assert shown == ["prefix cache (the server's counters): 0.000 (4 rps), - (4 rps)"]
     assert missed == []
-    assert prefix_lines({}, stages(None)) == ([], [])
+    assert prefix_lines(WorkloadRecord(), stages(None)) == ([], [])
 
 
 def test_a_killed_runs_rebuilt_summary_reads_the_rate_and_energy_it_sampled(
@@ -115,7 +118,7 @@ def test_a_killed_runs_rebuilt_summary_reads_the_rate_and_energy_it_sampled(
     info = RunInfo(
         kind="ramp",
         status="running",
-        clock_origin={"monotonic_s": 9.0, "utc": "2026-12-01T00:00:00+00:00"},
+        clock_origin=ClockOrigin(9.0, "2026-12-01T00:00:00+00:00"),
         config={"sample_interval": 1.0, "gpu_hour_cost": 2.0},
     )
     rebuilt = rebuild_summary(tmp_path / "run", info)

@@ -17,6 +17,7 @@ from servemon.loadgen.record.runrecord import (
     read_record,
     write_record,
 )
+from servemon.loadgen.record.sections import ClockOrigin
 from servemon.loadgen.record.summary import Summarizer
 from servemon.loadgen.run import clientwatch
 from servemon.loadgen.run.clientwatch import ClientWatch, limit_lines
@@ -129,7 +130,7 @@ def test_client_limits_are_in_the_record_and_an_older_record_has_none(
         stages=[stage],
         overall=Summarizer().summary(),
     )
-    info = RunInfo(kind="ramp", status="completed", clock_origin={"utc": "x"})
+    info = RunInfo(kind="ramp", status="completed", clock_origin=ClockOrigin(utc="x"))
     write_record(tmp_path, info, summary)
     _, read = read_record(tmp_path)
     assert read is not None

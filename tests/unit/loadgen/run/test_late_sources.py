@@ -14,6 +14,7 @@ from aiohttp import web
 
 from servemon.embedded import free_port
 from servemon.loadgen.record.energy import EnergyCounters
+from servemon.loadgen.record.sections import EnergyRecord
 from servemon.loadgen.run.energy import (
     EnergyReading,
     EnergySampler,
@@ -29,14 +30,14 @@ NO_PRICE = (None, None)
 
 def test_the_first_read_counts_tries_up_to_the_first_that_worked() -> None:
     first = FirstRead()
-    assert first.record(100.0) == {"first_read_s": None, "tries": 0}
+    assert (first.first_read_s(100.0), first.tries) == (None, 0)
     assert not first.tried(101.0, ok=False)
     assert not first.tried(102.0, ok=False)
     assert first.tried(103.25, ok=True)
     # Later tries, failed or not, change nothing.
     assert not first.tried(104.0, ok=True)
     assert not first.tried(105.0, ok=False)
-    assert first.record(100.0) == {"first_read_s": 3.25, "tries": 3}
+    assert (first.first_read_s(100.0), first.tries) == (3.25, 3)
 
 
 def late_counters() -> EnergyCounters:
@@ -109,11 +110,7 @@ async def test_a_source_that_answers_later_is_read_from_then_on() -> None:
     assert s.first.tries == 3
     assert [line["energy"].get("starts_late") for line in lines] == [True, None]
     assert s.counters.known_from == lines[0]["mono_s"]
-    assert s.record(s.first.at or 0.0) == {
-        "source": "test",
-        "first_read_s": 0.0,
-        "tries": 3,
-    }
+    assert s.record(s.first.at or 0.0, "said") == EnergyRecord("test", 0.0, 3, "said")
     assert late_line(s, s.first.at or 0.0).startswith(
         "energy: read from 0.0 s on (the target's GPU energy counters from test, "
         "after 3 tries"

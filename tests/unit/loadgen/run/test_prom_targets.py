@@ -111,7 +111,7 @@ def test_the_largest_interval_of_the_targets_exposing_the_selected_series() -> N
     assert 'target="sim-a"' in query
     assert "by (job, instance)" in query
     assert set(fake.auth) == {"Bearer s3cret"}
-    assert found.record()["targets"] == {
+    assert found.record().targets == {
         "servemon/10.0.0.1:9400": 1.0,
         "servemon/10.0.0.2:9400": 5.0,
     }

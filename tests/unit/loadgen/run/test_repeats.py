@@ -20,6 +20,7 @@ from servemon.loadgen.record.runrecord import (
     read_record,
     write_record,
 )
+from servemon.loadgen.record.sections import ClockOrigin
 from servemon.loadgen.record.tally import Tally
 from servemon.loadgen.reports.compare import verdict_text
 from servemon.loadgen.reports.significance import Difference, Verdict
@@ -183,7 +184,7 @@ def test_by_level_reads_back_from_summary_json_with_its_figures(
     info = RunInfo(
         kind="ramp",
         status="completed",
-        clock_origin={"monotonic_s": 9.0, "utc": "2026-12-01T00:00:00+00:00"},
+        clock_origin=ClockOrigin(9.0, "2026-12-01T00:00:00+00:00"),
         stages=summary.stages,
     )
     write_record(tmp_path, info, summary)
@@ -215,7 +216,7 @@ def test_a_killed_runs_rebuilt_summary_keeps_its_repeats(tmp_path: Path) -> None
     info = RunInfo(
         kind="ramp",
         status="running",
-        clock_origin={"monotonic_s": 9.0, "utc": "2026-12-01T00:00:00+00:00"},
+        clock_origin=ClockOrigin(9.0, "2026-12-01T00:00:00+00:00"),
         stages=PLAN,
     )
     rebuilt = rebuild_summary(tmp_path / "run", info)

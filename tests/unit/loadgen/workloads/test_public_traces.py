@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from servemon.core.errors import ConfigError
+from servemon.loadgen.record.sections import TraceSource
+from servemon.loadgen.run.workloadrecord import trace_record
 from servemon.loadgen.workloads.traceentry import TraceFile
 from servemon.loadgen.workloads.tracefile import parse_trace_file, read_trace_file
 from servemon.loadgen.workloads.traceprompts import TraceWorkload
@@ -176,14 +178,13 @@ async def test_the_workload_sends_kept_failed_lines_and_records_them(
         parse_workload(f"trace:{path}"), counter=Words(), seed=1
     )
     assert isinstance(skipped, TraceWorkload)
-    assert skipped.record()["failed_lines"] == 1
-    assert skipped.record()["trace_format"] == "burstgpt"
+    assert trace_record(skipped).source == TraceSource("burstgpt", 1, "skip")
     assert "1 failed lines (Response tokens 0) skipped, of 3" in str(skipped.said())
     kept = await build_workload(
         parse_workload(f"trace:{path},failed=keep,output=7:9"), counter=Words(), seed=1
     )
     assert isinstance(kept, TraceWorkload)
-    assert kept.record()["failed_lines_policy"] == "keep"
+    assert trace_record(kept).source == TraceSource("burstgpt", 1, "keep")
     assert [kept.prompt(i).prompt_tokens for i in range(3)] == [472, 1087, 10]
     default = await build_workload(
         parse_workload(f"trace:{path},failed=keep"), counter=Words(), seed=1
