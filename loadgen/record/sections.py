@@ -62,6 +62,8 @@ def flat(value: object) -> dict[str, object]:
         item = getattr(value, f.name)
         if "part" in f.metadata:
             out.update({} if item is None else flat(item))
+        elif f.metadata.get("omit_empty") and item in (None, ""):
+            continue
         else:
             out[f.name] = as_json(item)
     return out
@@ -356,15 +358,15 @@ class MergedShard:
 
     __pydantic_config__ = _LENIENT
 
+    #: The shard's run directory, or a fleet worker's spool taken in (``servemon
+    #: merge RUN --spool``) with its worker, the records it added and those it
+    #: put in place of cancelled ones (what an entry does not have, it omits).
     path: str
-    shard: str | None = None
-    status: str = ""
-    #: A fleet worker's spool taken in (``servemon merge RUN --spool``): its
-    #: worker, the records it added and those it put in place of cancelled ones.
-    spool: str | None = None
-    worker: int | None = None
-    recovered: int | None = None
-    replaced: int | None = None
+    shard: str | None = field(default=None, metadata={"omit_empty": True})
+    status: str = field(default="", metadata={"omit_empty": True})
+    worker: int | None = field(default=None, metadata={"omit_empty": True})
+    recovered: int | None = field(default=None, metadata={"omit_empty": True})
+    replaced: int | None = field(default=None, metadata={"omit_empty": True})
 
 
 #: The sections with parts, as ``RunInfo`` reads them.

@@ -227,7 +227,6 @@ def recover_spools(
     merged += [
         MergedShard(
             path=str(c.path),
-            spool=str(c.path),
             worker=c.worker,
             recovered=c.recovered,
             replaced=c.replaced,

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from servemon.core import names
+from servemon.core.slo import parse_slo
 from servemon.loadgen.record.runrecord import (
     CapacityResult,
     RunInfo,
@@ -17,6 +18,7 @@ from servemon.loadgen.record.runrecord import (
     TierResult,
     write_record,
 )
+from servemon.loadgen.record.sections import ClockOrigin
 from servemon.loadgen.record.summary import Summarizer
 
 __all__ = ["ORIGIN_S", "STEP_S", "write_capacity_run"]
@@ -65,9 +67,9 @@ def write_capacity_run(
     info = RunInfo(
         kind="capacity",
         status="completed",
-        clock_origin={"monotonic_s": ORIGIN_S},
+        clock_origin=ClockOrigin(monotonic_s=ORIGIN_S),
         config={"settle": settle_s},
-        slo=["ttft_p95<=0.5"],
+        slo_terms=parse_slo("ttft_p95<=0.5"),
         stages=stages,
     )
     summary = RunSummary(

@@ -132,8 +132,8 @@ def test_the_spools_fill_in_what_the_killed_coordinator_never_wrote(
         == json.loads((run / "run.json").read_text())["clock_origin"]
     )
     assert info["merged_from"][1:] == [
-        {"spool": str(w0), "worker": 0, "recovered": 2, "replaced": 0},
-        {"spool": str(w1), "worker": 1, "recovered": 2, "replaced": 1},
+        {"path": str(w0), "worker": 0, "recovered": 2, "replaced": 0},
+        {"path": str(w1), "worker": 1, "recovered": 2, "replaced": 1},
     ]
     assert (result.path / "report.html").stat().st_size > 0
 

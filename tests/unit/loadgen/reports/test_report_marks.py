@@ -3,8 +3,10 @@ tiers a run has, and the SVG ids of their marks on latency against load."""
 
 from __future__ import annotations
 
+from servemon.core.slo import parse_slo
 from servemon.loadgen.record.findings import CapacityResult, StepVerdict, TierResult
 from servemon.loadgen.record.runrecord import RunInfo, RunSummary, StageResult
+from servemon.loadgen.record.sections import ClockOrigin
 from servemon.loadgen.record.summary import Summarizer
 from servemon.loadgen.reports.marks import tiers_of
 from servemon.loadgen.reports.plots import plot_vs_load
@@ -15,7 +17,12 @@ def _tier(name: str, slo: str, rate: float | None) -> TierResult:
 
 
 def _run(capacity: CapacityResult | None, slo: list[str]) -> tuple[RunInfo, RunSummary]:
-    info = RunInfo(kind="capacity", status="completed", clock_origin={}, slo=slo)
+    info = RunInfo(
+        kind="capacity",
+        status="completed",
+        clock_origin=ClockOrigin(),
+        slo_terms=parse_slo(",".join(slo)) if slo else [],
+    )
     stages = [
         StageResult(
             stage=i, label=f"{r:g} rps", target_rate=r, summary=Summarizer().summary()
@@ -82,6 +89,6 @@ def test_one_slo_is_the_tier_slo_and_a_ramp_has_no_capacity() -> None:
     info.slo_terms = list(tiers_of(info, record)[0].terms)
     record.capacity = None
     assert [(t.name, t.capacity_rps) for t in tiers_of(info, record)] == [("slo", None)]
-    info.slo_terms, info.slo = [], []
+    info.slo_terms = []
     assert tiers_of(info, record) == []
     assert 'id="slo-' not in plot_vs_load(info, record)
