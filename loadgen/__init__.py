@@ -1,14 +1,17 @@
 """The load generator: requests sent on a schedule, timed as a client waits for them.
 
-:mod:`loadgen.runner` runs a load command through its driver —
-:mod:`loadgen.drivers.ramp` (open loop: :mod:`loadgen.send.arrivals`,
-:mod:`loadgen.send.dispatch`), :mod:`loadgen.drivers.sweep` (closed loop:
-:mod:`loadgen.send.closedloop`) or :mod:`loadgen.drivers.capacity` — over one
-:mod:`loadgen.run.context`. Each request is timed by :mod:`loadgen.send.client` into a
-:mod:`loadgen.send.timing` record, appended to :mod:`loadgen.record.record`'s run
-directory, published live by :mod:`loadgen.run.live` and summed up as it finishes by
-:mod:`loadgen.record.summary`; the run's typed record is
-:mod:`loadgen.record.runrecord`. Prompts come from :mod:`loadgen.workloads.workload`.
+:mod:`servemon.loadgen.runner` runs a load command through its driver —
+:mod:`servemon.loadgen.drivers.ramp` (open loop: :mod:`servemon.loadgen.send.arrivals`,
+:mod:`servemon.loadgen.send.dispatch`), :mod:`servemon.loadgen.drivers.sweep` (closed
+loop: :mod:`servemon.loadgen.send.closedloop`) or
+:mod:`servemon.loadgen.drivers.capacity` — over one :mod:`servemon.loadgen.run.context`.
+Each request is timed by :mod:`servemon.loadgen.send.client` into a
+:mod:`servemon.loadgen.send.timing` record, appended to
+:mod:`servemon.loadgen.record.record`'s run directory, published live by
+:mod:`servemon.loadgen.run.live` and summed up as it finishes by
+:mod:`servemon.loadgen.record.summary`; the run's typed record is
+:mod:`servemon.loadgen.record.runrecord`. Prompts come from
+:mod:`servemon.loadgen.workloads.workload`.
 """
 
 from servemon.loadgen.record.summary import Summary, summarize

@@ -24,7 +24,7 @@ spread 0.12-0.14, against 0.99 and 0.09 with the sends owed; see
 answer), but less bursty than the process they are drawn from: each interval
 records what went out over what was drawn at (:meth:`Pace.mean_pace`).
 The law does not pace while it drains a backlog (a TTFT far over its setpoint,
-:data:`loadgen.drivers.controllaw.TTFT_DRAIN_OVER`; :meth:`Pace.unpaced`); it
+:data:`servemon.loadgen.drivers.controllaw.TTFT_DRAIN_OVER`; :meth:`Pace.unpaced`); it
 drains the count of requests here.
 """
 
@@ -133,7 +133,8 @@ class Pace:
 
     def woke(self) -> None:
         """The gap last drawn was longer than the schedule waits: it ended in a
-        wake-up (:data:`~loadgen.send.arrivals.WAKE`), with nothing sent for it."""
+        wake-up (:data:`~servemon.loadgen.send.arrivals.WAKE`), with nothing sent for
+        it."""
         if self.paced_count:
             self.owed += 1.0
             self.paced_sum -= self.last_stretch
@@ -158,7 +159,7 @@ class Pace:
 class PrefillBacklog:
     """Prompt tokens sent and not yet answered with a first token (a starter,
     first-token listener and sink of the sender's
-    :class:`~loadgen.run.sender.Hooks`)."""
+    :class:`~servemon.loadgen.run.sender.Hooks`)."""
 
     tau_s: float
     gain: float = PACE_GAIN

@@ -6,8 +6,8 @@ seeded ``--arrival`` process) at a rate the controller sets every control interv
 from the measured signal (``--hold waiting=8``, ``kv_cache_usage=0.8``,
 ``ttft_p95=0.4``, ``burn_rate=1``, ``gpu_utilization=0.9``).
 
-The control law (:class:`loadgen.drivers.controllaw.ControlLaw`) is a PI controller in
-velocity form on the logarithm of the rate::
+The control law (:class:`servemon.loadgen.drivers.controllaw.ControlLaw`) is a PI
+controller in velocity form on the logarithm of the rate::
 
     e[k] = clamp(log(setpoint / measured[k]), -1, 1)
     log r[k+1] = log r[k] + kp * (e[k] - e[k-1]) + ki * e[k]      (step-limited)
@@ -16,7 +16,8 @@ velocity form on the logarithm of the rate::
 except for ``waiting``, a queue, held by the queue law ``r[k+1] = served[k] +
 (setpoint - waiting[k]) / (2 T)``, and for a ratio at its ceiling (KV usage or GPU
 utilization at 0.95 or more), which drains the queue behind it: ``r[k+1] <=
-served[k] - waiting[k] / (2 T)`` (see :class:`~loadgen.drivers.controllaw.ControlLaw`).
+served[k] - waiting[k] / (2 T)`` (see
+:class:`~servemon.loadgen.drivers.controllaw.ControlLaw`).
 
 Why this shape:
 
@@ -38,14 +39,14 @@ Why this shape:
   half the rate window (Prometheus). The control interval is twice that delay (at
   least 1 s), so each step is judged on a signal that saw the previous one. The
   scrape interval is Prometheus' own, read from its targets API
-  (:mod:`loadgen.run.promtargets`): assumed at 15 s, a Prometheus scraping every
-  second got a change every 32 s. A queue read from Prometheus and KV usage are
+  (:mod:`servemon.loadgen.run.promtargets`): assumed at 15 s, a Prometheus scraping
+  every second got a change every 32 s. A queue read from Prometheus and KV usage are
   steered on counts of the client's own instead, which have no delay (below):
   every two samples, at least 2 s.
 - **A queue through Prometheus: the client's count, calibrated.** A queued request
   has no first token yet, so the client's prompts with no answer are the server's
   queue (plus those in prefill) without the scrape's delay
-  (:class:`~loadgen.drivers.controlsignal.QueueEstimate`). The gauge, a scrape
+  (:class:`~servemon.loadgen.drivers.controlsignal.QueueEstimate`). The gauge, a scrape
   late, only gives the offset between them (other clients' traffic, requests in
   prefill, answers not streamed), averaged over intervals; the queue law steers
   the count plus the offset, which each tick records as ``steered``. On the real
@@ -88,8 +89,8 @@ Why this shape:
   a rate gives has no fixed gain: on vLLM's CPU build a law that predicted from the
   rate swung between an empty and a full cache (17 % of ticks within ±15 %,
   ``benchmarks/RESULTS.md``). The client knows the population without lag
-  (:mod:`loadgen.drivers.heldtokens`): what each request in flight holds now, at
-  the decode speed of the last seconds of recent streams. The law scales that
+  (:mod:`servemon.loadgen.drivers.heldtokens`): what each request in flight holds now,
+  at the decode speed of the last seconds of recent streams. The law scales that
   model to the gauge (the ratio of their averages), turns the setpoint into the
   number of requests in flight that holds it (each holding its prompt and half its
   output), and holds that number with the queue law: what the server served (its
@@ -111,8 +112,8 @@ Why this shape:
 - **TTFT far over: a backlog to drain.** Past twice the setpoint the p95 is a
   backlog of prompts that grows faster than the clamped integral step cuts (a
   server that got slower). The client knows that backlog without lag
-  (:mod:`loadgen.drivers.backlog`: the prompts it sent with no first token yet), and the
-  law drains it like a queue, at no less than half of what was served.
+  (:mod:`servemon.loadgen.drivers.backlog`: the prompts it sent with no first token
+  yet), and the law drains it like a queue, at no less than half of what was served.
 - **TTFT's bursts: a pace on the sends (``--pace``, off by default).** Poisson
   arrivals bunch, a bunch queues, and the window's p95 is the top few requests of
   the bunches: a law on the p95 hears of a bunch a window later, when it is over,
@@ -127,8 +128,8 @@ Why this shape:
   for, which is why it is not the default. Every tick records ``pace`` (what went
   out over what was drawn at) and ``backlog``. KV usage is paced by default
   (``--no-pace`` turns it off), by the count of requests in flight after the start
-  phase (:class:`~loadgen.drivers.backlog.InFlightPace`): Poisson arrivals swing
-  that count, and the usage with it, by more than the ±15 % band. ``--pace`` with
+  phase (:class:`~servemon.loadgen.drivers.backlog.InFlightPace`): Poisson arrivals
+  swing that count, and the usage with it, by more than the ±15 % band. ``--pace`` with
   ``--hold waiting`` paces on the same prefill backlog as TTFT's (off by default:
   on vLLM it overshoots a short run's queue after the hand-over, docs/capacity.md).
 - **Unreachable.** When the rate has sat at a bound for three intervals with the
@@ -196,8 +197,8 @@ def _arrivals(
     """Open-loop sends at the law's current rate, for ``duration_s``: each gap is
     drawn at the rate of the moment it is drawn (times the pace, where there is
     one). A gap longer than :data:`WAKE_EVERY_S` is not waited out: the schedule
-    wakes then (:data:`~loadgen.send.arrivals.WAKE`, nothing sent) and draws again
-    at the rate of that moment. A vLLM run through Prometheus drew a gap at 0.125
+    wakes then (:data:`~servemon.loadgen.send.arrivals.WAKE`, nothing sent) and draws
+    again at the rate of that moment. A vLLM run through Prometheus drew a gap at 0.125
     req/s (the hand-over's cut to ``--rps-min`` times the pace's least) and sent
     nothing for 22 s while the law raised the rate to 200 req/s."""
     rng = random.Random(f"{seed}:control")

@@ -1,5 +1,5 @@
-"""The control law of ``servemon control`` (see :mod:`loadgen.drivers.control` for why
-it has this shape): the PI step from one control interval
+"""The control law of ``servemon control`` (see :mod:`servemon.loadgen.drivers.control`
+for why it has this shape): the PI step from one control interval
 to the next."""
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ class ControlSettings:
     control_interval: float | None
     blind_timeout: float
     #: ``--pace``/``--no-pace``: each send paced on the client's own count (see
-    #: :mod:`loadgen.drivers.backlog`); None: :func:`~loadgen.run.config.paces`.
+    #: :mod:`servemon.loadgen.drivers.backlog`); None:
+    #: :func:`~servemon.loadgen.run.config.paces`.
     pace: bool | None
     #: When the schedule starts (``--start-at``); None: now.
     start_at: datetime | None
@@ -105,7 +106,8 @@ START_UP = 1.0
 
 @dataclass(slots=True)
 class ControlLaw:
-    """The law of :mod:`loadgen.drivers.control`; ``update`` gives the next rate.
+    """The law of :mod:`servemon.loadgen.drivers.control`; ``update`` gives the next
+    rate.
 
     ``waiting`` is a queue, an integrator of (offered - served): the queue law
     offers what the server served plus the queue error spread over ``drain``
@@ -135,8 +137,8 @@ class ControlLaw:
     flight; and where the server's speed falls with its batch (a CPU, a GPU past its
     knee) each request sent makes every other one live longer, so the usage a rate
     gives has no fixed gain. Given the client's model of what its requests hold
-    (``held``, see :mod:`loadgen.drivers.heldtokens`), the law holds the number of
-    requests in flight that holds the setpoint, like a queue: ``scale``, the measured
+    (``held``, see :mod:`servemon.loadgen.drivers.heldtokens`), the law holds the number
+    of requests in flight that holds the setpoint, like a queue: ``scale``, the measured
     usage per modelled token above what the server holds idle (``floor``), follows
     the gauge (an average, :data:`SCALE_ALPHA` of the way each interval); the
     setpoint less the floor, over the scale, over what a request holds

@@ -1,11 +1,12 @@
-"""What ``servemon control`` measures each tick (:mod:`loadgen.drivers.control`): the
-signal over the last interval, and what the client knows of it without lag.
+"""What ``servemon control`` measures each tick
+(:mod:`servemon.loadgen.drivers.control`): the signal over the last interval, and what
+the client knows of it without lag.
 
 - :func:`measure`: the mean of the signal's fresh readings over an interval
   (Prometheus' or the target's ``/metrics``), or the client's own TTFT p95;
 - :class:`ClientWindow`: the requests finished (served, lifetimes, TTFTs);
 - :func:`held_model`: the KV model's mean over what the gauge saw, the requests
-  in flight and what one holds (:mod:`loadgen.drivers.heldtokens`);
+  in flight and what one holds (:mod:`servemon.loadgen.drivers.heldtokens`);
 - :class:`QueueEstimate`: the server's queue now, from the client's prompts with
   no answer yet and the gauge's offset to them (``waiting`` through Prometheus).
 """

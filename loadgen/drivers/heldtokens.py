@@ -14,8 +14,8 @@ models what each request holds::
                                       up to the output length; then it finishes)
 
 :class:`HeldTokens` sums that over the requests in flight (``held``): the law
-(:class:`loadgen.drivers.controllaw.ControlLaw`) scales the sum to the measured gauge
-(block rounding, other traffic). What a request holds on average over its life
+(:class:`servemon.loadgen.drivers.controllaw.ControlLaw`) scales the sum to the measured
+gauge (block rounding, other traffic). What a request holds on average over its life
 (:attr:`Shape.mean_held`: its prompt, and half its output for the part of its life it
 decodes) turns the setpoint into a number of requests in flight, which the law holds
 like a queue.
@@ -100,7 +100,8 @@ class _Flight:
 class HeldTokens:
     """The requests in flight (``started``) and the shape of the last ``recent``
     that finished, their decode speed over the last ``tail_s`` seconds of the last
-    ``speed_recent`` (a sink of the sender's :class:`~loadgen.run.sender.Hooks`)."""
+    ``speed_recent`` (a sink of the sender's
+    :class:`~servemon.loadgen.run.sender.Hooks`)."""
 
     recent: int = 50
     speed_recent: int = 20

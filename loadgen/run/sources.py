@@ -110,8 +110,8 @@ def read_record(
     sampler: ServerSampler | PrometheusSampler, origin_s: float
 ) -> dict[str, Any]:
     """When the server's signals were first read, after how many tries
-    (:mod:`loadgen.run.firstread`), and (Prometheus) when each signal first had a
-    value (None: never)."""
+    (:mod:`servemon.loadgen.run.firstread`), and (Prometheus) when each signal first had
+    a value (None: never)."""
     data = sampler.first.record(origin_s)
     if isinstance(sampler, PrometheusSampler):
         seen = sampler.first_seen
