@@ -31,9 +31,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.oneroot import PARTS
+
 ROOT = Path(__file__).resolve().parents[2]
 ROOT_PACKAGE = "servemon"
-PARTS = ("core", "monitor", "loadgen", "dashboards", "simulator")
 ROLES = ("mod", "func", "class", "meth", "data", "attr", "exc", "obj", "const")
 #: ``:role:`target```, ``:role:`~target``` or ``:role:`title <target>```.
 ROLE = re.compile(rf":(?:py:)?(?:{'|'.join(ROLES)}):`([^`<]*<)?(~?)([^`<>]+)(>?)`")
