@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -13,6 +14,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVEMON = Path(sys.executable).parent / "servemon"
+
+
+def _refuse_bare_parts() -> None:
+    """Refuse ``import loadgen`` and its kind in a benchmark, as in the tests: in a
+    checkout it would load a second copy of each module (tests/support/oneroot.py,
+    loaded by its path: the benchmarks do not put the root on ``sys.path``)."""
+    path = ROOT / "tests" / "support" / "oneroot.py"
+    spec = importlib.util.spec_from_file_location("_servemon_oneroot", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.install()
+
+
+_refuse_bare_parts()
 
 
 @contextlib.contextmanager

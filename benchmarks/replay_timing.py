@@ -13,11 +13,12 @@ trace's offsets scaled (checked to the microsecond), and the dispatch lag (actua
 minus scheduled send, from ``requests.jsonl``) is printed as p50/p99/max.
 
 Each trace is replayed as a user gets it by default, then with
-``--cpu-dma-latency 0`` (idle CPUs kept polling, :mod:`loadgen.send.cpulatency`) where
-this machine lets the device be written; ``--repeats`` runs each pair that many
-times, alternating, and prints the median of each figure. ``steal %`` is the share of
-the client CPU's time the hypervisor ran something else while the replay ran
-(``/proc/stat``), the one cause of lateness a guest can see but not change.
+``--cpu-dma-latency 0`` (idle CPUs kept polling,
+:mod:`servemon.loadgen.send.cpulatency`) where this machine lets the device be written;
+``--repeats`` runs each pair that many times, alternating, and prints the median of each
+figure. ``steal %`` is the share of the client CPU's time the hypervisor ran something
+else while the replay ran (``/proc/stat``), the one cause of lateness a guest can see
+but not change.
 
 With ``--peer vllm`` each trace is also replayed by ``vllm bench serve
 --dataset-name timed_trace`` (0.33, self-timed from the trace's timestamps; the plain

@@ -33,7 +33,7 @@ class Outcome(StrEnum):
     TIMEOUT = "timeout"
     CONNECT_ERROR = "connect_error"
     STREAM_ERROR = "stream_error"
-    #: The answer passed a bound of :mod:`core.wire.limits` (body, SSE event or
+    #: The answer passed a bound of :mod:`servemon.core.wire.limits` (body, SSE event or
     #: stream, headers): a gzip bomb, a header flood, an event without end.
     RESPONSE_TOO_LARGE = "response_too_large"
     CANCELLED = "cancelled"

@@ -1,12 +1,12 @@
 """PromQL text over servemon's schema: the one place queries are spelled.
 
-Pure functions from :class:`core.names.Series` and strings to PromQL strings,
+Pure functions from :class:`servemon.core.names.Series` and strings to PromQL strings,
 shared by the dashboards, the recording and alerting rules and the load generator.
 A sample name is always a series' own name, or a histogram's ``_bucket``, ``_count``
 or ``_sum`` of it through :func:`sample_name`; nothing here builds a metric name from
 other pieces. Label matchers are strings such as ``'target=~"$target"'``; the
 ``outcome`` matchers of failed and judged requests come from
-:mod:`core.outcomes`.
+:mod:`servemon.core.outcomes`.
 
 The spelling is fixed: ``op (expr)`` or ``op by (a, b) (expr)``, matchers joined by
 ``,`` without spaces, windows in the shortest Prometheus duration (``90`` is

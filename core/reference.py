@@ -1,4 +1,5 @@
-"""Generates the series reference in ``docs/metrics.md`` from :mod:`core.names`.
+"""Generates the series reference in ``docs/metrics.md`` from
+:mod:`servemon.core.names`.
 
 ``python -m servemon.core.reference docs/metrics.md`` rewrites the block between the
 ``<!-- series:begin -->`` and ``<!-- series:end -->`` markers; ``--check`` only says

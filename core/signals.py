@@ -6,7 +6,7 @@ server's TTFT p95, the error rate, GPU utilization and the error-budget burn. Re
 from one target's ``/metrics`` they are sums over its ranks; read from Prometheus
 (``--prometheus``) they are these queries, aggregated over every series a selector
 picks (a whole fleet behind a gateway). The queries are spelled by
-:mod:`core.promql`, like the dashboards' and the rules', and each comes with a
+:mod:`servemon.core.promql`, like the dashboards' and the rules', and each comes with a
 freshness query: the age of the newest sample the signal rests on, so a series that
 stopped being scraped is known to be stale rather than read as what it last said
 (or as zero).

@@ -4,7 +4,8 @@
 statistic and a threshold in seconds (or a ratio for ``error_rate``). Figures:
 ``ttft``, ``ttfc``, ``itl``, ``tpot``, ``e2e``, ``dispatch_lag``; statistics: ``mean``,
 ``p50``, ``p90``, ``p95``, ``p99``, ``max``. The load generator judges runs with them
-(:mod:`loadgen.record.slo`) and the rules generator reads them (``loadgen_slo``).
+(:mod:`servemon.loadgen.record.slo`) and the rules generator reads them
+(``loadgen_slo``).
 
 A capacity search can take several named SLOs, tiers (``interactive=ttft_p95<=0.3``
 and ``batch=e2e_p95<=30``): :func:`parse_tiers` reads them from repeated ``--slo``

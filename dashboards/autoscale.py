@@ -2,13 +2,15 @@
 signal per replica: the waiting queue or KV-cache usage.
 
 ``servemon autoscale`` reads the threshold from a capacity run
-(:mod:`loadgen.record.saturation`) and this module writes what a cluster applies:
+(:mod:`servemon.loadgen.record.saturation`) and this module writes what a cluster
+applies:
 
 - ``rules``: the Prometheus recording rule
-  ``namespace_workload:<metric>:per_pod_avg<W>`` (:mod:`dashboards.rule_names`): per
-  pod the engines' queue summed (KV usage: the fullest engine), each averaged over W,
-  then averaged over the workload's pods, with ``namespace`` and ``workload`` set
-  on it, so that one series answers for one workload;
+  ``namespace_workload:<metric>:per_pod_avg<W>``
+  (:mod:`servemon.dashboards.rule_names`): per pod the engines' queue summed (KV usage:
+  the fullest engine), each averaged over W, then averaged over the workload's pods,
+  with ``namespace`` and ``workload`` set on it, so that one series answers for one
+  workload;
 - ``keda``: a KEDA ``ScaledObject`` (``keda.sh/v1alpha1``) whose ``prometheus``
   trigger reads that series with ``metricType: Value``: the series is already per
   replica, and the HPA KEDA makes computes ``ceil(ready pods x value / threshold)``;

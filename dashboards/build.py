@@ -1,22 +1,23 @@
 """The Grafana dashboards, generated with grafanalib on servemon's schema.
 
-Three dashboards, one module each: **Serving overview** (:mod:`dashboards.overview`:
-load, queueing, cache, latency client and server side by side, throughput, GPU, SLO),
-**Ramp test** (:mod:`dashboards.ramp`: stage boundaries as annotations, target vs
-achieved rate, dispatch lag, latency against queue and KV usage) and **GPU**
-(:mod:`dashboards.gpu`: per GPU and per process), made of the panels of
-:mod:`dashboards.panels` and the queries of :mod:`dashboards.queries`. Every panel has
-a unit, every rate uses ``$__rate_interval``, and the template variables are
-datasource, target and model (and gpu).
+Three dashboards, one module each: **Serving overview**
+(:mod:`servemon.dashboards.overview`: load, queueing, cache, latency client and server
+side by side, throughput, GPU, SLO),
+**Ramp test** (:mod:`servemon.dashboards.ramp`: stage boundaries as annotations, target
+vs achieved rate, dispatch lag, latency against queue and KV usage) and **GPU**
+(:mod:`servemon.dashboards.gpu`: per GPU and per process), made of the panels of
+:mod:`servemon.dashboards.panels` and the queries of :mod:`servemon.dashboards.queries`.
+Every panel has a unit, every rate uses ``$__rate_interval``, and the template variables
+are datasource, target and model (and gpu).
 ``python -m servemon.dashboards.build dashboards/json``
 (or ``servemon dashboards --out DIR``) writes the JSON; the committed files under
 ``dashboards/json/`` are checked against a fresh generation by a test.
 
 The JSON is at Grafana's current ``schemaVersion``: grafanalib 0.7 writes version 12
-(and the legacy ``heatmap`` panel), so :func:`dashboards.grafana_json.current`, the one
-place that reshapes grafanalib's output, rewrites every dashboard before it is written;
-a test validates the result against Grafana's published schema. Rows are ``row``
-panels in the flat panel list.
+(and the legacy ``heatmap`` panel), so :func:`servemon.dashboards.grafana_json.current`,
+the one place that reshapes grafanalib's output, rewrites every dashboard before it is
+written; a test validates the result against Grafana's published schema. Rows are
+``row`` panels in the flat panel list.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The GPU dashboard, and the GPU panels the serving overview shares with it.
 
-The energy row's figures are :mod:`dashboards.energy`'s, the recording rules'
+The energy row's figures are :mod:`servemon.dashboards.energy`'s, the recording rules'
 spelling at ``$__rate_interval``; the cost panel is there when the dashboards are
 built with a price per GPU-hour (``servemon dashboards --gpu-hour-cost USD``).
 """

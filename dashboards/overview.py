@@ -2,8 +2,9 @@
 
 Latency panels put the client's and the server's histograms side by side. The SLO
 row reads the same definitions as ``servemon rules``: the client error ratio counts
-the errors :data:`dashboards.sli.ERRORS` defines, and the burn-rate panel selects
-the recording rules by the names :mod:`dashboards.rule_names` gives them.
+the errors :data:`servemon.dashboards.sli.ERRORS` defines, and the burn-rate panel
+selects the recording rules by the names :mod:`servemon.dashboards.rule_names` gives
+them.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The dashboards' queries: :mod:`core.promql` with Grafana's variables bound.
+"""The dashboards' queries: :mod:`servemon.core.promql` with Grafana's variables bound.
 
 Every selector gets the template variables that apply to its series (``$target``,
 ``$model``, ``$gpu``, as label matchers, by the series' labels), and every
 ``rate()``/``increase()`` takes ``$__rate_interval`` as its range. The PromQL itself
-is spelled by :mod:`core.promql`.
+is spelled by :mod:`servemon.core.promql`.
 """
 
 from __future__ import annotations

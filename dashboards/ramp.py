@@ -1,9 +1,10 @@
 """The ramp-test dashboard: offered against achieved load, stage by stage.
 
-Stage boundaries are annotations on every panel (:func:`dashboards.panels.dashboard`
-adds them); latency is drawn against the queue and the KV cache on right axes, and
-dispatch lag says when the client, not the server, limited the offered load. A
-``servemon control`` run shows its signal, setpoint and offered rate.
+Stage boundaries are annotations on every panel
+(:func:`servemon.dashboards.panels.dashboard` adds them); latency is drawn against the
+queue and the KV cache on right axes, and dispatch lag says when the client, not the
+server, limited the offered load. A ``servemon control`` run shows its signal, setpoint
+and offered rate.
 """
 
 from __future__ import annotations

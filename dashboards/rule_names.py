@@ -19,16 +19,17 @@ last:
 - ``target_model:<metric>:burn_rate<W>{slo="<name>"}``: that ratio over the error
   budget (1 - objective).
 
-``servemon autoscale`` (:mod:`dashboards.autoscale`) names its rule for one scaled
-workload, the labels its rule sets:
+``servemon autoscale`` (:mod:`servemon.dashboards.autoscale`) names its rule for one
+scaled workload, the labels its rule sets:
 
 - ``namespace_workload:<metric>:per_pod_avg<W>``: an engine gauge (the waiting queue
   or KV-cache usage) per replica: each pod's engines combined, averaged over W, then
   averaged over the pods. An engine's own name (``vllm:num_requests_waiting``) is
   written with ``_`` for ``:``.
 
-The energy rules (:mod:`dashboards.energy`) keep other levels: ``job_instance``, the
-scrape of one exporter and so the host of its GPUs, and ``target_model``:
+The energy rules (:mod:`servemon.dashboards.energy`) keep other levels:
+``job_instance``, the scrape of one exporter and so the host of its GPUs, and
+``target_model``:
 
 - ``job_instance:servemon_gpu_power_watts:sum``: the host's power gauge, W;
 - ``job_instance:servemon_gpu_energy_joules:rate5m``: its mean power from the

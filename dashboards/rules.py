@@ -1,19 +1,20 @@
 """Prometheus recording and alerting rules generated from an SLO file.
 
 ``servemon rules --slo-config slos.yaml --out DIR`` writes ``DIR/servemon-rules.yaml``
-(:func:`write_rules`); the file's schema is in :mod:`dashboards.slos`. The rules come
-from four modules, and this one puts them in one file:
+(:func:`write_rules`); the file's schema is in :mod:`servemon.dashboards.slos`. The
+rules come from four modules, and this one puts them in one file:
 
-- :mod:`dashboards.slo_rules`: per SLO, error ratios and burn rates as recording
-  rules, and the multi-window multi-burn-rate alert ``ServemonErrorBudgetBurn``;
-- :mod:`dashboards.alerts`: saturation and health alerts;
-- :mod:`dashboards.energy`: GPU power, energy per output token and, given a price
-  per GPU-hour (``--gpu-hour-cost``), cost per million output tokens;
-- :mod:`dashboards.rule_names`: what every rule is called (``level:metric:operations``
-  for recording rules), which the dashboards read too.
+- :mod:`servemon.dashboards.slo_rules`: per SLO, error ratios and burn rates as
+  recording rules, and the multi-window multi-burn-rate alert
+  ``ServemonErrorBudgetBurn``;
+- :mod:`servemon.dashboards.alerts`: saturation and health alerts;
+- :mod:`servemon.dashboards.energy`: GPU power, energy per output token and, given a
+  price per GPU-hour (``--gpu-hour-cost``), cost per million output tokens;
+- :mod:`servemon.dashboards.rule_names`: what every rule is called
+  (``level:metric:operations`` for recording rules), which the dashboards read too.
 
-Every metric name comes from :mod:`core.names`, every query is spelled by
-:mod:`core.promql`.
+Every metric name comes from :mod:`servemon.core.names`, every query is spelled by
+:mod:`servemon.core.promql`.
 """
 
 from __future__ import annotations

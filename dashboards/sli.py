@@ -3,7 +3,7 @@
 Per source (the load generator's client series, or the engine's as the exporter
 publishes them): the latency histograms a latency SLO can read and the bucket edges
 they are published with, the finished-requests counter, and which finished requests
-count as errors. The client's errors are :mod:`core.outcomes`' failed outcomes
+count as errors. The client's errors are :mod:`servemon.core.outcomes`' failed outcomes
 over its judged ones (a cancelled request is the client's own doing, and every
 stopped load test cancels some); the engine's are the finish reasons ``abort`` and
 ``error`` (``abort`` also counts clients that hung up) and the requests it refused

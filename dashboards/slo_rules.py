@@ -1,10 +1,10 @@
 """The SLO rules: recording rules for error ratios and burn rates, and burn alerts.
 
-Named as :mod:`dashboards.rule_names` says. Per SLO, at every window it needs:
+Named as :mod:`servemon.dashboards.rule_names` says. Per SLO, at every window it needs:
 
 - the error ratio, the share of bad events over the window: for a latency SLO
   ``(_count - _bucket{le="<threshold>"}) / _count``, for an availability SLO the
-  errors :data:`dashboards.sli.ERRORS` defines over the requests it judges (for
+  errors :data:`servemon.dashboards.sli.ERRORS` defines over the requests it judges (for
   the engine, admission rejections are both requests and errors). The
   client's latency histograms hold successful requests only (failures count against
   availability); an ITL SLO counts gaps between tokens, not requests;

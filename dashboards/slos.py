@@ -28,13 +28,13 @@ An SLO file is YAML (``deploy/slos.example.yaml`` documents every key)::
 
 A latency SLO counts the events of a classic histogram above ``threshold`` as bad,
 so the threshold must be one of the histogram's bucket edges
-(:data:`dashboards.sli.HISTOGRAMS` keeps every edge list in one place): the client's
-edges are :data:`core.buckets.LATENCY_BUCKETS` plus every threshold of
+(:data:`servemon.dashboards.sli.HISTOGRAMS` keeps every edge list in one place): the
+client's edges are :data:`servemon.core.buckets.LATENCY_BUCKETS` plus every threshold of
 ``loadgen_slo`` (the load generator adds a bucket at each ``--slo`` threshold); the
-engine's are vLLM's (:mod:`core.buckets`; the simulator serves them as vLLM does).
-An availability SLO counts the errors :data:`dashboards.sli.ERRORS` defines per
-source: the client's failed outcomes (:mod:`core.outcomes`), or, with
-``source: engine``, the engine's error finish reasons.
+engine's are vLLM's (:mod:`servemon.core.buckets`; the simulator serves them as vLLM
+does). An availability SLO counts the errors :data:`servemon.dashboards.sli.ERRORS`
+defines per source: the client's failed outcomes (:mod:`servemon.core.outcomes`), or,
+with ``source: engine``, the engine's error finish reasons.
 
 Every problem is one :class:`~servemon.core.errors.ConfigError` line naming the file and
 the field.

@@ -1,12 +1,13 @@
 """A whole load run: plan, send, record, sample, publish, summarize.
 
-:func:`run_load` checks the settings (:mod:`loadgen.run.plan`), finds out about the
-target (:mod:`loadgen.run.target`), opens the run directory, the live client metrics
-and the sampler of the target's ``/metrics``, builds the run's
-:class:`~loadgen.run.context.RunContext` and hands it to the driver of the run's kind
-(:data:`DRIVERS`). However the driver ends — done, stopped by Ctrl-C or SIGTERM
-(:mod:`loadgen.send.stopping`), a guard rail, a crash — the record is finished through
-:func:`loadgen.record.runrecord.write_record` with a complete summary.
+:func:`run_load` checks the settings (:mod:`servemon.loadgen.run.plan`), finds out about
+the target (:mod:`servemon.loadgen.run.target`), opens the run directory, the live
+client metrics and the sampler of the target's ``/metrics``, builds the run's
+:class:`~servemon.loadgen.run.context.RunContext` and hands it to the driver of the
+run's kind (:data:`DRIVERS`). However the driver ends — done, stopped by Ctrl-C or
+SIGTERM (:mod:`servemon.loadgen.send.stopping`), a guard rail, a crash — the record is
+finished through :func:`servemon.loadgen.record.runrecord.write_record` with a complete
+summary.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class Driver(Generic[Settings]):
     """A kind of run's driver, and the settings it reads (a dataclass of
-    :class:`LoadConfig`'s fields, see :func:`~loadgen.run.config.settings_of`)."""
+    :class:`LoadConfig`'s fields, see
+    :func:`~servemon.loadgen.run.config.settings_of`)."""
 
     settings: type[Settings]
     drive: Callable[[Drive[Settings], Driven], Awaitable[None]]

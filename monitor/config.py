@@ -67,7 +67,7 @@ class ExporterConfig:
     probe_timeout: Annotated[float, Gt(0)] = 30.0
     auth_file: str | None = None
     #: exporter-toolkit's web config file: TLS, basic auth users (bcrypt), response
-    #: headers (:mod:`core.wire.webconfig`).
+    #: headers (:mod:`servemon.core.wire.webconfig`).
     web_config_file: str | None = None
 
 

@@ -2,7 +2,7 @@
 
 On each scrape of the exporter, :meth:`EngineCollector.collect` fetches every target
 concurrently with a timeout below the scrape's own, then normalizes each answer in
-turn (one :class:`~monitor.normalize.Normalizer` per target), and returns a
+turn (one :class:`~servemon.monitor.normalize.Normalizer` per target), and returns a
 :class:`Scrape`: servemon's engine families plus, per target, ``servemon_target_up``,
 ``servemon_target_scrape_duration_seconds`` (the target's own fetch and its own
 processing: fetching everything first keeps one target's processing out of another's
@@ -11,7 +11,7 @@ slow, too large or answers garbage gets ``up 0`` and no engine series at all (no
 stale is served); it never fails the exporter's scrape. What the engine tells about
 itself (``/v1/models``, ``/version``, cache config) goes into ``servemon_engine_info``,
 refreshed once a minute. :meth:`EngineCollector.encode` writes a scrape in the
-scraper's format (:mod:`monitor.render`).
+scraper's format (:mod:`servemon.monitor.render`).
 """
 
 from __future__ import annotations

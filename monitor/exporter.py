@@ -1,14 +1,15 @@
 """``servemon exporter``: the HTTP face of the engine, GPU and probe collectors.
 
-``GET /metrics`` scrapes every target now (:class:`~monitor.engine.EngineCollector`),
-adds the GPU snapshot (:class:`~monitor.gpu.GpuCollector`), the canary probe's series
-(:class:`~monitor.probe.Prober`) and the exporter's own process metrics, and answers
-in the text format or OpenMetrics, as the scraper's ``Accept`` asks. The target
+``GET /metrics`` scrapes every target now
+(:class:`~servemon.monitor.engine.EngineCollector`), adds the GPU snapshot
+(:class:`~servemon.monitor.gpu.GpuCollector`), the canary probe's series
+(:class:`~servemon.monitor.probe.Prober`) and the exporter's own process metrics, and
+answers in the text format or OpenMetrics, as the scraper's ``Accept`` asks. The target
 timeout is kept below the scraper's own (``X-Prometheus-Scrape-Timeout-Seconds``), so
-every scrape is answered in time. ``GET /healthz`` answers 200 while the exporter
-runs. With an auth file, ``/metrics`` wants the bearer token or basic credentials;
-with a web config file (:mod:`core.wire.webconfig`) the exporter serves TLS, and
-every path but ``/healthz`` wants one of the file's basic auth users.
+every scrape is answered in time. ``GET /healthz`` answers 200 while the exporter runs.
+With an auth file, ``/metrics`` wants the bearer token or basic credentials; with a web
+config file (:mod:`servemon.core.wire.webconfig`) the exporter serves TLS, and every
+path but ``/healthz`` wants one of the file's basic auth users.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ that will not parse, a type the library does not know.
 
 A line is *regular* when it is its key, one space and a plain value: then every
 scrape of the same shape starts the line with ``key + " "``, and only the value after
-it needs reading (see :mod:`monitor.normalize`). Other sample lines (timestamps,
-tabs, surrounding whitespace) are parsed whole and stay as they are.
+it needs reading (see :mod:`servemon.monitor.normalize`). Other sample lines
+(timestamps, tabs, surrounding whitespace) are parsed whole and stay as they are.
 """
 
 from __future__ import annotations

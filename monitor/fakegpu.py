@@ -1,6 +1,6 @@
 """Made-up GPUs for tests and demos: :class:`FakeGpuReader`, a
-:class:`monitor.gpu.GpuReader` that serves fixed snapshots, or GPUs that draw power
-by a :class:`PowerModel` and count its energy exactly (energy is the model's
+:class:`servemon.monitor.gpu.GpuReader` that serves fixed snapshots, or GPUs that draw
+power by a :class:`PowerModel` and count its energy exactly (energy is the model's
 integral, so a test can check the arithmetic of J/token end to end).
 ``servemon exporter --fake-gpu`` serves :data:`DEMO_WATTS` per GPU from it."""
 
@@ -94,7 +94,7 @@ def _demo_gpus(count: int) -> tuple[GpuSample, ...]:
 
 
 class FakeGpuReader:
-    """A :class:`GpuReader` for tests and demos.
+    """A :class:`~servemon.monitor.gpu.GpuReader` for tests and demos.
 
     Each ``read`` returns the next of ``snapshots`` (the last one repeatedly),
     stamped with ``clock()`` of the read; None gives ``gpus`` made-up GPUs (one by

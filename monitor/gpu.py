@@ -1,12 +1,12 @@
 """GPU statistics from NVML: the reader seam, its snapshots, and the collector.
 
 This module owns everything servemon publishes about GPUs (the ``servemon_gpu_*``
-series of :mod:`core.names`):
+series of :mod:`servemon.core.names`):
 
-- :class:`GpuReader`, the one seam to NVML. :class:`monitor.nvml.NvmlReader` is the
-  real one (``pynvml`` from nvidia-ml-py, loaded lazily so importing it never
-  fails); :class:`monitor.fakegpu.FakeGpuReader` serves made-up GPUs to tests and
-  demos.
+- :class:`GpuReader`, the one seam to NVML. :class:`servemon.monitor.nvml.NvmlReader` is
+  the real one (``pynvml`` from nvidia-ml-py, loaded lazily so importing it never
+  fails); :class:`servemon.monitor.fakegpu.FakeGpuReader` serves made-up GPUs to tests
+  and demos.
 - :class:`GpuSnapshot` / :class:`GpuSample` / :class:`GpuProcess`: one reading of
   every GPU, already in base units (ratios, bytes, watts, joules, hertz, bytes per
   second).
@@ -48,8 +48,8 @@ __all__ = [
 P = ParamSpec("P")
 T = TypeVar("T")
 
-#: Every throttle reason servemon names, in NVML's bit order (:mod:`monitor.nvml`
-#: maps them to NVML's bits).
+#: Every throttle reason servemon names, in NVML's bit order
+#: (:mod:`servemon.monitor.nvml` maps them to NVML's bits).
 THROTTLE_REASONS: tuple[str, ...] = (
     "gpu_idle",
     "applications_clocks_setting",

@@ -5,9 +5,9 @@ target's ``/metrics`` text into a :class:`Normalized`. An engine's exposition ke
 its shape from one scrape to the next (the same lines in the same order; only the
 values move), so the work is done once per shape, as a plan:
 
-- parse (:mod:`monitor.exposition`: lines classified, remembered per line key, and
-  grouped into families), then decide (:mod:`monitor.normalize_rules`: which
-  servemon series each family becomes, which labels, what folds);
+- parse (:mod:`servemon.monitor.exposition`: lines classified, remembered per line key,
+  and grouped into families), then decide (:mod:`servemon.monitor.normalize_rules`:
+  which servemon series each family becomes, which labels, what folds);
 - the plan keeps, per line, what it starts with (a sample's ``name{labels}`` and a
   space, or the whole of any other line) and, per output sample, where its value
   comes from.
@@ -20,8 +20,9 @@ an exposition prometheus_client's parser would refuse: such text raises ValueErr
 
 :class:`Normalized` holds a scrape's result as text: its output lines' values
 (``floatToGoString``, remembered by value text) beside the line starts that
-:mod:`monitor.render` has prometheus_client's encoder write once per plan and format.
-It gives the same as prometheus_client families too (:attr:`Normalized.families`).
+:mod:`servemon.monitor.render` has prometheus_client's encoder write once per plan and
+format. It gives the same as prometheus_client families too
+(:attr:`Normalized.families`).
 """
 
 from __future__ import annotations

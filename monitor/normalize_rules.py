@@ -1,18 +1,19 @@
 """The normalization rules: which of an engine's families become which servemon lines.
 
-:func:`decide` takes one exposition's families (as :mod:`monitor.exposition` groups
-them) and works out what servemon publishes from them, as output slots: each slot is
-one output sample (its name and labels) and where its value comes from (a line of
+:func:`decide` takes one exposition's families (as :mod:`servemon.monitor.exposition`
+groups them) and works out what servemon publishes from them, as output slots: each slot
+is one output sample (its name and labels) and where its value comes from (a line of
 the exposition, a fold of several lines, or the ``0.0`` of a histogram without
 ``_sum``). It never looks at values, so its answer holds for every exposition of
-the same shape (:mod:`monitor.normalize` keeps it while only values move).
+the same shape (:mod:`servemon.monitor.normalize` keeps it while only values move).
 
 - The engine is the one configured, else the one whose prefix starts the most lines
   (:func:`detect_engine`); the dialect says which of vLLM's spellings it uses.
-- Every series of :data:`core.names.ENGINE_SERIES` takes the first of its sources
-  for that engine that is present with samples and of a type it can read (gauges from
-  gauges or untyped, counters from counters or untyped, histograms from histograms),
-  so a version that exposes a deprecated name beside the new one is read once.
+- Every series of :data:`servemon.core.names.ENGINE_SERIES` takes the first of its
+  sources for that engine that is present with samples and of a type it can read (gauges
+  from gauges or untyped, counters from counters or untyped, histograms from
+  histograms), so a version that exposes a deprecated name beside the new one is read
+  once.
 - Labels: ``target``, ``model`` (the sample's ``model_name``, else the configured or
   listed model, else ``unknown``), ``engine``, ``rank`` (vLLM's ``engine``, SGLang's
   ``dp_rank``, else ``0``; not on a series counted per model, such as admission

@@ -1,6 +1,6 @@
 """The real GPU reader: NVML through ``pynvml`` (nvidia-ml-py), loaded lazily so
 that importing this module never fails. What it reads and how it is published are
-:mod:`monitor.gpu`'s: this module only talks to NVML."""
+:mod:`servemon.monitor.gpu`'s: this module only talks to NVML."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ _Device = tuple[int, object, str, str]  # index, NVML handle, uuid, name
 
 
 class NvmlReader:
-    """The real :class:`GpuReader`: NVML through ``pynvml``.
+    """The real :class:`~servemon.monitor.gpu.GpuReader`: NVML through ``pynvml``.
 
     ``nvml`` replaces the ``pynvml`` module (tests pass a fake one); ``proc_root``
     is where process names are read (``<proc_root>/<pid>/comm``). Any NVML error on

@@ -5,7 +5,7 @@ It answers "how long would a user wait right now?" even when traffic is quiet:
 chunk), ``servemon_probe_e2e_seconds`` and ``servemon_probe_requests_total{outcome}``.
 An answer is complete by the same rule as the load generator's (a finish, with
 ``[DONE]`` optional), and a request that met a pooled connection the server had
-closed is resent on a new one (:mod:`core.wire.http`). Probe requests carry
+closed is resent on a new one (:mod:`servemon.core.wire.http`). Probe requests carry
 ``X-Servemon-Probe: 1`` (and an ``X-Request-Id`` starting with
 ``servemon-probe-``) so that they can be told apart in the server's logs. Nothing
 from the network raises out of a probe.

@@ -30,8 +30,8 @@ from servemon.monitor.normalize_rules import Chunk, Slot
 
 class Normalized(Protocol):
     """What the renderer needs of one target's normalized exposition
-    (:class:`monitor.normalize.Normalized` is one): the renderer does not import
-    the normalizer, which uses it."""
+    (:class:`servemon.monitor.normalize.Normalized` is one): the renderer does not
+    import the normalizer, which uses it."""
 
     @property
     def passthrough(self) -> bool: ...

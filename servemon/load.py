@@ -181,7 +181,7 @@ async def _senders(
 
 def summary_table(kind: str, result: RunResult) -> Table:
     """The end-of-run table: one row per stage or level, then all (the columns of
-    :data:`loadgen.record.columns.STAGE_COLUMNS`, as the report shows them)."""
+    :data:`servemon.loadgen.record.columns.STAGE_COLUMNS`, as the report shows them)."""
     title = f"servemon {kind}: {result.status}"
     table = _table(title, STAGE_COLUMNS, table_rows(result.record))
     table.caption = "latencies in ms; goodput in requests/s meeting every --slo term"

@@ -1,5 +1,5 @@
 """``servemon ramp --workers N``: one run's requests sent by N processes of this
-machine, the way a fleet of machines sends them (:mod:`loadgen.fleet`), over
+machine, the way a fleet of machines sends them (:mod:`servemon.loadgen.fleet`), over
 loopback.
 
 When one process cannot keep its dispatch lag low at the rate asked for, this

@@ -3,7 +3,7 @@
 :class:`ChunkWriter` builds one request's events and final JSON in a dialect
 (vLLM, Transformers Serve, llama.cpp), with what the server says about the request
 (:class:`ServerFacts`: usage, vLLM's per-request ``metrics``, llama.cpp's
-``timings``). Parsing requests is :mod:`simulator.openai`'s.
+``timings``). Parsing requests is :mod:`servemon.simulator.openai`'s.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ One step, as vLLM's V1 scheduler does it:
    LoRA, a request whose adapter would make the batch hold more than ``max_loras``
    distinct adapters is skipped (it stays waiting, in its place) and the next one is
    tried, as vLLM's V1 scheduler does; adapters the batch uses that are not loaded
-   are loaded first (:mod:`simulator.lora`), at ``lora_load_s`` each.
+   are loaded first (:mod:`servemon.simulator.lora`), at ``lora_load_s`` each.
 3. The step lasts as long as the profile's cost model says; then every request that
    has caught up with its tokens samples one output token.
 

@@ -7,7 +7,7 @@ more of them than the cache holds the first ones are already evicted. A step who
 batch uses an adapter that is not loaded loads it first, evicting the least recently
 used one when the cache is full; the engine charges ``lora_load_s`` per load to that
 step. How many distinct adapters a batch may hold (``--max-loras``) is the
-scheduler's rule (:meth:`simulator.engine.Engine.schedule`).
+scheduler's rule (:meth:`servemon.simulator.engine.Engine.schedule`).
 """
 
 from __future__ import annotations

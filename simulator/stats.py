@@ -1,9 +1,9 @@
 """What the engine counts: plain counters and histograms that a dialect renders.
 
-The engine updates one :class:`EngineStats`; :mod:`simulator.metrics` turns it into
-metric families named as the chosen engine and version would name them. Bucket edges
-are vLLM's (V1, ``vllm/v1/metrics/loggers.py``) so that the exposition matches a real
-server. They are the simulator's own copy, not imported from ``monitor``: the
+The engine updates one :class:`EngineStats`; :mod:`servemon.simulator.metrics` turns it
+into metric families named as the chosen engine and version would name them. Bucket
+edges are vLLM's (V1, ``vllm/v1/metrics/loggers.py``) so that the exposition matches a
+real server. They are the simulator's own copy, not imported from ``monitor``: the
 simulator stands in for vLLM, and the exporter's and the SLO rules' edges are checked
 against it, not against themselves.
 """

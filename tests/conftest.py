@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.abc
-import importlib.machinery
 import json
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -32,25 +29,11 @@ from prometheus_client.samples import Sample
 
 from servemon.simulator.config import SimConfig, merge
 from servemon.simulator.server import SimServer
+from tests.support import oneroot
 
-#: The parts, imported through the one root only (docs/architecture.md). In a
-#: checkout their folders also sit on the path, where a bare ``import monitor`` would
-#: load a second copy of each module (a monkeypatch of the copy patches nothing).
-PARTS = ("core", "monitor", "loadgen", "dashboards", "simulator")
-
-
-class _OneRoot(importlib.abc.MetaPathFinder):
-    """Refuses a bare part name in the test process, at the line that asks for it."""
-
-    def find_spec(
-        self, fullname: str, path: Any, target: Any = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if path is None and fullname in PARTS:
-            raise ImportError(f"import servemon.{fullname}, not {fullname}")
-        return None
-
-
-sys.meta_path.insert(0, _OneRoot())
+#: A bare part name (``import monitor``) is refused in the test process: it would load
+#: a second copy of each module (tests/support/oneroot.py).
+oneroot.install()
 
 settings.register_profile(
     "ci", max_examples=40, deadline=None, derandomize=True, database=None

@@ -13,7 +13,7 @@ answers within :class:`ResponseLimits`:
 - a body read whole (:func:`read_body`): at most ``answer_bytes`` for a
   non-streamed completion and ``body_bytes`` for anything else, after inflating,
   read in pieces as they arrive; a ``Content-Length`` over it is refused unread;
-- a streamed body (SSE, :func:`core.wire.sse.iter_events`): one event at most
+- a streamed body (SSE, :func:`servemon.core.wire.sse.iter_events`): one event at most
   ``event_bytes``, the whole stream at most ``stream_bytes``, after inflating.
 
 Inflating is aiohttp's and incremental (since aiohttp 3.14 a compressed body is

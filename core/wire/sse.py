@@ -6,8 +6,8 @@ lines starting with ``:``, other fields ignored, an event with no data not dispa
 Lines are split here rather than by aiohttp's line reader, which refuses lines over
 512 KiB; one event may be up to ``max_event_bytes`` long (1 MiB by default, past
 which :class:`EventTooLarge` is raised) and the whole stream ``max_stream_bytes``
-(128 MiB, :class:`~core.wire.limits.ResponseTooLarge`), counted after inflating
-(:mod:`core.wire.limits`). A stream that ends mid-event yields what it had.
+(128 MiB, :class:`~servemon.core.wire.limits.ResponseTooLarge`), counted after inflating
+(:mod:`servemon.core.wire.limits`). A stream that ends mid-event yields what it had.
 
 When an answer is complete (:func:`ends_answer`): a streamed OpenAI answer is
 complete once a chunk has carried a ``finish_reason`` (or, for servers that put the

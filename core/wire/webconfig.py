@@ -8,9 +8,9 @@ loaded, every password hash is checked to be bcrypt, and a field servemon does n
 implement is refused by name (never silently ignored). Relative paths are read from
 the file's own directory, as exporter-toolkit reads them.
 
-Both the exporter (:mod:`monitor.exporter`) and the load generator's live client
-metrics (:mod:`loadgen.run.live`) serve through :func:`web_middleware` and
-:attr:`WebConfig.ssl_context`. Basic auth answers 401 with ``WWW-Authenticate:
+Both the exporter (:mod:`servemon.monitor.exporter`) and the load generator's live
+client metrics (:mod:`servemon.loadgen.run.live`) serve through :func:`web_middleware`
+and :attr:`WebConfig.ssl_context`. Basic auth answers 401 with ``WWW-Authenticate:
 Basic``; a verified (user, hash, password) is remembered, as exporter-toolkit does,
 so bcrypt's cost is paid once per scraper and not on every scrape, and bcrypt runs
 in a thread, one check at a time, so the event loop never waits on it.

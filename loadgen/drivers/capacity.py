@@ -27,8 +27,8 @@ SLO term that broke first and what saturated first (``queue``, ``kv_cache``,
 
 Given several named SLOs (tiers: ``--slo interactive=... --slo batch=...``), one
 search finds each one's capacity: every step is judged against every tier, and
-which rate comes next is :class:`~loadgen.drivers.tiersearch.TierSearch`'s choice
-(strictest tier first, from what the steps measured so far say of each).
+which rate comes next is :class:`~servemon.loadgen.drivers.tiersearch.TierSearch`'s
+choice (strictest tier first, from what the steps measured so far say of each).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Running conversations: the turns of a session, sent one after another.
 
 :func:`run_session` sends one session of a
-:class:`~loadgen.workloads.sessions.SessionWorkload` (each turn with the whole history,
-after the last answer and a think time); :func:`run_users` keeps N users running
-sessions back to back (the user-centric closed loop of ``sweep``). What a session is,
-and how each way of setting the load meets coordinated omission, is
-:mod:`loadgen.workloads.sessions`'.
+:class:`~servemon.loadgen.workloads.sessions.SessionWorkload` (each turn with the whole
+history, after the last answer and a think time); :func:`run_users` keeps N users
+running sessions back to back (the user-centric closed loop of ``sweep``). What a
+session is, and how each way of setting the load meets coordinated omission, is
+:mod:`servemon.loadgen.workloads.sessions`'.
 """
 
 from __future__ import annotations

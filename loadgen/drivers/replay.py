@@ -1,11 +1,11 @@
 """``servemon replay``: a trace sent open loop at its own times.
 
-The schedule is the trace's (:mod:`loadgen.workloads.replayplan`: scaled, windowed,
-looped), one stage long; the prompts are the trace's
-(:mod:`loadgen.workloads.traceprompts`). Each request goes out at its time whatever is
-in flight, through the ramp's dispatcher, so dispatch lag, ``held_back`` and the
-from-scheduled figures mean what they mean for a ramp. ``--shard I/N`` sends every N-th
-entry (by index), so N processes given the same ``--start-at`` send the whole trace
+The schedule is the trace's (:mod:`servemon.loadgen.workloads.replayplan`: scaled,
+windowed, looped), one stage long; the prompts are the trace's
+(:mod:`servemon.loadgen.workloads.traceprompts`). Each request goes out at its time
+whatever is in flight, through the ramp's dispatcher, so dispatch lag, ``held_back`` and
+the from-scheduled figures mean what they mean for a ramp. ``--shard I/N`` sends every
+N-th entry (by index), so N processes given the same ``--start-at`` send the whole trace
 between them.
 """
 

@@ -2,7 +2,7 @@
 requests in flight until ``--number`` have finished (after ``--warmup``). With a
 sessions workload a level is ``N`` users, each running conversations back to back,
 until ``--number`` turns have been sent
-(:func:`loadgen.workloads.sessions.run_users`)."""
+(:func:`servemon.loadgen.drivers.conversation.run_users`)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ capacity step's and control tick's rate, the SLO judgement, the guard rails and 
 run directory.
 
 The run's drivers send as they always do, through the run's
-:class:`~loadgen.run.sender.Sender`; its transport here is a :class:`Fleet`, which
-turns each send into a credit for one worker, ahead of its time
+:class:`~servemon.loadgen.run.sender.Sender`; its transport here is a :class:`Fleet`,
+which turns each send into a credit for one worker, ahead of its time
 (:data:`AHEAD_S`), with the time converted onto that worker's clock. The record that
 comes back is moved into this process's frame and goes to the run's hooks as a
 local request's would: one ``requests.jsonl``, one live ``/metrics``, exact
@@ -78,7 +78,7 @@ LOSS_S = 1.5
 
 class Fleet:
     """The coordinator's side of a fleet (see the module docstring), and the
-    run's transport (:class:`~loadgen.run.sender.Transport`)."""
+    run's transport (:class:`~servemon.loadgen.run.sender.Transport`)."""
 
     ahead_s = AHEAD_S
 

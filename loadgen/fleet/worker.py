@@ -5,8 +5,8 @@ told, to the one target the plan names, and streams back what it measured.
 The coordinator's ``plan`` names the target's URL and headers; ``go`` messages carry
 credits, each a request (its body, its options) and a time on this worker's own
 monotonic clock (the coordinator converts with the offset it measured). Each credit
-waits on a precise timer (:class:`~loadgen.send.dispatch.KernelTimer`) and goes out
-at its time; its record goes back in the next batch, on this worker's clock (the
+waits on a precise timer (:class:`~servemon.loadgen.send.dispatch.KernelTimer`) and goes
+out at its time; its record goes back in the next batch, on this worker's clock (the
 coordinator moves it into its own frame). Every record is also appended to a spool
 file on this machine, moved into the coordinator's frame with the offset the
 coordinator last told, so that what could not be delivered is kept

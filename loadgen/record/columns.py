@@ -1,8 +1,8 @@
 """What the tables of a run show, declared once: the terminal table at the end of a
 run, the report's HTML tables and ``servemon compare`` render these specs.
 
-A figure is defined in :data:`loadgen.record.figures.FIGURES` (which also puts it in
-``summary.json`` and every statistic of it in ``summary.csv``); to show it in a
+A figure is defined in :data:`servemon.loadgen.record.figures.FIGURES` (which also puts
+it in ``summary.json`` and every statistic of it in ``summary.csv``); to show it in a
 table, add a column here.
 """
 
@@ -320,9 +320,9 @@ def cells(columns: Sequence[Column], rows: Sequence[Row]) -> list[list[str]]:
 class Compared:
     """A figure ``servemon compare`` lines up across runs: its label, its value in
     a summary, which way is better, and what it is made of (the latency figure of
-    :data:`~loadgen.record.figures.FIGURES` and the quantile it takes, None for a
-    mean; no figure for a rate), so a comparison can tell whether a difference is
-    real (:mod:`loadgen.reports.significance`)."""
+    :data:`~servemon.loadgen.record.figures.FIGURES` and the quantile it takes, None for
+    a mean; no figure for a rate), so a comparison can tell whether a difference is
+    real (:mod:`servemon.loadgen.reports.significance`)."""
 
     label: str
     value: Callable[[Summary], float | None]

@@ -3,9 +3,10 @@ price, the money.
 
 A stage's :class:`Energy` is the rise of the GPUs' energy counters (NVML's total
 energy since the driver loaded, ``servemon_gpu_energy_joules_total``) between its
-start and its end, read where the run could read it (:mod:`loadgen.run.energy`).
-The figures per token and per request divide it by what the stage's requests
-produced, so they are the cost of a good token at that operating point:
+start and its end, read where the run could read it
+(:mod:`servemon.loadgen.run.energy`). The figures per token and per request divide it by
+what the stage's requests produced, so they are the cost of a good token at that
+operating point:
 
 - mean power ``W = J / s`` (all the target's GPUs together);
 - ``J/token = J / output tokens`` of the stage's ok requests;

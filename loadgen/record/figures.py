@@ -252,7 +252,8 @@ class Figure:
 
 
 #: Every latency figure a summary holds, in the order tables show them. Adding a
-#: figure is one entry here (and a column in :mod:`loadgen.record.columns` to show it).
+#: figure is one entry here (and a column in :mod:`servemon.loadgen.record.columns` to
+#: show it).
 FIGURES: tuple[Figure, ...] = (
     Figure("ttft", "TTFT", "first content chunk minus send", lambda t: t.ttft),
     Figure("ttfc", "TTFC", "first chunk of any kind minus send", _first_chunk),

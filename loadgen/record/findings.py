@@ -1,6 +1,6 @@
 """What a run found beside its figures: a capacity search's steps and answer, what
 ``servemon control`` held, and when the client itself was the limit (parts of
-``run.json`` and ``summary.json``, :mod:`loadgen.record.runrecord`)."""
+``run.json`` and ``summary.json``, :mod:`servemon.loadgen.record.runrecord`)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ class StepVerdict:
 @dataclass(slots=True)
 class ClientLimit:
     """A stretch of a stage in which the load generator itself was the limit
-    (:mod:`loadgen.run.clientwatch`): ``reason`` is ``lag``, ``loop`` or ``cpu``."""
+    (:mod:`servemon.loadgen.run.clientwatch`): ``reason`` is ``lag``, ``loop`` or
+    ``cpu``."""
 
     __pydantic_config__ = _LENIENT
 

@@ -1,6 +1,6 @@
 """What ``run.json`` keeps of a run sent by a fleet of workers
-(:mod:`loadgen.fleet`): each worker's clock as measured against the coordinator's,
-and which share of the run it sent, from when to when."""
+(:mod:`servemon.loadgen.fleet`): each worker's clock as measured against the
+coordinator's, and which share of the run it sent, from when to when."""
 
 from __future__ import annotations
 

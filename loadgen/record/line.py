@@ -2,10 +2,10 @@
 and how a value reads back into a :class:`RequestTiming`.
 
 The writer (:func:`request_line`), the reader (:func:`timing_from_line`) and the
-report's streaming pass (:mod:`loadgen.record.scan`, through :func:`keys`) all take
-the keys from :data:`LINE`, so a key renamed or dropped here fails where it is used,
-at import. The format is documented in ``docs/metrics.md`` and stable: keys are only
-ever added, so a reader takes a missing key as its default.
+report's streaming pass (:mod:`servemon.loadgen.record.scan`, through :func:`keys`) all
+take the keys from :data:`LINE`, so a key renamed or dropped here fails where it is
+used, at import. The format is documented in ``docs/metrics.md`` and stable: keys are
+only ever added, so a reader takes a missing key as its default.
 """
 
 from __future__ import annotations

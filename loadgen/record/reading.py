@@ -1,12 +1,12 @@
 """One reading of the server's signals, whichever sampler took it.
 
 A run reads the server either from the target's ``/metrics``
-(:mod:`loadgen.run.sampler`: samples per rank and model) or from Prometheus
-(:mod:`loadgen.run.promsource`: one value per signal of :mod:`core.signals`). Both
-lines go to ``server_metrics.jsonl`` as they are; what the drivers and the summary
-read back is a :class:`Reading` of either, built by :func:`reading_of`, with the
-sums and maxima over ranks made once, here: waiting, running and preemptions are
-summed, KV-cache usage is the fullest engine's.
+(:mod:`servemon.loadgen.run.sampler`: samples per rank and model) or from Prometheus
+(:mod:`servemon.loadgen.run.promsource`: one value per signal of
+:mod:`servemon.core.signals`). Both lines go to ``server_metrics.jsonl`` as they are;
+what the drivers and the summary read back is a :class:`Reading` of either, built by
+:func:`reading_of`, with the sums and maxima over ranks made once, here: waiting,
+running and preemptions are summed, KV-cache usage is the fullest engine's.
 
 A signal the line did not carry is None, never 0. A Prometheus line that failed is a
 reading with nothing in it (a blind moment the capacity search counts); a failed
@@ -42,7 +42,7 @@ _DIRECT: dict[str, tuple[str, str]] = {
 class Reading:
     """The server's signals at one moment (monotonic ``at``); None: not read.
 
-    The first eight fields are :data:`core.signals.SIGNALS`, by the same names
+    The first eight fields are :data:`servemon.core.signals.SIGNALS`, by the same names
     (Prometheus answers each; ``/metrics`` gives the engine's four). The prefix
     cache's counters (tokens, every rank summed) come from ``/metrics`` only.
     """
@@ -60,7 +60,8 @@ class Reading:
     prefix_queries: float | None = None
 
     def signal(self, name: str) -> float | None:
-        """The signal called ``name`` (a name of :data:`core.signals.SIGNALS`)."""
+        """The signal called ``name`` (a name of
+        :data:`servemon.core.signals.SIGNALS`)."""
         value: float | None = getattr(self, name)
         return value
 

@@ -19,10 +19,11 @@ not at all (a partial write is truncated away), the first failure is kept as
 with that reason and every line already written stays readable.
 
 ``run.json`` is written at the start (``status: running``) and rewritten at the end,
-``run.json`` and the summaries through :func:`loadgen.record.runrecord.write_record`.
-The format of a ``requests.jsonl`` line is documented in ``docs/metrics.md`` and is
-stable: fields are only ever added. Readers go through it in one pass
-(:func:`read_jsonl`), never holding it whole.
+``run.json`` and the summaries through
+:func:`servemon.loadgen.record.runrecord.write_record`. The format of a
+``requests.jsonl`` line is documented in ``docs/metrics.md`` and is stable: fields are
+only ever added. Readers go through it in one pass (:func:`read_jsonl`), never holding
+it whole.
 """
 
 from __future__ import annotations
@@ -345,9 +346,9 @@ def _rebuilt_control(run_dir: Path, info: RunInfo) -> ControlResult | None:
 def read_run(path: Path) -> RunResult:
     """A run directory, read: what every reader of a finished, killed or merged
     run uses (report, compare, merge, the workers' merged run). One-line
-    :class:`ConfigError` if it is not one. A run that never wrote ``summary.json``
-    (killed, crashed) gets one rebuilt from ``requests.jsonl`` and written beside
-    it, and its status says it did not finish."""
+    :class:`~servemon.core.errors.ConfigError` if it is not one. A run that never wrote
+    ``summary.json`` (killed, crashed) gets one rebuilt from ``requests.jsonl`` and
+    written beside it, and its status says it did not finish."""
     info, summary = read_record(path)
     if summary is None:
         summary = rebuild_summary(path, info)

@@ -11,8 +11,8 @@ changes); unknown fields of a newer record are ignored when read.
   command, versions, target, client limits, clock origin, environment) and the
   stage timeline; written at the start (``status: running``) and at the end.
 - :class:`RunSummary` — ``summary.json``: per stage a :class:`StageResult` with its
-  :class:`~loadgen.record.summary.Summary`, the overall summary, the SLO and, for a
-  capacity search, its :class:`CapacityResult`.
+  :class:`~servemon.loadgen.record.summary.Summary`, the overall summary, the SLO and,
+  for a capacity search, its :class:`CapacityResult`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The saturation point of a capacity run: what the signal that gave out first read
 while the server still held the SLO at the capacity found.
 
-A capacity search (:mod:`loadgen.drivers.capacity`) names what saturated first
+A capacity search (:mod:`servemon.loadgen.drivers.capacity`) names what saturated first
 (``queue`` or ``kv_cache``) at the first step that broke the SLO. The highest good
 step, the one at ``capacity_rps``, is the load one replica can take; the value that
 signal had during that step (after the step's settle time, from

@@ -3,7 +3,7 @@ what the report draws: bounded however long the run was.
 
 - requests sent per second (a count per second of the run);
 - the TTFT of ok requests per window of :data:`WINDOW_S` seconds (a
-  :class:`~loadgen.record.figures.FigureStats` each, for its p95 over time);
+  :class:`~servemon.loadgen.record.figures.FigureStats` each, for its p95 over time);
 - per stage, the distributions of TTFT, ITL and E2E (for the CDFs) and the sums of
   the server-reported TTFT parts;
 - a seeded uniform sample of :data:`SCATTER_POINTS` requests (reservoir sampling)
@@ -35,7 +35,7 @@ WINDOW_EXACT = 2000
 CDF_FIGURES = dict(
     zip(("ttft", "itl", "e2e"), keys("ttft_s", "itl_s", "e2e_s"), strict=True)
 )
-#: The keys of a request's line this pass reads (:mod:`loadgen.record.line`).
+#: The keys of a request's line this pass reads (:mod:`servemon.loadgen.record.line`).
 SENT, STAGE, OUTCOME, TTFT, FIRST_CONTENT, GAP, QUEUE, PREFILL = keys(
     "sent_s",
     "stage",

@@ -1,5 +1,5 @@
 """Service-level objectives on client figures: how one request is judged against
-the terms (:mod:`core.slo`).
+the terms (:mod:`servemon.core.slo`).
 
 ``error_rate`` is the share of finished requests (cancelled ones aside) whose outcome
 is not ``ok``.

@@ -1,18 +1,19 @@
 """What a set of requests measured, summed up as they finish.
 
 A :class:`Summarizer` takes finished requests one at a time and keeps counts, sums
-and one :class:`~loadgen.record.figures.FigureStats` per latency figure — never the
-requests themselves — so a run of any length summarizes in bounded memory. Its
+and one :class:`~servemon.loadgen.record.figures.FigureStats` per latency figure — never
+the requests themselves — so a run of any length summarizes in bounded memory. Its
 :class:`Summary` holds counts, throughput, the distribution of every figure of
-:data:`~loadgen.record.figures.FIGURES` and, with an SLO, goodput and which terms held.
+:data:`~servemon.loadgen.record.figures.FIGURES` and, with an SLO, goodput and which
+terms held.
 
 Percentiles are over ok requests only (dispatch lag: over every request); ITL pools
 every gap of every ok request; they are exact up to
-:data:`~loadgen.record.figures.EXACT_LIMIT` values per figure, within
-:data:`~loadgen.record.figures.RELATIVE_ACCURACY` past it (``relative_error`` in each
-distribution says which). Throughput divides by ``duration_s``: the stage's own
+:data:`~servemon.loadgen.record.figures.EXACT_LIMIT` values per figure, within
+:data:`~servemon.loadgen.record.figures.RELATIVE_ACCURACY` past it (``relative_error``
+in each distribution says which). Throughput divides by ``duration_s``: the stage's own
 length when the caller gives it, else first send to last end. The error rate is
-failed over judged requests (:mod:`core.outcomes`).
+failed over judged requests (:mod:`servemon.core.outcomes`).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class Summary:
     #: Mean tokens of history a conversation's turn sent (sessions workloads).
     mean_history_tokens: float | None = None
     #: What the target's GPUs used over the stage, where it could be read
-    #: (:mod:`loadgen.record.energy`); None: not measured.
+    #: (:mod:`servemon.loadgen.record.energy`); None: not measured.
     energy: Energy | None = None
     #: The distribution of each figure of FIGURES that any request had.
     figures: dict[str, Distribution] = field(default_factory=dict)
@@ -88,7 +89,8 @@ class Summary:
 
     @property
     def failed(self) -> int:
-        """Requests that failed (:mod:`core.outcomes`): not ok, not cancelled."""
+        """Requests that failed (:mod:`servemon.core.outcomes`): not ok, not
+        cancelled."""
         return count_failed(self.outcomes)
 
     @property
@@ -105,7 +107,7 @@ class Summary:
 
     def value(self, key: str) -> float | None:
         """``ttft_p95``-style lookups, ``error_rate``, and the energy figures
-        (:data:`~loadgen.record.energy.ENERGY_KEYS`: None without energy)."""
+        (:data:`~servemon.loadgen.record.energy.ENERGY_KEYS`: None without energy)."""
         if key == "error_rate":
             return self.error_rate
         if key in ENERGY_KEYS:

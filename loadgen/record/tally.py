@@ -21,7 +21,8 @@ __all__ = ["Groups", "Tally", "with_energy", "with_hit_rates"]
 
 
 class Groups(TypedDict):
-    """The grouped summaries of a run (fields of :class:`RunSummary`)."""
+    """The grouped summaries of a run (fields of
+    :class:`~servemon.loadgen.record.runrecord.RunSummary`)."""
 
     by_turn: dict[str, Summary] | None
     by_model: dict[str, Summary] | None
@@ -65,9 +66,10 @@ class Tally:
         stages: Sequence[StageResult] = (),
         durations: Sequence[float | None] = (),
     ) -> Groups:
-        """``by_turn``, ``by_model`` and ``by_level`` of a :class:`RunSummary`
-        (None: no request said, no stage is a repeat; throughput over each group's
-        own span, a level's over its repeats' ``durations``)."""
+        """``by_turn``, ``by_model`` and ``by_level`` of a
+        :class:`~servemon.loadgen.record.runrecord.RunSummary` (None: no request said,
+        no stage is a repeat; throughput over each group's own span, a level's over its
+        repeats' ``durations``)."""
         return {
             "by_turn": {str(k): self.turns[k].summary() for k in sorted(self.turns)}
             or None,
@@ -163,7 +165,7 @@ def with_hit_rates(
     readings: Iterable[Reading], windows: Sequence[Window], stages: list[StageResult]
 ) -> list[StageResult]:
     """Each stage with the server's prefix-cache hit rate over its window
-    (:func:`~loadgen.record.reading.server_hit_rates`)."""
+    (:func:`~servemon.loadgen.record.reading.server_hit_rates`)."""
     rates = server_hit_rates(readings, windows)
     return [
         replace(s, server_hit_rate=None if rate is None else round(rate, 6))

@@ -55,7 +55,7 @@ __all__ = [
 class Comparison:
     """Runs compared: per level, per figure, the value of each run (a repeated
     level's pooled value), and each later run's differences from the first with
-    their intervals and verdicts (:mod:`loadgen.reports.significance`)."""
+    their intervals and verdicts (:mod:`servemon.loadgen.reports.significance`)."""
 
     runs: list[RunResult]
     levels: list[str]

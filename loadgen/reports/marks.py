@@ -1,10 +1,11 @@
 """The decision drawn on the report's plots: each SLO tier's thresholds, the
 capacity each tier found, and which capacity steps broke an SLO.
 
-A capacity search's tiers come from its summary (:mod:`loadgen.record.findings`;
-one SLO is one tier named ``slo``); any other run with an SLO has that one tier and
-no capacity. Every mark carries a stable SVG id (matplotlib's ``gid``) that names
-what it is, so a reader of the SVG (and the browser test) finds it:
+A capacity search's tiers come from its summary
+(:mod:`servemon.loadgen.record.findings`; one SLO is one tier named ``slo``); any other
+run with an SLO has that one tier and no capacity. Every mark carries a stable SVG id
+(matplotlib's ``gid``) that names what it is, so a reader of the SVG (and the browser
+test) finds it:
 
 - ``slo-{tier}-{figure}``: a threshold on the latency-against-load panel;
 - ``capacity-{tier}``: a tier's capacity on the same panel;

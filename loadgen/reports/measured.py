@@ -1,11 +1,11 @@
 """What a capacity run measured, as a plan of replicas reads it
-(:mod:`loadgen.reports.replicas`): each SLO tier's capacity with the output
+(:mod:`servemon.loadgen.reports.replicas`): each SLO tier's capacity with the output
 tokens per request and the prefix-cache hit rate of its capacity step, the GPUs
 of one replica, and the prompt and output lengths the run sent.
 
 Read from the run directory alone: its typed record
-(:func:`~loadgen.record.record.read_run`) and one pass over ``requests.jsonl`` for
-the lengths of its ok requests.
+(:func:`~servemon.loadgen.record.record.read_run`) and one pass over ``requests.jsonl``
+for the lengths of its ok requests.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ UTC time each run recorded at its origin (on one machine the clocks agree alread
 The merged directory holds every request, the first shard's server samples, and a
 summary and report computed as for a single run: per stage, over the planned stage
 length, with the SLO the shards were run with. Each shard's requests are read in
-one streaming pass and summed as they go by (:class:`loadgen.record.tally.Tally`).
+one streaming pass and summed as they go by
+(:class:`servemon.loadgen.record.tally.Tally`).
 """
 
 from __future__ import annotations

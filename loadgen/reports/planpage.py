@@ -1,4 +1,4 @@
-"""``plan.html``: a plan of replicas (:mod:`loadgen.reports.replicas`) as one
+"""``plan.html``: a plan of replicas (:mod:`servemon.loadgen.reports.replicas`) as one
 self-contained page: the tiers' table, what the plan assumed and warns of, and
 for a trace a step plot of the replicas each tier needs over time above the
 forecast's rate (inline SVG, as the run reports draw theirs)."""

@@ -1,5 +1,6 @@
 """The report's plots, drawn with matplotlib as inline SVG from the typed record and
-one scan of the run (:mod:`loadgen.record.scan`): no JavaScript, no external URL.
+one scan of the run (:mod:`servemon.loadgen.record.scan`): no JavaScript, no external
+URL.
 
 - throughput and latency percentiles against the offered load, sorted by load (a
   capacity search visits rates out of order);

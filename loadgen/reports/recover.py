@@ -43,7 +43,8 @@ from servemon.loadgen.send.timing import Outcome, RequestTiming
 __all__ = ["Recovery", "SpoolCount", "recover_spools"]
 
 #: The errors of a record the coordinator wrote for a request whose worker never
-#: answered for it (``loadgen.fleet.members.unsent``): a spool's record replaces it.
+#: answered for it (``servemon.loadgen.fleet.members.unsent``): a spool's record
+#: replaces it.
 _UNANSWERED = re.compile(r"cancelled|worker \d+ lost")
 #: The files of a run copied as they are.
 _COPIED = ("server_metrics.jsonl", "control.jsonl")

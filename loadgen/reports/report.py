@@ -2,10 +2,11 @@
 
 The page holds the run's conditions (target, model, engine config, workload,
 arrival process, command, environment), the stage table and what the server said
-about each request (both from :mod:`loadgen.record.columns`), and the plots of
-:mod:`loadgen.reports.plots`. It is built from the typed record
-(:func:`loadgen.record.runrecord.read_record`) and one streaming pass over the request
-and sample files (:mod:`loadgen.record.scan`), so its memory does not grow with the run.
+about each request (both from :mod:`servemon.loadgen.record.columns`), and the plots of
+:mod:`servemon.loadgen.reports.plots`. It is built from the typed record
+(:func:`servemon.loadgen.record.runrecord.read_record`) and one streaming pass over the
+request and sample files (:mod:`servemon.loadgen.record.scan`), so its memory does not
+grow with the run.
 
 A run that never wrote ``summary.json`` (killed with ``kill -9``, crashed) gets one
 rebuilt from ``requests.jsonl`` and written beside it; its status then says the run

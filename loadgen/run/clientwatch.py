@@ -17,8 +17,8 @@ are checked every :data:`CHECK_S` seconds, each against a limit:
 The first time a signal trips in a stage a warning line is printed (with what to do:
 ``--workers``, a bigger machine), and every check it stays tripped counts. Each
 stage's record (``summary.json``) lists them as
-:class:`~loadgen.record.runrecord.ClientLimit` — when it began, for how long, the worst
-value — and the report shows them. Live,
+:class:`~servemon.loadgen.record.runrecord.ClientLimit` — when it began, for how long,
+the worst value — and the report shows them. Live,
 ``servemon_client_cpu_ratio`` and ``servemon_client_event_loop_delay_seconds`` show the
 signals and ``servemon_client_limited_seconds_total`` counts the seconds flagged.
 """

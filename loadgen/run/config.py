@@ -6,7 +6,7 @@ Secrets never live here: the API key comes from ``SERVEMON_API_KEY``, a header f
 (``--header-file``) is named here but read only when the request headers are built
 (:func:`config_headers`, once, by the plan), and header values are wrapped in
 :class:`servemon.core.fields.Secret` there, so the config can be recorded with its
-header values redacted (:func:`loadgen.run.plan.recorded_config`).
+header values redacted (:func:`servemon.loadgen.run.plan.recorded_config`).
 """
 
 from __future__ import annotations
@@ -195,15 +195,15 @@ class LoadConfig:
     metrics_port: Annotated[int, Ge(0), Le(65535)] = 9401
     metrics_host: str = "127.0.0.1"
     #: exporter-toolkit's web config for the live client /metrics
-    #: (:mod:`core.wire.webconfig`).
+    #: (:mod:`servemon.core.wire.webconfig`).
     web_config_file: str | None = None
     seed: int = 0
     #: Each stage (a ramp's stage, a sweep's level) this many times in a row,
     #: each with new draws: what ``compare`` judges a difference by (the spread
     #: between runs, not only between requests of one run). Capacity, control
-    #: and replay refuse it (:func:`loadgen.run.plan.make_plan`).
+    #: and replay refuse it (:func:`servemon.loadgen.run.plan.make_plan`).
     repeats: Annotated[int, Ge(1), Le(100)] = 1
-    #: Where the target's GPU energy is read (:mod:`loadgen.run.energy`): auto,
+    #: Where the target's GPU energy is read (:mod:`servemon.loadgen.run.energy`): auto,
     #: off, nvml, or the URL of an exporter's /metrics.
     energy: str = "auto"
     #: The price of one of the target's GPUs per hour, or of the whole target
@@ -219,7 +219,7 @@ class LoadConfig:
     max_connections: Annotated[int, Ge(1)] = 10_000
     sample_interval: Positive = 1.0
     #: A PM QoS bound on CPU wake-up latency held while the run sends, in
-    #: microseconds (:mod:`loadgen.send.cpulatency`); None asks for nothing.
+    #: microseconds (:mod:`servemon.loadgen.send.cpulatency`); None asks for nothing.
     cpu_dma_latency: Annotated[int, Ge(0)] | None = None
     # open loop (ramp)
     stages: Stages | None = None
@@ -237,7 +237,7 @@ class LoadConfig:
     max_requests: Annotated[int, Ge(1)] | None = None
     shard: ShardSpec | None = None
     #: Processes sending the ramp; ``auto``: from the peak rate and the cost of a
-    #: request (:mod:`loadgen.send.clientcost`).
+    #: request (:mod:`servemon.loadgen.send.clientcost`).
     workers: Annotated[int, Ge(1), Le(64)] | Literal["auto"] = 1
     start_at: StartAt | None = None
     # replay of a trace (servemon replay; the trace is the workload's trace:PATH)

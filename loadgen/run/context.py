@@ -1,22 +1,23 @@
 """What a load driver gets, and the run behind it.
 
-A driver (:mod:`loadgen.drivers.ramp`, :mod:`loadgen.drivers.sweep`,
-:mod:`loadgen.drivers.capacity`, ...) is an async function ``drive(run, found)``. It
-gets a :class:`Drive`, the parts of the run it may use: its own settings (a small
-dataclass the driver declares beside itself: the few fields of
-:class:`~loadgen.run.config.LoadConfig` it reads, filled by
-:func:`~loadgen.run.config.settings_of`), how every driver sends (:class:`Sending`),
-a :class:`~loadgen.run.sender.Sender` to send measured requests with (and its hooks,
-to listen to them), the server's signals (one typed
-:class:`~loadgen.run.reading.Reading` per sample, from either sampler), the
+A driver (:mod:`servemon.loadgen.drivers.ramp`, :mod:`servemon.loadgen.drivers.sweep`,
+:mod:`servemon.loadgen.drivers.capacity`, ...) is an async function
+``drive(run, found)``. It gets a :class:`Drive`, the parts of the run it may use: its
+own settings (a small dataclass the driver declares beside itself: the few fields of
+:class:`~servemon.loadgen.run.config.LoadConfig` it reads, filled by
+:func:`~servemon.loadgen.run.config.settings_of`), how every driver sends
+(:class:`Sending`), a :class:`~servemon.loadgen.run.sender.Sender` to send measured
+requests with (and its hooks, to listen to them), the server's signals (one typed
+:class:`~servemon.loadgen.record.reading.Reading` per sample, from either sampler), the
 :class:`Board` of the stages it runs, the stop and the arrival process. What it
 finds goes into ``found``, its :class:`Driven`, and nowhere else. A driver keeps
 its own state; nothing reaches into another driver.
 
 The :class:`RunContext` is the runner's: it owns the run directory, the live metrics,
-the run's :class:`~loadgen.record.tally.Tally`, the progress display, the guard rail
-and the watch on the client's own health (:mod:`loadgen.run.clientwatch`), and is the
-first of the sender's hooks, so that every request a driver sends reaches them all.
+the run's :class:`~servemon.loadgen.record.tally.Tally`, the progress display, the guard
+rail and the watch on the client's own health (:mod:`servemon.loadgen.run.clientwatch`),
+and is the first of the sender's hooks, so that every request a driver sends reaches
+them all.
 """
 
 from __future__ import annotations
@@ -158,7 +159,8 @@ class Drive(Generic[S]):
     arrival: Arrival
     #: Stop the run at once for a reason (nothing happens for None).
     abort: Callable[[str | None], None]
-    #: A replay's sends, planned with the run (:class:`~loadgen.run.plan.Plan`).
+    #: A replay's sends, planned with the run
+    #: (:class:`~servemon.loadgen.run.plan.Plan`).
     replay: ReplayPlan | None = None
 
 
@@ -176,7 +178,8 @@ class RunContext:
     #: What the driver sends with; the run hears of each request first.
     sender: Sender
     stopper: Stopper = field(default_factory=Stopper)
-    #: A replay's sends, planned with the run (:class:`~loadgen.run.plan.Plan`).
+    #: A replay's sends, planned with the run
+    #: (:class:`~servemon.loadgen.run.plan.Plan`).
     replay: ReplayPlan | None = None
     tally: Tally = field(init=False)
     guard: GuardRail = field(init=False)
@@ -184,7 +187,7 @@ class RunContext:
     board: Board = field(init=False)
     #: Why a guard rail stopped the run, if one did.
     stop_reason: str | None = None
-    #: The server's signals, newest last (:mod:`loadgen.run.reading`: either
+    #: The server's signals, newest last (:mod:`servemon.loadgen.record.reading`: either
     #: sampler's line, read once). A reading is a few floats where a whole sample
     #: of a target is about 15 kB: an hour of whole samples at one a second grew
     #: the load generator by 54 MB (benchmarks/loadgen_soak.py).

@@ -4,7 +4,7 @@ An :class:`EnergySampler` reads the total of the target's GPU energy counters
 (``servemon_gpu_energy_joules_total``: NVML's energy since the driver loaded) every
 ``interval_s``, keeps the readings, and appends each one to
 ``server_metrics.jsonl`` as ``{"mono_s", "energy": {"joules", "gpus", "source"}}``.
-A stage's :class:`~loadgen.record.energy.Energy` is the counters' rise between
+A stage's :class:`~servemon.loadgen.record.energy.Energy` is the counters' rise between
 its start and its end, each end interpolated between the two readings around it.
 
 Where the counters are read (``--energy``):

@@ -1,6 +1,6 @@
 """The load generator's own ``/metrics``: what the client measures, while it runs.
 
-Series and names come from :mod:`core.names`. Histogram bucket edges always
+Series and names come from :mod:`servemon.core.names`. Histogram bucket edges always
 include every SLO threshold given for that figure, so that burn-rate rules computed
 from the buckets are exact at the threshold.
 

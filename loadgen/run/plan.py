@@ -173,7 +173,7 @@ def _repeated(stages: list[StageRecord], repeats: int) -> list[StageRecord]:
 
 
 def check_energy(value: str) -> None:
-    """``--energy`` (:mod:`loadgen.run.energy`): auto, off, nvml or an http(s) URL."""
+    """``--energy`` (:mod:`.energy`): auto, off, nvml or an http(s) URL."""
     if value in ("auto", "off", "nvml") or value.startswith(("http://", "https://")):
         return
     raise ConfigError(

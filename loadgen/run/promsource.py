@@ -3,8 +3,8 @@
 
 Behind a gateway no single ``/metrics`` tells the truth about a fleet, but the
 Prometheus that scrapes every replica's exporter does. Every ``interval_s``,
-:class:`PrometheusSampler` runs each signal's query of :mod:`core.signals` (over
-the ``--select`` matchers) and its freshness query, concurrently, through
+:class:`PrometheusSampler` runs each signal's query of :mod:`servemon.core.signals`
+(over the ``--select`` matchers) and its freshness query, concurrently, through
 Prometheus' HTTP API (``/api/v1/query``), and appends one line to
 ``server_metrics.jsonl`` in the direct sampler's shape (``samples`` under
 servemon's names, so the capacity search, the guard rails and the report read it
@@ -82,7 +82,8 @@ class _Answer:
 
 class PrometheusSampler:
     """Reads the signals from Prometheus every ``interval_s`` and hands each line
-    to ``sink`` (the interface of :class:`loadgen.run.sampler.ServerSampler`)."""
+    to ``sink`` (the interface of
+    :class:`servemon.loadgen.run.sampler.ServerSampler`)."""
 
     def __init__(
         self,

@@ -17,7 +17,7 @@ on a label no target has is the series' and is left out). The largest
 interval among them is the one a signal can be as old as. If Prometheus cannot
 say (down, no target, an answer without the field), :data:`DEFAULT_S` stands, and
 the record says why. Every read is bounded: :data:`TIMEOUT_S` and
-:data:`~core.wire.limits.DEFAULT_LIMITS`.
+:data:`~servemon.core.wire.limits.DEFAULT_LIMITS`.
 """
 
 from __future__ import annotations

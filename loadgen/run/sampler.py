@@ -1,8 +1,8 @@
 """Samples the target's ``/metrics`` during a run into ``server_metrics.jsonl``.
 
 Once a second (by default) the sampler fetches the target's exposition, normalizes it
-with the exporter's table (:mod:`monitor.normalize`: servemon names whatever the
-engine and version), keeps gauges, counters and histogram ``_count``/``_sum`` (not
+with the exporter's table (:mod:`servemon.monitor.normalize`: servemon names whatever
+the engine and version), keeps gauges, counters and histogram ``_count``/``_sum`` (not
 buckets), and appends one line::
 
     {"mono_s": 123.4,

@@ -6,13 +6,13 @@ away from it (seeded), sends it on the run's session to the run's URL, and tells
 run's :class:`Hooks` as it goes out, as its first token arrives and when it finishes.
 The hooks' first sink is the run's own bookkeeping (the run directory, the live
 metrics, the tally, the progress display, the client watch, the guard rail:
-:class:`~loadgen.run.context.RunContext`); a driver adds its own listeners (a
+:class:`~servemon.loadgen.run.context.RunContext`); a driver adds its own listeners (a
 capacity step judging its requests, the control law's models of the server).
 
 Where the requests go out is the sender's :class:`Transport`: this process's
-session (None, the default), or a fleet of load machines (:mod:`loadgen.fleet`),
-which sends each request from a worker and hands back its record in this process's
-clock; drivers and hooks cannot tell the two apart.
+session (None, the default), or a fleet of load machines
+(:mod:`servemon.loadgen.fleet`), which sends each request from a worker and hands back
+its record in this process's clock; drivers and hooks cannot tell the two apart.
 """
 
 from __future__ import annotations
@@ -199,8 +199,8 @@ class Sender:
         return self.model if pick is None else pick(index)
 
     def request_options(self, index: int, model: str | None = None) -> RequestOptions:
-        """Keyword arguments of :func:`~loadgen.send.client.send_request` for request
-        ``index``: whether the client walks away from it (seeded), and the model
+        """Keyword arguments of :func:`~servemon.loadgen.send.client.send_request` for
+        request ``index``: whether the client walks away from it (seeded), and the model
         of a mix it asked for (``model``, where the caller has drawn it already)."""
         c = self.config
         options: RequestOptions = {}
@@ -231,7 +231,7 @@ class Sender:
         **options: Unpack[RequestOptions],
     ) -> RequestTiming:
         """Send one measured request and tell the hooks; ``options`` go to
-        :func:`~loadgen.send.client.send_request` (what :meth:`request_options`
+        :func:`~servemon.loadgen.send.client.send_request` (what :meth:`request_options`
         chose, the encoded body, a session turn's tags)."""
         if self.transport is not None:
             timing = await self.transport.send(

@@ -1,8 +1,8 @@
 """One timed request against an OpenAI-compatible endpoint.
 
 :func:`send_request` never raises for what the network or the server does: every
-ending is an :class:`~loadgen.send.timing.Outcome` on the returned record. Only the
-caller's own cancellation propagates.
+ending is an :class:`~servemon.loadgen.send.timing.Outcome` on the returned record. Only
+the caller's own cancellation propagates.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class ClientSettings:
     max_connections: int = 1024
     timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
-    #: What one answer may cost (:mod:`core.wire.limits`).
+    #: What one answer may cost (:mod:`servemon.core.wire.limits`).
     limits: ResponseLimits = DEFAULT_LIMITS
 
 

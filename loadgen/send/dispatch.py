@@ -1,9 +1,9 @@
 """Open-loop sending: every request goes out at its scheduled absolute time.
 
-The dispatcher walks the schedule (:mod:`loadgen.send.arrivals`) and starts each request
-as its own task, whatever is still in flight: a slow server never slows the schedule
-down (no coordinated omission). Two things can still hold a request back, and both
-are counted:
+The dispatcher walks the schedule (:mod:`servemon.loadgen.send.arrivals`) and starts
+each request as its own task, whatever is still in flight: a slow server never slows the
+schedule down (no coordinated omission). Two things can still hold a request back, and
+both are counted:
 
 - ``max_inflight``, a safety cap: a request due while the cap is reached waits for a
   slot (``held_back``);
@@ -277,7 +277,7 @@ class OpenLoop:
     ) -> None:
         self._send = send
         #: A request is handed to ``send`` this long before its time (a fleet's
-        #: worker waits out the rest itself, :mod:`loadgen.fleet`).
+        #: worker waits out the rest itself, :mod:`servemon.loadgen.fleet`).
         self._ahead = ahead_s
         self._prepare = prepare
         self._max = max_inflight

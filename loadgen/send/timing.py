@@ -88,7 +88,8 @@ class RequestTiming:
     session: str | None = None
     turn: int | None = None
     history_tokens: int | None = None
-    #: The fleet's worker that sent it (:mod:`loadgen.fleet`); None: this process.
+    #: The fleet's worker that sent it (:mod:`servemon.loadgen.fleet`); None: this
+    #: process.
     worker: int | None = None
     #: The answer's text, when the caller asked for it (a session's next turn
     #: sends it back); never written to the run record.

@@ -1,6 +1,6 @@
 """``file:PATH``: prompts from a JSONL (or JSON array) file of prompts, chat
-messages or ShareGPT conversations (see :mod:`loadgen.workloads.workload`); every line
-checked, a bad one named."""
+messages or ShareGPT conversations (see :mod:`servemon.loadgen.workloads.workload`);
+every line checked, a bad one named."""
 
 from __future__ import annotations
 

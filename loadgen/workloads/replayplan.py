@@ -8,7 +8,7 @@ length, ``--rate-scale 2`` sends it twice as fast. ``--loops N`` sends the windo
 times back to back, each loop one window later (a window without ``--to`` lasts
 until its last entry plus the mean gap between entries). Request indices are
 ``loop * entries + entry`` so that the workload builds loop ``loop``'s prompt of
-that entry (:mod:`loadgen.workloads.traceprompts`).
+that entry (:mod:`servemon.loadgen.workloads.traceprompts`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The synthetic workloads: ``random`` (every prompt distinct from its first
 tokens on) and ``shared-prefix`` (hot prefixes, a fresh suffix per request), with
-exact lengths under the run's token counter (see :mod:`loadgen.workloads.workload`)."""
+exact lengths under the run's token counter (see
+:mod:`servemon.loadgen.workloads.workload`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A trace's requests, as every trace format is read into them
-(:mod:`loadgen.workloads.tracefile`)."""
+(:mod:`servemon.loadgen.workloads.tracefile`)."""
 
 from __future__ import annotations
 

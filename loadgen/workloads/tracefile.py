@@ -13,7 +13,7 @@ one-line :class:`ConfigError` naming the file, the line and the field):
 - **Prompts** JSONL: ``timestamp`` in seconds with a real ``prompt`` (text) or
   ``messages`` (chat), optional ``output_tokens``, ``session_id``, ``model``.
 - **Azure LLM inference** (2023, 2024) and **BurstGPT** CSV as published
-  (:mod:`loadgen.workloads.tracepublic`).
+  (:mod:`servemon.loadgen.workloads.tracepublic`).
 
 Which a JSONL line is follows from its keys (``input_length``: Mooncake, whose
 timestamps are milliseconds); which a CSV is follows from its header. Entries are

@@ -2,12 +2,12 @@
 
 Request ``i`` is trace entry ``i % entries`` (a replay's loop ``i // entries``). An
 entry with a real prompt sends it. An entry with ``hash_ids`` is built block by
-block: each id is :data:`~loadgen.workloads.tracefile.BLOCK_TOKENS` words that count one
-token each under the run's counter, the same words for the same id (and loop), different
-ones for different ids, the last block cut to the entry's length. So two requests
-whose ids start alike share exactly that prefix, token for token, and the server's
-prefix cache sees the sharing production did. A loop past the first uses fresh ids
-(the same structure, new text), so looping does not turn every request into a hit.
+block: each id is :data:`~servemon.loadgen.workloads.tracefile.BLOCK_TOKENS` words that
+count one token each under the run's counter, the same words for the same id (and loop),
+different ones for different ids, the last block cut to the entry's length. So two
+requests whose ids start alike share exactly that prefix, token for token, and the
+server's prefix cache sees the sharing production did. A loop past the first uses fresh
+ids (the same structure, new text), so looping does not turn every request into a hit.
 An entry with only a length gets words of its own. Under the estimate counter
 (no one-token words) lengths are as close as the estimate allows and
 ``prompt_tokens`` is the estimate.

@@ -1,5 +1,5 @@
 """The public production traces as published, read from their CSV as it is
-downloaded (:mod:`loadgen.workloads.tracefile` picks them by their header):
+downloaded (:mod:`servemon.loadgen.workloads.tracefile` picks them by their header):
 
 - **Azure LLM inference** CSV, 2023 and 2024 (Azure/AzurePublicDataset): header
   ``TIMESTAMP,ContextTokens,GeneratedTokens``, ``TIMESTAMP`` a date and time (2023:
@@ -11,9 +11,9 @@ downloaded (:mod:`loadgen.workloads.tracefile` picks them by their header):
   Response tokens,Total tokens,Log Type`` (columns found by name, so a release with
   more columns reads too), ``Timestamp`` in seconds. A line whose ``Response
   tokens`` is 0 is a failed request in that trace: skipped and counted by default,
-  or kept (:data:`~loadgen.workloads.traceentry.FailedLines`) with no output budget
-  of its own. Its ``Model`` (ChatGPT, GPT-4) is not a model a target serves, so it
-  is counted (``TraceFile.labels``), not asked for.
+  or kept (:data:`~servemon.loadgen.workloads.traceentry.FailedLines`) with no output
+  budget of its own. Its ``Model`` (ChatGPT, GPT-4) is not a model a target serves, so
+  it is counted (``TraceFile.labels``), not asked for.
 
 Every line is checked; a bad one is a one-line :class:`ConfigError` naming the
 file, the line and the field.

@@ -1,8 +1,8 @@
 """``servemon trace synth``: a synthetic trace with the shape real ones have.
 
 Tests and demos need a trace, and none can be downloaded here, so this writes one in
-the Mooncake format (:mod:`loadgen.workloads.tracefile`), seeded, with the knobs
-production traffic has:
+the Mooncake format (:mod:`servemon.loadgen.workloads.tracefile`), seeded, with the
+knobs production traffic has:
 
 - arrivals: a Poisson process whose rate follows a day (``diurnal``: the rate swings
   by that fraction around ``rate`` over ``period_s``) and bursts (``bursts_per_hour``

@@ -23,7 +23,7 @@ Specs (every key optional; defaults as shown, output defaults to ``default_outpu
 ``prefix:hit=H,prompt=1024,groups=4,output=O``
     Prompts of ``prompt`` content tokens built so that the engine's prefix cache
     serves a fraction ``H`` (``0 <= H < 1``, required) of the tokens the server
-    counts, as closely as its blocks allow (:mod:`loadgen.workloads.prefix`):
+    counts, as closely as its blocks allow (:mod:`servemon.loadgen.workloads.prefix`):
     request ``i`` sends group ``i % groups``'s shared prefix, a whole number of
     cache blocks counting what the chat template puts before it, then a tail of
     its own from its first words. One warm prompt per group puts the prefixes in
@@ -41,24 +41,25 @@ Specs (every key optional; defaults as shown, output defaults to ``default_outpu
     (and reply); ``prompt_tokens`` of messages is the sum of their contents.
 ``sessions:turns=2:6,think=exp:2,system=0,user=64,output=O,answer=own[,users=N][,file=PATH]``
     Multi-turn conversations, each turn sent with the whole history after a think
-    time (:mod:`loadgen.workloads.sessions`); ``prompt(i)`` is session ``i``'s first
-    turn.
+    time (:mod:`servemon.loadgen.workloads.sessions`); ``prompt(i)`` is session ``i``'s
+    first turn.
 ``trace:PATH[,output=O][,failed=skip|keep]``
-    A trace (:mod:`loadgen.workloads.tracefile`: Mooncake JSONL with ``hash_ids``, plain
-    JSONL/CSV of lengths, timed real prompts, or Azure's and BurstGPT's CSVs as
-    published): request ``i`` sends entry ``i % entries``, built with the trace's
-    lengths and prefix structure (:mod:`loadgen.workloads.traceprompts`). A ramp
-    sends them at its own rates; ``servemon replay`` at the trace's times.
-    ``failed=keep`` sends the lines a trace marks failed (BurstGPT's), with the
-    default output budget; by default they are skipped and counted.
+    A trace (:mod:`servemon.loadgen.workloads.tracefile`: Mooncake JSONL with
+    ``hash_ids``, plain JSONL/CSV of lengths, timed real prompts, or Azure's and
+    BurstGPT's CSVs as published): request ``i`` sends entry ``i % entries``, built with
+    the trace's lengths and prefix structure
+    (:mod:`servemon.loadgen.workloads.traceprompts`). A ramp sends them at its own
+    rates; ``servemon replay`` at the trace's times. ``failed=keep`` sends the lines a
+    trace marks failed (BurstGPT's), with the default output budget; by default they are
+    skipped and counted.
 
 Output ``O`` is ``N`` (fixed) or ``A:B``: a uniform integer in ``[A, B]`` drawn per
 request index from the seed. Given on ``file:``, it overrides the file's budgets.
 
 Exact lengths. Random texts are fitted to a token count by
-:class:`~loadgen.workloads.tokens.TextFitter` (draw words, count, adjust; at most 8
-counts a text, the closest kept). ``Prompt.prompt_tokens`` is always the counted length
-of the content (no chat template), so a miss is visible, never hidden. Under the
+:class:`~servemon.loadgen.workloads.tokens.TextFitter` (draw words, count, adjust; at
+most 8 counts a text, the closest kept). ``Prompt.prompt_tokens`` is always the counted
+length of the content (no chat template), so a miss is visible, never hidden. Under the
 estimate counter a length is only as close as the estimate allows, and the run record
 says so through ``token_source``. Shared-prefix suffixes are made of words that count
 one token each, so that a suffix needs no count per request; whether prefix and suffix
@@ -221,10 +222,10 @@ async def build_workload(
 ) -> Workload:
     """Build the prompts of ``spec``, counting them with ``counter``; ``context``
     (the target's, where it says) and ``over_context`` for a trace's requests that
-    do not fit it (:mod:`loadgen.workloads.traceprompts`); for ``prefix:``, the
+    do not fit it (:mod:`servemon.loadgen.workloads.traceprompts`); for ``prefix:``, the
     engine's ``block_size``, what the chat template adds before and after the
     content, and the engine's cache in tokens where known
-    (:func:`~loadgen.workloads.prefix.build_prefix`).
+    (:func:`~servemon.loadgen.workloads.prefix.build_prefix`).
 
     A bad file is a one-line :class:`ConfigError`; a counter that fails mid-way
     raises what it raised.

@@ -1,5 +1,6 @@
 """``servemon autoscale``: KEDA and HPA settings from a capacity run's saturation
-point (:mod:`loadgen.record.saturation`, :mod:`dashboards.autoscale`)."""
+point (:mod:`servemon.loadgen.record.saturation`,
+:mod:`servemon.dashboards.autoscale`)."""
 
 from __future__ import annotations
 

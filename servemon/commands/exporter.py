@@ -1,7 +1,7 @@
 """``servemon exporter``: serve engine metrics, GPU stats and the probe until stopped.
 
 Each option but the ``--fake-gpu*`` ones is a field of
-:class:`monitor.config.ExporterConfig`.
+:class:`servemon.monitor.config.ExporterConfig`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A run from many load machines: the options that make a load command coordinate
 a fleet (:func:`fleet_options`), and ``servemon worker``, a machine of one
-(:mod:`loadgen.fleet`)."""
+(:mod:`servemon.loadgen.fleet`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """``servemon plan``: replicas for a forecast, from a capacity run
-(:mod:`loadgen.reports.replicas`; the page: :mod:`loadgen.reports.planpage`)."""
+(:mod:`servemon.loadgen.reports.replicas`; the page:
+:mod:`servemon.loadgen.reports.planpage`)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """``servemon sim``: serve the simulated vLLM endpoint until stopped.
 
-Each option is a field of :class:`simulator.config.SimConfig`, and each fault
-option is named after its field of :class:`simulator.config.Faults`, so the flags
-map onto the config by name alone.
+Each option is a field of :class:`servemon.simulator.config.SimConfig`, and each fault
+option is named after its field of :class:`servemon.simulator.config.Faults`, so the
+flags map onto the config by name alone.
 """
 
 from __future__ import annotations

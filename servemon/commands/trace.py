@@ -1,6 +1,6 @@
 """``servemon trace synth``: write a synthetic trace
-(:mod:`loadgen.workloads.tracesynth`); ``servemon trace info``: what a trace holds
-(:mod:`loadgen.workloads.traceinfo`)."""
+(:mod:`servemon.loadgen.workloads.tracesynth`); ``servemon trace info``: what a trace
+holds (:mod:`servemon.loadgen.workloads.traceinfo`)."""
 
 from __future__ import annotations
 

@@ -337,8 +337,8 @@ async def test_prometheus_with_the_generated_rules_gives_the_runs_figures(
 
     The rules' window is 5 minutes, longer than a test should wait and longer than
     the stage, so it would mix in the idle seconds before it. The comparison
-    queries the same expressions (:mod:`dashboards.energy`, which writes the rules)
-    over the last 8 s of the stage, at its end; the 5-minute rules are checked to
+    queries the same expressions (:mod:`servemon.dashboards.energy`, which writes the
+    rules) over the last 8 s of the stage, at its end; the 5-minute rules are checked to
     evaluate, joined to the simulator's tokens."""
     assert PROMETHEUS is not None
     rules_dir = stack.folder / "rules"

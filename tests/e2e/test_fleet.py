@@ -19,10 +19,10 @@ The stack (every process on a free 127.0.0.1 port, all stopped at the end):
   queues on the small replica while the big one has room;
 - one ``servemon exporter`` scraping the three (``--target sim-a=...``);
 - Debian's Prometheus scraping the exporter and the load generator's live
-  ``/metrics`` every second, with the rules :func:`dashboards.rules.write_rules`
-  generates from an SLO file written here (burn windows scaled by 1/60; the
-  saturation and health alerts with a ``for`` of a few seconds), and Debian's
-  Alertmanager notifying a webhook served by this test.
+  ``/metrics`` every second, with the rules
+  :func:`servemon.dashboards.rules.write_rules` generates from an SLO file written here
+  (burn windows scaled by 1/60; the saturation and health alerts with a ``for`` of a few
+  seconds), and Debian's Alertmanager notifying a webhook served by this test.
 
 Then:
 

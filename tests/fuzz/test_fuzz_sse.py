@@ -4,12 +4,12 @@ how the bytes arrived.
 A stream is a drawn sequence of events (LF or CRLF line ends, comments and
 keep-alive ``:`` lines, other fields, multi-line ``data:``, events near the size
 limit and over it, with or without ``[DONE]``), cut at drawn byte boundaries, at
-every byte, or not at all. Properties: :func:`core.wire.sse.iter_events` yields the
-same events however the stream is cut (and raises :class:`EventTooLarge`, its one
+every byte, or not at all. Properties: :func:`servemon.core.wire.sse.iter_events` yields
+the same events however the stream is cut (and raises :class:`EventTooLarge`, its one
 documented error, at the same place, or not at all); a request's figures read by
-``loadgen.send.client._Probe`` (content chunks, finish, outcome, error) do not depend on
-the cut either. The body is handed over by a stand-in for aiohttp's StreamReader
-that gives exactly the chunks drawn.
+``servemon.loadgen.send.client._Probe`` (content chunks, finish, outcome, error) do not
+depend on the cut either. The body is handed over by a stand-in for aiohttp's
+StreamReader that gives exactly the chunks drawn.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Whole load runs in-process against the simulator over real sockets.
 
-Each test calls :func:`loadgen.runner.run_load` as ``servemon ramp``/``sweep`` do and
-reads back the run directory. Client and simulator share one event loop and one
+Each test calls :func:`servemon.loadgen.runner.run_load` as ``servemon ramp``/``sweep``
+do and reads back the run directory. Client and simulator share one event loop and one
 ``time.monotonic()`` clock, so the simulator's ``--trace`` is ground truth for what
 the load generator measured.
 """

@@ -3,9 +3,10 @@
 The workload is built as a run builds it: the simulator's ``/tokenize`` as the
 counter, its block size and cache size from ``vllm:cache_config_info``, and what the
 server adds around the content (the chat template) through ``/tokenize``
-(:func:`~loadgen.run.prefixcache.find_prefix_target`). The warm prompts go first;
-then 160 requests, 8 at a time, and the deltas of ``vllm:prefix_cache_hits_total``
-over ``vllm:prefix_cache_queries_total``. Last, a whole ramp does the same itself.
+(:func:`~servemon.loadgen.run.prefixcache.find_prefix_target`). The warm prompts go
+first; then 160 requests, 8 at a time, and the deltas of
+``vllm:prefix_cache_hits_total`` over ``vllm:prefix_cache_queries_total``. Last, a whole
+ramp does the same itself.
 """
 
 from __future__ import annotations

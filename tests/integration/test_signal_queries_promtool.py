@@ -1,4 +1,4 @@
-"""The signal queries of ``--prometheus`` runs (:mod:`core.signals`) under
+"""The signal queries of ``--prometheus`` runs (:mod:`servemon.core.signals`) under
 Prometheus' own evaluator (``promtool test rules``): a fleet's series summed over a
 selector, and the error rate of a run without failures 0, not missing."""
 

@@ -1,4 +1,4 @@
-"""Every fault in :class:`simulator.config.Faults` does what it says, and
+"""Every fault in :class:`servemon.simulator.config.Faults` does what it says, and
 ``PUT /sim/config`` changes faults and speed while the simulator runs."""
 
 from __future__ import annotations

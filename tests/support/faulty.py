@@ -11,7 +11,7 @@ the run goes on.
 - :func:`tls_target`: the same model listing over TLS, with a certificate signed
   by a CA of the test's own (:mod:`tests.support.certs`).
 - :class:`FakePrometheus`: ``/api/v1/query`` answering servemon's signal queries
-  (:mod:`core.signals`) with a fixed queue and fresh samples, that can be made
+  (:mod:`servemon.core.signals`) with a fixed queue and fresh samples, that can be made
   to answer 503 (restarting), to refuse connections (down) and to come back.
 """
 

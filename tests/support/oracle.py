@@ -3,8 +3,8 @@ what it reads.
 
 :func:`oracle` is what servemon's normalizer must give for an exposition:
 prometheus_client's parser (:func:`text_string_to_metric_families`) reads it, and
-the rules (:mod:`monitor.normalize_rules`) are applied to the families it gives.
-:func:`parsed` and :func:`family_rows` put families in a comparable form.
+the rules (:mod:`servemon.monitor.normalize_rules`) are applied to the families it
+gives. :func:`parsed` and :func:`family_rows` put families in a comparable form.
 """
 
 from __future__ import annotations

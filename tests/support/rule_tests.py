@@ -1,7 +1,7 @@
 """promtool unit tests for the generated rules: every alert firing and staying silent.
 
 :func:`promtool_tests` builds a ``promtool test rules`` file for one SLO config. Its
-input series are servemon's own series (names from :mod:`core.names`), labelled
+input series are servemon's own series (names from :mod:`servemon.core.names`), labelled
 as the exporter and the load generator label them. For every SLO:
 
 - a breach (every request bad) fires the page and the ticket alert;
@@ -12,7 +12,7 @@ as the exporter and the load generator label them. For every SLO:
 - a breach that stopped stops alerting once the short windows are clean, although
   the long windows still remember it;
 - for a client availability SLO, the bad requests are spread over every failed
-  outcome of :mod:`core.outcomes`, and requests that are not judged (cancelled)
+  outcome of :mod:`servemon.core.outcomes`, and requests that are not judged (cancelled)
   are not errors; for an engine one, over the finish reasons abort and error and
   the admission rejections, and a target that refuses every request (nothing ever
   finishes) breaches too.
@@ -20,7 +20,7 @@ as the exporter and the load generator label them. For every SLO:
 Every saturation and health alert fires when its condition holds past ``for``, is
 only pending before that, and stays silent on healthy series. Expected annotations
 are the generated templates rendered the way Prometheus renders them (the few
-template forms :mod:`dashboards.rules` uses).
+template forms :mod:`servemon.dashboards.rules` uses).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import graphlib
 import inspect
+import subprocess
+import sys
 import tomllib
 import typing
 from pathlib import Path
@@ -159,7 +161,8 @@ def test_the_runs_functions_stay_readable() -> None:
 
 
 def test_one_import_root() -> None:
-    """The wheel installs ``servemon`` only; each part is reached through it."""
+    """The wheel installs ``servemon`` only; each part is reached through it, in
+    every file of the repository, not only in the package."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     assert project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == [CLI]
     for part in PARTS:
@@ -167,7 +170,8 @@ def test_one_import_root() -> None:
         assert link.is_symlink(), link
         assert link.readlink() == Path("..", part), link
     bare = []
-    for name, path in MODULES.items():
+    for path in _repository_code():
+        name = str(path.relative_to(ROOT))
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -177,6 +181,25 @@ def test_one_import_root() -> None:
                 continue
             bare += [f"{name}: {t}" for t in targets if t.split(".")[0] in PARTS]
     assert not bare, f"import a part through servemon: {bare}"
+
+
+def test_benchmarks_refuse_a_bare_part() -> None:
+    """A benchmark refuses ``import loadgen`` as the tests do (benchmarks/_common.py
+    installs tests/support/oneroot.py), though the root is on its path."""
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.path[:0] = ['benchmarks', '.']; import _common; "
+            f"import {PARTS[1]}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert refused.returncode == 1
+    assert f"import servemon.{PARTS[1]}, not {PARTS[1]}" in refused.stderr
 
 
 def test_drivers_get_the_parts_of_a_run_not_the_run() -> None:

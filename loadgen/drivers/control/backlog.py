@@ -133,7 +133,8 @@ class Pace:
 
     def woke(self) -> None:
         """The gap last drawn was longer than the schedule waits: it ended in a
-        wake-up (:data:`~loadgen.send.arrivals.WAKE`), with nothing sent for it."""
+        wake-up (:data:`~servemon.loadgen.send.arrivals.WAKE`), with nothing sent for
+        it."""
         if self.paced_count:
             self.owed += 1.0
             self.paced_sum -= self.last_stretch
@@ -158,7 +159,7 @@ class Pace:
 class PrefillBacklog:
     """Prompt tokens sent and not yet answered with a first token (a starter,
     first-token listener and sink of the sender's
-    :class:`~loadgen.run.sender.Hooks`)."""
+    :class:`~servemon.loadgen.run.sender.Hooks`)."""
 
     tau_s: float
     gain: float = PACE_GAIN

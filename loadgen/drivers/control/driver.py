@@ -39,8 +39,8 @@ Why this shape:
   half the rate window (Prometheus). The control interval is twice that delay (at
   least 1 s), so each step is judged on a signal that saw the previous one. The
   scrape interval is Prometheus' own, read from its targets API
-  (:mod:`loadgen.run.promtargets`): assumed at 15 s, a Prometheus scraping every
-  second got a change every 32 s. A queue read from Prometheus and KV usage are
+  (:mod:`servemon.loadgen.run.promtargets`): assumed at 15 s, a Prometheus scraping
+  every second got a change every 32 s. A queue read from Prometheus and KV usage are
   steered on counts of the client's own instead, which have no delay (below):
   every two samples, at least 2 s.
 - **A queue through Prometheus: the client's count, calibrated.** A queued request
@@ -200,8 +200,8 @@ def _arrivals(
     """Open-loop sends at the law's current rate, for ``duration_s``: each gap is
     drawn at the rate of the moment it is drawn (times the pace, where there is
     one). A gap longer than :data:`WAKE_EVERY_S` is not waited out: the schedule
-    wakes then (:data:`~loadgen.send.arrivals.WAKE`, nothing sent) and draws again
-    at the rate of that moment. A vLLM run through Prometheus drew a gap at 0.125
+    wakes then (:data:`~servemon.loadgen.send.arrivals.WAKE`, nothing sent) and draws
+    again at the rate of that moment. A vLLM run through Prometheus drew a gap at 0.125
     req/s (the hand-over's cut to ``--rps-min`` times the pace's least) and sent
     nothing for 22 s while the law raised the rate to 200 req/s."""
     rng = random.Random(f"{seed}:control")

@@ -101,7 +101,8 @@ class _Flight:
 class HeldTokens:
     """The requests in flight (``started``) and the shape of the last ``recent``
     that finished, their decode speed over the last ``tail_s`` seconds of the last
-    ``speed_recent`` (a sink of the sender's :class:`~loadgen.run.sender.Hooks`)."""
+    ``speed_recent`` (a sink of the sender's
+    :class:`~servemon.loadgen.run.sender.Hooks`)."""
 
     recent: int = 50
     speed_recent: int = 20

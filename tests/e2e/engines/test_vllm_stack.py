@@ -2,9 +2,9 @@
 
 The session's vLLM (conftest) behind ``servemon exporter`` (a fake GPU, a canary probe
 each second), Debian's ``prometheus`` scraping it and a ``servemon ramp``'s live client
-metrics every second with the rules :func:`dashboards.rules.write_rules` generates
-(burn windows scaled by 1/60 as in ``tests/e2e/test_alerting_stack.py``), and Debian's
-``prometheus-alertmanager`` notifying a webhook served here. Then:
+metrics every second with the rules :func:`servemon.dashboards.rules.write_rules`
+generates (burn windows scaled by 1/60 as in ``tests/e2e/test_alerting_stack.py``), and
+Debian's ``prometheus-alertmanager`` notifying a webhook served here. Then:
 
 1. every PromQL expression of every generated dashboard panel returns data from the
    live engine's series, but for the series a plain vLLM does not have (named, with

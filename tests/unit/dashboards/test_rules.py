@@ -382,7 +382,7 @@ def test_the_client_error_ratio_counts_exactly_the_failed_outcomes(
     tmp_path: Path,
 ) -> None:
     """Read back from the generated rule, so an outcome added to
-    :mod:`core.outcomes` (or a rule spelling its own) shows here."""
+    :mod:`servemon.core.outcomes` (or a rule spelling its own) shows here."""
     config = config_from(tmp_path, MINIMAL)
     expr = next(
         r["expr"]

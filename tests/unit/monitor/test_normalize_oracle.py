@@ -1,15 +1,15 @@
 """The normalizer against its oracle: prometheus_client's parser and encoder.
 
-servemon has one parser of the text format (:mod:`monitor.exposition`), one set of
-normalization rules (:mod:`monitor.normalize_rules`) and one memoizing writer
-(:mod:`monitor.normalize`, :mod:`monitor.render`). The oracle of each check is
-prometheus_client: its parser (:func:`text_string_to_metric_families`) reads the same
-exposition, the rules are applied to the families it gives, and its encoders write
-the result. Our normalized output must equal that: as prometheus_client families,
-as text in every format a scraper may ask for (byte for byte, and parsed back by the
-library's parsers, OpenMetrics with its strict one), and in what the normalizer says
-besides (engine, dialect, models, info). Where the library refuses an exposition (or
-the rules do, on what it gives), ours must raise ValueError, and nothing else.
+servemon has one parser of the text format (:mod:`servemon.monitor.exposition`), one set
+of normalization rules (:mod:`servemon.monitor.normalize_rules`) and one memoizing
+writer (:mod:`servemon.monitor.normalize`, :mod:`servemon.monitor.render`). The oracle
+of each check is prometheus_client: its parser (:func:`text_string_to_metric_families`)
+reads the same exposition, the rules are applied to the families it gives, and its
+encoders write the result. Our normalized output must equal that: as prometheus_client
+families, as text in every format a scraper may ask for (byte for byte, and parsed back
+by the library's parsers, OpenMetrics with its strict one), and in what the normalizer
+says besides (engine, dialect, models, info). Where the library refuses an exposition
+(or the rules do, on what it gives), ours must raise ValueError, and nothing else.
 
 A :class:`Normalizer` reused across expositions must give what a fresh one gives:
 most checks run a sequence of expositions (values moving, shapes changing, random

@@ -1,4 +1,5 @@
-"""SSE framing: :func:`core.wire.sse.iter_events` over a real aiohttp ``StreamReader``.
+"""SSE framing: :func:`servemon.core.wire.sse.iter_events` over a real aiohttp
+``StreamReader``.
 
 The reader is the class a client response's ``.content`` is, on a protocol that
 believes it is connected (a bare transport that is never written to), fed by hand as

@@ -1,6 +1,6 @@
 """A driver reads its own few settings, not the whole run's: each declares them as
-a dataclass of :class:`~loadgen.run.config.LoadConfig`'s fields, and the run fills
-them in (:func:`~loadgen.run.config.settings_of`)."""
+a dataclass of :class:`~servemon.loadgen.run.config.LoadConfig`'s fields, and the run
+fills them in (:func:`~servemon.loadgen.run.config.settings_of`)."""
 
 from __future__ import annotations
 

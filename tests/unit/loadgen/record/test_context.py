@@ -1,5 +1,5 @@
 """What a run keeps of each line of the server's signals for its drivers: one
-:class:`~loadgen.run.reading.Reading`, whichever sampler wrote the line."""
+:class:`~servemon.loadgen.record.reading.Reading`, whichever sampler wrote the line."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The decision drawn on the report's plots (:mod:`loadgen.reports.marks`): which
-tiers a run has, and the SVG ids of their marks on latency against load."""
+"""The decision drawn on the report's plots (:mod:`servemon.loadgen.reports.marks`):
+which tiers a run has, and the SVG ids of their marks on latency against load."""
 
 from __future__ import annotations
 
