@@ -134,8 +134,9 @@ async def run_load(
     embedded: EmbeddedSimulator | None = None,
     fleet: FleetSettings | None = None,
 ) -> RunResult:
-    """Run a load command, checked and planned already (:func:`make_plan`),
-    against ``target`` (a base URL); with ``fleet``, sent by its workers.
+    """Run a load command, checked and planned already
+    (:func:`~servemon.loadgen.run.plan.make_plan`), against ``target`` (a base
+    URL); with ``fleet``, sent by its workers.
 
     The steps: find out about the target (:func:`survey`), serve the live client
     metrics, build the workload, open the run directory and write the record's

@@ -212,7 +212,7 @@ _EMPTY = Summarizer().summary()
 
 @dataclass(slots=True)
 class RunInfo:
-    """``run.json``. Its sections are typed (:mod:`loadgen.record.sections`);
+    """``run.json``. Its sections are typed (:mod:`servemon.loadgen.record.sections`);
     ``config`` stays a mapping: it records the flags as given."""
 
     __pydantic_config__ = _LENIENT
@@ -245,7 +245,7 @@ class RunInfo:
     #: None in a record from before it.
     energy: EnergyRecord | None = None
     merged_from: list[MergedShard] | None = None
-    #: The workers that sent the run, where a fleet did (:mod:`loadgen.fleet`).
+    #: The workers that sent the run, where a fleet did (:mod:`servemon.loadgen.fleet`).
     fleet: FleetRecord | None = None
 
     @property

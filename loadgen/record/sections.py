@@ -3,11 +3,11 @@ clock origin, target, workload, client, environment, the server's signals and th
 GPUs' energy.
 
 Each is a small value built by the module that knows its data (the run directory,
-:mod:`loadgen.run.target`, :mod:`loadgen.run.prefixcache`,
-:mod:`loadgen.run.sources`, :mod:`loadgen.run.energy`) and read back through
-:func:`~loadgen.record.runrecord.read_record` into the same type. Their JSON keeps
-the keys servemon always wrote (a ``jq`` line keeps working), so where a section's
-keys depend on the run (a trace's, a ``prefix:`` workload's, Prometheus'), the
+:mod:`servemon.loadgen.run.target`, :mod:`servemon.loadgen.run.prefixcache`,
+:mod:`servemon.loadgen.run.sources`, :mod:`servemon.loadgen.run.energy`) and read back
+through :func:`~servemon.loadgen.record.runrecord.read_record` into the same type. Their
+JSON keeps the keys servemon always wrote (a ``jq`` line keeps working), so where a
+section's keys depend on the run (a trace's, a ``prefix:`` workload's, Prometheus'), the
 part is its own type, written flat into its section and gathered back from it
 when read. Every field a record of an older servemon may lack has a default.
 """
@@ -203,7 +203,7 @@ class WorkloadRecord:
 @dataclass(frozen=True, slots=True)
 class ClientRecord:
     """``client``: the load generator's connection limits and timeouts
-    (:class:`~loadgen.send.client.ClientSettings`), its event loop, its CPU
+    (:class:`~servemon.loadgen.send.client.ClientSettings`), its event loop, its CPU
     latency hold and where its live metrics were served."""
 
     __pydantic_config__ = _LENIENT

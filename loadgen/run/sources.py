@@ -103,7 +103,7 @@ def server_metrics_record(
 ) -> ServerMetricsRecord:
     """``run.json``'s ``server_metrics``: the sampler's scrapes and failures, the
     engine's description, where the signals came from (Prometheus: the queries),
-    when they were first read (:mod:`loadgen.run.firstread`; Prometheus: each
+    when they were first read (:mod:`servemon.loadgen.run.firstread`; Prometheus: each
     signal too), and the scrape interval gone by."""
     return ServerMetricsRecord(
         scrapes=sampler.scrapes,

@@ -1,6 +1,6 @@
 """What ``run.json`` keeps of a run's workload (its ``workload`` section): the
 spec, where prompt lengths were counted, the target's context, and what a trace
-or a ``prefix:`` workload adds (:mod:`loadgen.record.sections`)."""
+or a ``prefix:`` workload adds (:mod:`servemon.loadgen.record.sections`)."""
 
 from __future__ import annotations
 

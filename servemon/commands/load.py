@@ -1,8 +1,8 @@
 """The load commands: ``ramp`` (open loop), ``sweep`` (closed loop), ``capacity``,
 ``replay`` (a trace at its own times), ``control`` (a signal held at a setpoint).
 
-Each option is a field of :class:`loadgen.run.config.LoadConfig`; the options every
-one takes are :func:`servemon.commands.options.load_options`. The run itself, its
+Each option is a field of :class:`servemon.loadgen.run.config.LoadConfig`; the options
+every one takes are :func:`servemon.commands.options.load_options`. The run itself, its
 signals and its summary are :func:`servemon.load.run_command`'s.
 """
 

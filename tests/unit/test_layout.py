@@ -160,6 +160,21 @@ def test_the_runs_functions_stay_readable() -> None:
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
+def _repository_code() -> list[Path]:
+    """Every Python file the repository runs: the package (each part through its
+    own folder), the tests, the benchmarks and the scripts (``scripts/gen-k8s`` is
+    Python without the suffix: told by its first line)."""
+    found = list(MODULES.values())
+    for folder in ("tests", "benchmarks"):
+        found += sorted((ROOT / folder).rglob("*.py"))
+    for path in sorted((ROOT / "scripts").iterdir()):
+        with path.open("rb") as file:
+            first = file.readline()
+        if path.suffix == ".py" or (first.startswith(b"#!") and b"python" in first):
+            found.append(path)
+    return found
+
+
 def test_one_import_root() -> None:
     """The wheel installs ``servemon`` only; each part is reached through it, in
     every file of the repository, not only in the package."""

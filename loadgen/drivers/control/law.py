@@ -50,7 +50,7 @@ class ControlSettings:
     blind_timeout: float
     #: ``--pace``/``--no-pace``: each send paced on the client's own count (see
     #: :mod:`servemon.loadgen.drivers.control.backlog`); None:
-    #: :func:`~loadgen.run.config.paces`.
+    #: :func:`~servemon.loadgen.run.config.paces`.
     pace: bool | None
     #: When the schedule starts (``--start-at``); None: now.
     start_at: datetime | None

@@ -1,4 +1,4 @@
-"""``run.json``'s sections, typed (:mod:`loadgen.record.sections`): a record an
+"""``run.json``'s sections, typed (:mod:`servemon.loadgen.record.sections`): a record an
 earlier servemon wrote reads into them and writes back key for key, and one from
 before a section (or with parts this machine cannot make) still reads."""
 
