@@ -100,6 +100,7 @@ from tests.support.alerting import (
     alertmanager_file,
     prometheus_file,
 )
+from tests.support.nginx import NGINX, nginx_argv, nginx_file
 from tests.support.processes import (
     SERVEMON,
     Child,
@@ -114,9 +115,6 @@ from tests.support.processes import (
 
 PROMETHEUS = shutil.which("prometheus")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-NGINX = shutil.which("nginx") or next(
-    (p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None
-)
 
 pytestmark = [
     pytest.mark.e2e,
@@ -218,50 +216,6 @@ def slo_file(path: Path) -> Path:
         },
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    return path
-
-
-def nginx_file(folder: Path, port: int, upstreams: Sequence[tuple[str, int]]) -> Path:
-    """nginx in the foreground, everything it writes under ``folder``, balancing
-    ``upstreams`` (host:port, weight) by weighted least_conn."""
-    servers = "\n".join(
-        f"        server {hostport} weight={weight} max_fails=1 fail_timeout=5s;"
-        for hostport, weight in upstreams
-    )
-    temp = "\n".join(
-        f"    {kind}_temp_path {folder / kind};"
-        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    )
-    text = f"""daemon off;
-worker_processes 1;
-pid {folder / "nginx.pid"};
-error_log {folder / "error.log"} warn;
-events {{
-    worker_connections 1024;
-}}
-http {{
-    access_log off;
-{temp}
-    upstream fleet {{
-        least_conn;
-{servers}
-        keepalive 32;
-    }}
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{
-            proxy_pass http://fleet;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            proxy_connect_timeout 1s;
-            proxy_read_timeout 60s;
-        }}
-    }}
-}}
-"""
-    path = folder / "nginx.conf"
-    path.write_text(text, encoding="utf-8")
     return path
 
 
@@ -368,18 +322,7 @@ async def fleet(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Fleet
                 for name, url in sims.items()
             ]
             nginx_conf = nginx_file(nginx_dir, nginx_port, upstreams)
-            await started(
-                "nginx",
-                [
-                    NGINX,
-                    "-p",
-                    str(nginx_dir),
-                    "-c",
-                    str(nginx_conf),
-                    "-e",
-                    str(nginx_dir / "error.log"),
-                ],
-            )
+            await started("nginx", nginx_argv(nginx_dir, nginx_conf))
             exporter = await ready_url(exporter_child, READY_EXPORTER, 30)
 
             rules = write_rules(
