@@ -100,7 +100,7 @@ from tests.support.alerting import (
     alertmanager_file,
     prometheus_file,
 )
-from tests.support.nginx import NGINX, nginx_file
+from tests.support.nginx import NGINX, nginx_argv, nginx_file
 from tests.support.processes import (
     SERVEMON,
     Child,
@@ -322,18 +322,7 @@ async def fleet(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Fleet
                 for name, url in sims.items()
             ]
             nginx_conf = nginx_file(nginx_dir, f"127.0.0.1:{nginx_port}", upstreams)
-            await started(
-                "nginx",
-                [
-                    NGINX,
-                    "-p",
-                    str(nginx_dir),
-                    "-c",
-                    str(nginx_conf),
-                    "-e",
-                    str(nginx_dir / "error.log"),
-                ],
-            )
+            await started("nginx", nginx_argv(nginx_dir, nginx_conf))
             exporter = await ready_url(exporter_child, READY_EXPORTER, 30)
 
             rules = write_rules(

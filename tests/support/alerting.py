@@ -77,10 +77,12 @@ def prometheus_file(
     *,
     rules: Sequence[Path] = (),
     jobs: Mapping[str, Sequence[str]],
+    file_jobs: Mapping[str, Path] | None = None,
     alertmanager: str | None = None,
 ) -> Path:
-    """Scrapes (``jobs``: job name -> host:port targets) and rule evaluation every
-    second, alerts to ``alertmanager`` (host:port) where there is one."""
+    """Scrapes (``jobs``: job name -> host:port targets; ``file_jobs``: job name ->
+    a file_sd JSON file, read again whenever it is replaced) and rule evaluation
+    every second, alerts to ``alertmanager`` (host:port) where there is one."""
     config: dict[str, Any] = {
         "global": {
             "scrape_interval": "1s",
@@ -89,8 +91,14 @@ def prometheus_file(
         },
         "rule_files": [str(p) for p in rules],
         "scrape_configs": [
-            {"job_name": job, "static_configs": [{"targets": list(targets)}]}
-            for job, targets in jobs.items()
+            *(
+                {"job_name": job, "static_configs": [{"targets": list(targets)}]}
+                for job, targets in jobs.items()
+            ),
+            *(
+                {"job_name": job, "file_sd_configs": [{"files": [str(sd)]}]}
+                for job, sd in (file_jobs or {}).items()
+            ),
         ],
     }
     if alertmanager is not None:

@@ -1,4 +1,6 @@
-"""Debian's nginx as a load balancer in end-to-end tests: its config file."""
+"""Debian's nginx in end-to-end tests: in the foreground, everything it writes
+(config, pid, logs, temp files) in the test's folder, balancing its upstreams by
+weighted least_conn with ``proxy_buffering off`` for SSE."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["NGINX", "nginx_file"]
+__all__ = ["NGINX", "nginx_argv", "nginx_file"]
 
 NGINX = shutil.which("nginx") or next(
     (p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None
@@ -16,7 +18,9 @@ NGINX = shutil.which("nginx") or next(
 def nginx_file(folder: Path, listen: str, upstreams: Sequence[tuple[str, int]]) -> Path:
     """nginx in the foreground on ``listen`` (host:port), everything it writes
     under ``folder``, balancing ``upstreams`` (host:port, weight) by weighted
-    least_conn, with SSE passed through unbuffered."""
+    least_conn, with SSE passed through unbuffered. Written again with other
+    upstreams, a SIGHUP to nginx's master process loads them (its old workers
+    finish the requests they hold)."""
     servers = "\n".join(
         f"        server {hostport} weight={weight} max_fails=1 fail_timeout=5s;"
         for hostport, weight in upstreams
@@ -56,3 +60,9 @@ http {{
     path = folder / "nginx.conf"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def nginx_argv(folder: Path, conf: Path) -> list[str]:
+    """The command line that runs nginx on ``conf`` with ``folder`` as its prefix."""
+    assert NGINX is not None
+    return [NGINX, "-p", str(folder), "-c", str(conf), "-e", str(folder / "error.log")]
