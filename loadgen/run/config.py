@@ -75,11 +75,11 @@ PROMETHEUS_ONLY = ("burn_rate", "gpu_utilization")
 #: prefill backlog too: on the simulator's short-request queue through Prometheus
 #: it held 91-95 % of ticks within against 75-87 % unpaced, on vLLM's 95-96 %
 #: against 89-93 % over 240 s, but 77-82 % of a short run's first ticks (an
-#: overshoot after the hand-over; benchmarks/RESULTS.md): not the default.
+#: overshoot after the hand-over; benchmarks/results/control.md): not the default.
 PACED = ("ttft_p95", "waiting", "kv_cache_usage")
 #: ... and those paced unless ``--no-pace``: KV usage, which the pace held within
 #: ±15 % in 86-100 % of ticks on the simulator and on vLLM's CPU build through
-#: Prometheus, against 34-92 % unpaced (benchmarks/RESULTS.md).
+#: Prometheus, against 34-92 % unpaced (benchmarks/results/control.md).
 PACED_BY_DEFAULT = ("kv_cache_usage",)
 
 

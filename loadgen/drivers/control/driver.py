@@ -88,7 +88,7 @@ Why this shape:
   GPU past its knee), each request sent makes the others live longer, so the usage
   a rate gives has no fixed gain: on vLLM's CPU build a law that predicted from the
   rate swung between an empty and a full cache (17 % of ticks within ±15 %,
-  ``benchmarks/RESULTS.md``). The client knows the population without lag
+  ``benchmarks/results/control.md``). The client knows the population without lag
   (:mod:`servemon.loadgen.drivers.control.held`): what each request in flight holds
   now, at
   the decode speed of the last seconds of recent streams. The law scales that
