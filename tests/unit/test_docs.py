@@ -3,6 +3,7 @@
 ``benchmarks/RESULTS.md`` is a screen of headlines that links one page per topic under
 ``benchmarks/results/``; the runs themselves live there. A link is checked for its file
 and, where it names one, for a heading with that anchor (GitHub's spelling of it).
+docs/architecture.md names every module of the packages, and only modules that exist.
 """
 
 from __future__ import annotations
@@ -81,6 +82,70 @@ def test_slug_spells_anchors_as_github_does() -> None:
 def test_the_headline_page_stays_one_screen() -> None:
     lines = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
     assert len(lines.splitlines()) <= RESULTS_MAX_LINES
+
+
+#: docs/architecture.md names modules under headings that name their folders; a
+#: folder's modules are looked for in its section (``commands/`` in ``servemon/``'s).
+_ARCH_HEADING = re.compile(r"^#{3,4} `([\w/]+)/`")
+PACKAGE_FOLDERS = ("servemon", "core", "monitor", "loadgen", "dashboards", "simulator")
+_PY = re.compile(r"`([\w./]+\.py)`")
+
+
+def architecture_sections() -> dict[str, str]:
+    """Each package folder's section of docs/architecture.md, by folder."""
+    sections: dict[str, str] = {}
+    folder = None
+    for line in prose(ROOT / "docs" / "architecture.md"):
+        if m := _ARCH_HEADING.match(line):
+            folder = m.group(1)
+            sections[folder] = ""
+        elif line.startswith("#"):
+            folder = None
+        elif folder is not None:
+            sections[folder] += line + "\n"
+    return sections
+
+
+def package_modules() -> list[Path]:
+    found = []
+    for name in PACKAGE_FOLDERS:
+        top = ROOT / name
+        pattern = "*.py" if name in ("servemon", "dashboards") else "**/*.py"
+        found += [p for p in top.glob(pattern) if p.name != "__init__.py"]
+    found += (ROOT / "servemon" / "commands").glob("*.py")
+    return sorted(p for p in found if p.name != "__init__.py")
+
+
+def test_architecture_names_every_module() -> None:
+    """In its folder's section, or in another's by a path from there (``../x.py``)."""
+    sections = architecture_sections()
+    named = {
+        (ROOT / folder / name).resolve()
+        for folder, text in sections.items()
+        for name in _PY.findall(text)
+        if "/" in name
+    }
+    missing = []
+    for path in package_modules():
+        folder = path.parent.relative_to(ROOT).as_posix()
+        home = "servemon" if folder == "servemon/commands" else folder
+        names = {m.split("/")[-1] for m in _PY.findall(sections.get(home, ""))}
+        if path.name not in names and path.resolve() not in named:
+            missing.append(path.relative_to(ROOT).as_posix())
+    assert not missing, "\n".join(missing)
+
+
+def test_every_module_architecture_names_exists() -> None:
+    missing = []
+    for folder, text in architecture_sections().items():
+        for name in _PY.findall(text):
+            package = ROOT / folder.split("/")[0]
+            places = [ROOT / folder / name, ROOT / name, package / name]
+            if "/" not in name:  # a bare name: a module of that name in the package
+                places += package.glob(f"**/{name}")
+            if not any(p.resolve().is_file() for p in places):
+                missing.append(f"{folder}/: {name}")
+    assert not missing, "\n".join(missing)
 
 
 @pytest.mark.parametrize("path", documents(), ids=lambda p: str(p.relative_to(ROOT)))
