@@ -71,7 +71,7 @@ CASES: dict[str, tuple[float, list[str], list[str]]] = {
     # Long-lived requests (512 output tokens, ~25 s each): KV usage moves on the
     # timescale of a lifetime, which the controller can follow. With short ones
     # (32 tokens, ~2 s) it moves faster than an interval and a fixed rate holds it
-    # no better than the controller (RESULTS.md).
+    # no better than the controller (results/control.md).
     "kv_cache_usage": (
         0.7,
         ["--max-num-seqs", "256"],

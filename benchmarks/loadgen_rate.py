@@ -39,9 +39,9 @@ the limit.
 
 On a shared machine, ``--rt 10`` (root) runs the server and the clients under
 SCHED_FIFO so that other processes' CPU use cannot delay them (not what a user
-gets: benchmarks/RESULTS.md reports the default conditions first). Exit status is
-non-zero only when the setup is broken (server or client did not start, no run
-record).
+gets: benchmarks/results/loadgen-rate.md reports the default conditions first).
+Exit status is non-zero only when the setup is broken (server or client did not
+start, no run record).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ is run on the directory under ``/usr/bin/time -v`` for its peak RSS and time.
     python benchmarks/run_memory.py [--requests 1000000] [--rate 1000] [--chunks 8]
 
 The client runs on CPU 1 and the server on CPU 0 where the machine has two.
-Prints one Markdown table row per measurement; record them in RESULTS.md.
+Prints one Markdown table row per measurement; record them in results/memory.md.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ fitted profile. Then, one after the other on each (never both under load at once
     .venv/bin/python benchmarks/vllm_calibration.py [--fit] [--vllm-url URL]
 
 Runs on the machine's cores as they are; the figures are noisy where other work
-runs (see benchmarks/RESULTS.md).
+runs (see benchmarks/results/calibration.md).
 """
 
 from __future__ import annotations

@@ -71,15 +71,10 @@ HOLDABLE = ("waiting", "kv_cache_usage", "ttft_p95", "burn_rate", "gpu_utilizati
 #: Signals only Prometheus has (the generated rules, the GPU exporter).
 PROMETHEUS_ONLY = ("burn_rate", "gpu_utilization")
 #: Signals whose sends ``--pace`` can pace, by what the client knows without lag
-#: (the prefill backlog; the requests in flight). The queue's pace is on the
-#: prefill backlog too: on the simulator's short-request queue through Prometheus
-#: it held 91-95 % of ticks within against 75-87 % unpaced, on vLLM's 95-96 %
-#: against 89-93 % over 240 s, but 77-82 % of a short run's first ticks (an
-#: overshoot after the hand-over; benchmarks/RESULTS.md): not the default.
+#: (the prefill backlog; the requests in flight).
 PACED = ("ttft_p95", "waiting", "kv_cache_usage")
-#: ... and those paced unless ``--no-pace``: KV usage, which the pace held within
-#: ±15 % in 86-100 % of ticks on the simulator and on vLLM's CPU build through
-#: Prometheus, against 34-92 % unpaced (benchmarks/RESULTS.md).
+#: ... and those paced unless ``--no-pace``. Why these and not the queue, with the
+#: figures: docs/capacity.md, "Why the law has this shape".
 PACED_BY_DEFAULT = ("kv_cache_usage",)
 
 

@@ -6,8 +6,9 @@ core one event loop can use and still send on time. The cost model is linear in 
 number of streamed chunks (one per token for vLLM and llama.cpp): a fixed part per
 request (HTTP, the record, the summaries) and a part per chunk (a read, an SSE
 event, its JSON). Its constants were measured with ``benchmarks/loadgen_rate.py``
-(the ``us/req`` column) on the 2-core VM of ``benchmarks/RESULTS.md``; a faster
-machine needs fewer workers than this picks, a slower one more — the figures behind
+(the ``us/req`` column) on the 2-core VM of
+``benchmarks/results/loadgen-rate.md``; a faster machine needs fewer workers than
+this picks, a slower one more — the figures behind
 the choice are printed and recorded, and ``--workers N`` overrides it.
 """
 

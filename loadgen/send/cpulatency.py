@@ -4,7 +4,7 @@ A load generator spends most of its time waiting: for the next send, for the nex
 token. An idle CPU is halted, and waking it is the kernel's and (in a VM) the host's
 business: on the 2-vCPU Firecracker VM this project is built on, a bare timer wake on
 an idle loop had a p99 of 2.8-6.9 ms, against 0.24-0.26 ms with the CPUs kept
-polling (``benchmarks/RESULTS.md``, the trace replay section). That is the client's
+polling (``benchmarks/results/replay-timing.md``). That is the client's
 own latency, and it lands in every dispatch lag and every token timestamp.
 
 Linux's PM QoS interface takes a bound on that wake-up latency: a process writes a

@@ -7,7 +7,7 @@ start of 1 req/s.
 Each case must reach its setpoint (a tick within ±15 %) within :data:`REACH_S` of
 the start and then hold it within ±15 % in at least :data:`MIN_WITHIN` of the
 ticks, their mean within :data:`MEAN_WITHIN`. The goal is 30 s and 80 %
-(``benchmarks/control_hold.py --cold``, figures in ``benchmarks/RESULTS.md``);
+(``benchmarks/control_hold.py --cold``, figures in ``benchmarks/results/control.md``);
 the test asks the goal's 30 s and 60 % within, a margin for a busy 2-core
 machine, where a load average of 6 (other workers, a vLLM server) stalls the
 simulator for seconds. The queue was reached at 14-16 s, then 92-97 %. KV usage

@@ -24,7 +24,7 @@ client and the in-process simulator share, on a machine shared with other work:
 in 2 of 7 runs of this file it called the same configuration different, or gave
 the slow one an interval as wide as [0.49-4.49]. How often compare calls anything
 different, tails included, is measured over real runs with the simulator in its
-own process: ``benchmarks/compare_repeats.py`` (benchmarks/RESULTS.md).
+own process: ``benchmarks/compare_repeats.py`` (benchmarks/results/compare.md).
 """
 
 from __future__ import annotations

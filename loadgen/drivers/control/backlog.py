@@ -7,7 +7,7 @@ it that the server has not started answering yet. The client knows that backlog
 without lag: the prompt tokens of every request it sent that has no first token
 yet. A p95 over a window of seconds answers a burst of Poisson arrivals only after
 the burst has filled the window's top 5 %, so a law on the p95 alone, however
-tuned, holds it no steadier than a fixed rate does (``benchmarks/RESULTS.md``).
+tuned, holds it no steadier than a fixed rate does (``benchmarks/results/control.md``).
 
 :class:`PrefillBacklog` is the backlog; :meth:`PrefillBacklog.pace` is the factor on
 the rate of the next gap: ``exp(-k (b - b̄) / b̄) * exp(d / (r T))``, clamped to
@@ -20,7 +20,7 @@ the sends owed (or sent ahead) bring what goes out back to ``r`` within about
 earlier pace multiplied by the mean stretch of the last ``tau_s``'s gaps instead:
 on the simulator its 10-s intervals sent 0.96-0.97 of the law's rate on average,
 spread 0.12-0.14, against 0.99 and 0.09 with the sends owed; see
-``benchmarks/RESULTS.md``.) The sends stay open loop (none waits for an
+``benchmarks/results/control.md``.) The sends stay open loop (none waits for an
 answer), but less bursty than the process they are drawn from: each interval
 records what went out over what was drawn at (:meth:`Pace.mean_pace`).
 The law does not pace while it drains a backlog (a TTFT far over its setpoint,
@@ -66,7 +66,7 @@ OWED_MAX = 3.0
 #: the start paced too): 1 interval and gain 1: reached at 22-24 s, then 71-76 % of
 #: ticks within ±15 %; gain 3: 26 s, 76-79 %; 2 intervals: 40-48 s, 92-100 %. The
 #: start not paced: 1 interval, 34-40 s, 92-93 %; 1.5 intervals (kept): 34-40 s,
-#: 86-100 % (benchmarks/RESULTS.md).
+#: 86-100 % (benchmarks/results/control.md).
 #: Against the law's wanted count instead of the average the law and the pace
 #: both answered the count's error and the rate swung every other tick (28-32 s,
 #: 62-87 %); against the law's rate times the lifetime, every tick (13 %).

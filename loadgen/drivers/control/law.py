@@ -188,7 +188,7 @@ class ControlLaw:
     #: the first send): vLLM's CPU build reads 0.004 idle, as much as a request
     #: of 512 tokens, so a scale taken through it began 20 times too high and the
     #: count wanted grew only as the load drowned it out (6 wanted at 4 s, 135 at
-    #: the setpoint; benchmarks/RESULTS.md). The scale is of what is above it.
+    #: the setpoint; benchmarks/results/control.md). The scale is of what is above it.
     floor: float = 0.0
     #: Completions a second, averaged over two lifetimes (KV usage's law).
     served: float | None = None

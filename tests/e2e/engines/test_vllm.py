@@ -636,7 +636,7 @@ def test_control_holds_vllms_kv_cache_through_prometheus(
     runs of four by hand (84-92 %) but by one of four in the tier (86, 74, 69,
     49 %) while the law averaged what was served over one lifetime: completions
     come in bursts on this CPU and the rate followed them into a cycle of about
-    8 s; over two lifetimes, 86 % and 79 % in this test (benchmarks/RESULTS.md).
+    8 s; over two lifetimes, 86 % and 79 % in this test (benchmarks/results/control.md).
     So the test asserts what held in every run, and what the old law broke: the
     mean on the setpoint (within the goal's ±15 %: a fresh clone's run held 31 of
     41 ticks within, its mean 0.4497 after one dip to 0.09 right after the reach),
@@ -651,7 +651,7 @@ def test_control_holds_vllms_kv_cache_through_prometheus(
     22 s while the law raised the rate to 200 req/s, on a count wanted far too low
     early (6 at 4 s, 135 at the setpoint). With the schedule waking every second
     and the scale a ratio of averages above the idle usage: reached at 16 s in
-    three runs of three, then 95, 89, 82 % (benchmarks/RESULTS.md, "The KV law's
+    three runs of three, then 95, 89, 82 % (benchmarks/results/control.md, "The KV law's
     scale"). The test asks the goal's 30 s and 60 % within."""
     ticks, after, held = held_through_prometheus(
         servemon,
