@@ -27,7 +27,7 @@ from servemon.core.errors import ConfigError, RecordError
 from servemon.core.version import __version__
 from servemon.core.wire.webconfig import WebConfig
 from servemon.loadgen.drivers.capacity import CapacitySettings, drive_capacity
-from servemon.loadgen.drivers.control import ControlSettings, drive_control
+from servemon.loadgen.drivers.control import drive_control
 from servemon.loadgen.drivers.openloop import RampSettings
 from servemon.loadgen.drivers.ramp import drive_ramp
 from servemon.loadgen.drivers.replay import drive_replay
@@ -49,7 +49,12 @@ from servemon.loadgen.record.sections import (
     WorkloadRecord,
 )
 from servemon.loadgen.record.tally import with_hit_rates
-from servemon.loadgen.run.config import LoadConfig, Settings, auth_headers
+from servemon.loadgen.run.config import (
+    ControlArgs,
+    LoadConfig,
+    Settings,
+    auth_headers,
+)
 from servemon.loadgen.run.context import Drive, Driven, RunContext
 from servemon.loadgen.run.energy import (
     EnergySampler,
@@ -118,7 +123,7 @@ DRIVERS: dict[Kind, Driver[Any]] = {
     "sweep": Driver(SweepSettings, drive_sweep),
     "capacity": Driver(CapacitySettings, drive_capacity),
     "replay": Driver(RampSettings, drive_replay),
-    "control": Driver(ControlSettings, drive_control),
+    "control": Driver(ControlArgs, drive_control),
 }
 
 

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from servemon.core.wire.http import encode_json
 from servemon.loadgen.drivers.conversation import run_session
@@ -32,19 +32,10 @@ from servemon.loadgen.workloads.sessions import SessionWorkload
 __all__ = ["RampSettings", "open_loop", "wait_for_start"]
 
 
-class StartsAt(Protocol):
-    """Settings with a ``--start-at``."""
-
-    @property
-    def start_at(self) -> datetime | None: ...
-
-
 @dataclass(frozen=True, slots=True)
 class RampSettings:
     """What a ramp (and a replay, sent the same way) reads of its flags."""
 
-    #: When the schedule starts (``--start-at``, shared by shards); None: now.
-    start_at: datetime | None
     max_requests: int | None
     shard: Shard | None
 
@@ -54,10 +45,10 @@ class RampSettings:
 Ready = tuple[dict[str, Any], RequestOptions, int | None]
 
 
-async def wait_for_start(run: Drive[StartsAt], found: Driven) -> float | None:
+async def wait_for_start(run: Drive[object], found: Driven) -> float | None:
     """The monotonic start of the schedule: ``--start-at`` (shared by shards) or
     now; None if the run was stopped while waiting (``found`` then says so)."""
-    start_at = run.settings.start_at
+    start_at = run.sending.start_at
     if start_at is None:
         return time.monotonic() + 0.05 + run.sender.ahead_s
     delay = (start_at - datetime.now(UTC)).total_seconds()

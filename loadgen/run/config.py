@@ -1,7 +1,11 @@
 """Configuration of a load run: every flag of the load commands (``ramp``, ``sweep``,
-``capacity``, ``replay``, ``control``) as a field.
+``capacity``, ``replay``, ``control``) as a field of :class:`LoadConfig`, the flags
+they share at its top level and a command's own in its section
+(:mod:`servemon.loadgen.run.sections`).
 
-YAML (``--config servemon.yaml``) uses the flag names with underscores; flags win.
+YAML (``--config servemon.yaml``) uses the flag names with underscores, flat as the
+flags are; flags win. :func:`servemon.loadgen.run.flat.config_of` is the one place flat
+keys become the config, a command's own going into its section.
 Secrets never live here: the API key comes from ``SERVEMON_API_KEY``, a header file
 (``--header-file``) is named here but read only when the request headers are built
 (:func:`config_headers`, once, by the plan), and header values are wrapped in
@@ -14,8 +18,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
-from collections.abc import Callable, Mapping, Sequence
+import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import field
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +33,19 @@ from servemon.core.errors import ConfigError
 from servemon.core.fields import FORBID_EXTRA, Secret
 from servemon.core.signals import parse_selector
 from servemon.core.slo import SloTerm, SloTier, parse_tiers
+from servemon.loadgen.run.sections import (
+    HOLDABLE,
+    PACED,
+    PACED_BY_DEFAULT,
+    PROMETHEUS_ONLY,
+    ControlArgs,
+    Hold,
+    Positive,
+    Signal,
+    from_text,
+    paces,
+    parse_hold,
+)
 from servemon.loadgen.send.arrivals import (
     Arrival,
     Shard,
@@ -36,7 +53,6 @@ from servemon.loadgen.send.arrivals import (
     parse_arrival,
     parse_stages,
     parse_start_at,
-    stages_text,
 )
 from servemon.loadgen.workloads.workload import WorkloadSpec, parse_workload
 
@@ -52,12 +68,15 @@ __all__ = [
     "PACED",
     "PACED_BY_DEFAULT",
     "PROMETHEUS_ONLY",
+    "SECTIONS",
+    "ControlArgs",
     "Hold",
+    "Kind",
     "LoadConfig",
     "Settings",
+    "Signal",
     "auth_headers",
     "config_headers",
-    "config_text",
     "header_lines",
     "paces",
     "parse_extra_body",
@@ -66,64 +85,11 @@ __all__ = [
     "settings_of",
 ]
 
-#: What ``--hold`` can hold.
-HOLDABLE = ("waiting", "kv_cache_usage", "ttft_p95", "burn_rate", "gpu_utilization")
-#: Signals only Prometheus has (the generated rules, the GPU exporter).
-PROMETHEUS_ONLY = ("burn_rate", "gpu_utilization")
-#: Signals whose sends ``--pace`` can pace, by what the client knows without lag
-#: (the prefill backlog; the requests in flight).
-PACED = ("ttft_p95", "waiting", "kv_cache_usage")
-#: ... and those paced unless ``--no-pace``. Why these and not the queue, with the
-#: figures: docs/capacity.md, "Why the law has this shape".
-PACED_BY_DEFAULT = ("kv_cache_usage",)
+#: The load commands, each a driver (:mod:`servemon.loadgen.runner`).
+Kind = Literal["ramp", "sweep", "capacity", "replay", "control"]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Hold:
-    """``--hold SIGNAL=SETPOINT``, parsed once where the config is built; ``str()``
-    gives its text back."""
-
-    signal: str
-    setpoint: float
-    text: str
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def parse_hold(text: str) -> Hold:
-    """``SIGNAL=SETPOINT`` as a :class:`Hold`; a one-line error naming the part at
-    fault."""
-    name, sep, value = text.partition("=")
-    name = name.strip()
-    if not sep or name not in HOLDABLE:
-        raise ConfigError(
-            f"--hold {text!r}: expected SIGNAL=SETPOINT with SIGNAL one of "
-            f"{', '.join(HOLDABLE)}"
-        )
-    try:
-        setpoint = float(value)
-    except ValueError:
-        setpoint = math.nan
-    if not (setpoint > 0 and math.isfinite(setpoint)):
-        raise ConfigError(f"--hold {name}: the setpoint must be a number > 0")
-    if name in ("kv_cache_usage", "gpu_utilization") and setpoint >= 1:
-        raise ConfigError(f"--hold {name}: a ratio below 1, got {setpoint:g}")
-    return Hold(name, setpoint, text)
-
-
-Positive = Annotated[float, Gt(0)]
-
-
-def _from_text(parse: Callable[[str], Any]) -> BeforeValidator:
-    """Parse a flag's text into its type once, where the config is built; a value
-    of the type already (a config laid over another) passes through."""
-    return BeforeValidator(
-        lambda value: parse(value) if isinstance(value, str) else value
-    )
-
-
-Stages = Annotated[tuple[Stage, ...], _from_text(lambda t: tuple(parse_stages(t)))]
+Stages = Annotated[tuple[Stage, ...], from_text(lambda t: tuple(parse_stages(t)))]
 
 
 def _slo_tiers(value: Any) -> Any:
@@ -144,17 +110,16 @@ def _slo_tiers(value: Any) -> Any:
 
 #: The SLO, as one or more tiers (several only for a capacity search).
 Slo = Annotated[tuple[SloTier, ...], BeforeValidator(_slo_tiers)]
-ArrivalSpec = Annotated[Arrival, _from_text(parse_arrival)]
-ShardSpec = Annotated[Shard, _from_text(Shard.parse)]
-StartAt = Annotated[datetime, _from_text(parse_start_at)]
-WorkloadText = Annotated[WorkloadSpec, _from_text(parse_workload)]
+ArrivalSpec = Annotated[Arrival, from_text(parse_arrival)]
+ShardSpec = Annotated[Shard, from_text(Shard.parse)]
+StartAt = Annotated[datetime, from_text(parse_start_at)]
+WorkloadText = Annotated[WorkloadSpec, from_text(parse_workload)]
 #: ``--select``'s label matchers (none: every series).
 Selector = Annotated[
     tuple[str, ...],
     BeforeValidator(lambda v: () if v is None else v),
-    _from_text(parse_selector),
+    from_text(parse_selector),
 ]
-HoldText = Annotated[Hold, _from_text(parse_hold)]
 
 
 @functools.cache
@@ -166,10 +131,14 @@ def _default_workload() -> WorkloadSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True, config=FORBID_EXTRA)
 class LoadConfig:
-    """Everything a load run takes (see ``docs/loadgen.md``). Validated however it
-    is built: the string flags ``stages``, ``slo``, ``arrival``, ``shard`` and
-    ``start_at`` become their types here, once, and a bad one is a one-line
-    :class:`ConfigError` naming the flag before anything starts."""
+    """Everything a load run takes (see ``docs/loadgen.md``): the flags every load
+    command shares, and the section of the command that has flags of its own
+    (``control``; built from flat keys by
+    :func:`~servemon.loadgen.run.flat.config_of`). Validated however it is built: the
+    string flags (``stages``, ``slo``, ``arrival``, ``shard``, ``start_at``,
+    ``workload``, ``select``, the section's ``hold``) become their types here, once,
+    and a bad one is a one-line :class:`ConfigError` naming the flag before anything
+    starts."""
 
     target: str | None = None
     #: The ``target`` label of the live client series; by default host:port, as the
@@ -218,6 +187,7 @@ class LoadConfig:
     cpu_dma_latency: Annotated[int, Ge(0)] | None = None
     # open loop (ramp)
     stages: Stages | None = None
+    #: A linear ramp's first rate (control's start is ``ControlArgs.rps_start``).
     rps_start: Positive | None = None
     rps_end: Positive | None = None
     rps_step: Positive | None = None
@@ -234,6 +204,7 @@ class LoadConfig:
     #: Processes sending the ramp; ``auto``: from the peak rate and the cost of a
     #: request (:mod:`servemon.loadgen.send.clientcost`).
     workers: Annotated[int, Ge(1), Le(64)] | Literal["auto"] = 1
+    #: When an open-loop schedule starts (ramp, replay, control); None: now.
     start_at: StartAt | None = None
     # replay of a trace (servemon replay; the trace is the workload's trace:PATH)
     time_scale: Positive = 1.0
@@ -252,24 +223,14 @@ class LoadConfig:
     scrape_interval: Positive | None = None
     #: The range of rate() and histogram_quantile() in the signal queries.
     signal_window: Annotated[float, Ge(1)] = 30.0
-    # servemon control
-    #: ``SIGNAL=SETPOINT``: waiting, kv_cache_usage, ttft_p95, burn_rate,
-    #: gpu_utilization.
-    hold: HoldText | None = None
-    duration: Positive = 600.0
-    #: Seconds between rate changes; None: from the signal's delay.
-    control_interval: Positive | None = None
-    #: Stop when the signal has been missing this long (the controller is blind).
-    blind_timeout: Positive = 60.0
-    #: ttft_p95: pace each gap by the client's prefill backlog; kv_cache_usage:
-    #: by its requests in flight (servemon.loadgen.drivers.control.backlog). None: as
-    #: :func:`paces` says (KV usage paced, TTFT not).
-    pace: bool | None = None
+    # servemon control's own flags: its section, None for any other command
+    control: ControlArgs | None = None
     # guard rails (every load command)
     abort_error_rate: Annotated[float, Ge(0), Le(1)] = 0.2
     abort_waiting: Annotated[float, Gt(0)] = 5000.0
     rps_max: Positive | None = None
     # capacity search
+    #: Where the search starts (control's floor is ``ControlArgs.rps_min``).
     rps_min: Positive = 0.5
     max_duration: Positive = 600.0
     settle: Annotated[float, Ge(0)] = 5.0
@@ -300,6 +261,21 @@ class LoadConfig:
         first tier's where there are several."""
         return self.slo[0].terms if self.slo else ()
 
+    def check_section(self, kind: Kind) -> None:
+        """``kind``'s section is given, and no other command's is (what
+        :func:`~servemon.loadgen.run.flat.config_of` makes of flat keys; a config built
+        otherwise is checked here), in one line naming the flag."""
+        for name, cls in SECTIONS.items():
+            first = dataclasses.fields(cls)[0]
+            flag = first.name.replace("_", "-")
+            if getattr(self, name) is not None and name != kind:
+                raise ConfigError(
+                    f"--{flag}: only servemon {name} takes it, not {kind}"
+                )
+            if getattr(self, name) is None and name == kind:
+                needs = first.metadata.get("needs", "it")
+                raise ConfigError(f"--{flag}: {kind} needs {needs}")
+
     def check_tiers(self, kind: str) -> None:
         """Several SLO tiers are a capacity search's: any other command (``kind``)
         refuses them, in one line naming them."""
@@ -310,22 +286,9 @@ class LoadConfig:
             )
 
 
-def config_text(config: LoadConfig) -> dict[str, Any]:
-    """The config as plain data, each parsed flag in its own text again (what a
-    run record keeps and a worker's config file holds)."""
-    data = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    data["stages"] = None if config.stages is None else stages_text(config.stages)
-    tiers = [str(t) for t in config.slo]
-    data["slo"] = None if not tiers else tiers[0] if len(tiers) == 1 else tiers
-    data["arrival"] = str(config.arrival)
-    data["workload"] = str(config.workload)
-    data["hold"] = None if config.hold is None else str(config.hold)
-    data["select"] = ",".join(config.select) or None
-    data["shard"] = None if config.shard is None else str(config.shard)
-    data["start_at"] = None if config.start_at is None else config.start_at.isoformat()
-    for key in ("header", "parallel", "number", "sim_args"):
-        data[key] = None if data[key] is None else list(data[key])
-    return data
+#: Each command with flags of its own: its section's type, held in the field of
+#: :class:`LoadConfig` named as the command.
+SECTIONS: dict[Kind, type[DataclassInstance]] = {"control": ControlArgs}
 
 
 def parse_extra_body(text: str) -> dict[str, Any]:
@@ -364,21 +327,21 @@ def header_lines(path: Path) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def paces(pace: bool | None, signal: str) -> bool:
-    """Whether ``servemon control --hold SIGNAL=…`` paces its sends: ``--pace`` or
-    ``--no-pace`` where given, else :data:`PACED_BY_DEFAULT`."""
-    return signal in PACED_BY_DEFAULT if pace is None else pace
-
-
 #: A driver's settings: a dataclass of :class:`LoadConfig`'s fields.
 Settings = TypeVar("Settings", bound="DataclassInstance")
 
 
 def settings_of(kind: type[Settings], config: LoadConfig) -> Settings:
-    """The part of ``config`` a driver reads: ``kind`` is a dataclass whose fields are
-    named and typed as :class:`LoadConfig`'s
-    (``tests/unit/loadgen/drivers/test_drive.py`` holds them to that), filled from the
-    same-named fields, already validated."""
+    """The part of ``config`` a driver reads: its command's section itself where
+    ``kind`` is a section (:data:`SECTIONS`), else a dataclass whose fields are named
+    and typed as :class:`LoadConfig`'s (``tests/unit/loadgen/drivers/test_drive.py``
+    holds them to that), filled from the same-named fields, already validated."""
+    for name, section in SECTIONS.items():
+        if section is kind:
+            value = getattr(config, name)
+            if value is None:
+                raise ConfigError(f"{name}: not a servemon {name} config")
+            return typing.cast(Settings, value)
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(kind)}
     return kind(**values)
 

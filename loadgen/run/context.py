@@ -3,11 +3,13 @@
 A driver (:mod:`servemon.loadgen.drivers.ramp`, :mod:`servemon.loadgen.drivers.sweep`,
 :mod:`servemon.loadgen.drivers.capacity`, ...) is an async function
 ``drive(run, found)``. It gets a :class:`Drive`, the parts of the run it may use: its
-own settings (a small dataclass the driver declares beside itself: the few fields of
-:class:`~servemon.loadgen.run.config.LoadConfig` it reads, filled by
+own settings (its command's section of
+:class:`~servemon.loadgen.run.config.LoadConfig`, or a small dataclass the driver
+declares beside itself: the few fields of the config it reads, filled by
 :func:`~servemon.loadgen.run.config.settings_of`), how every driver sends
-(:class:`Sending`), a :class:`~servemon.loadgen.run.sender.Sender` to send measured
-requests with (and its hooks, to listen to them), the server's signals (one typed
+(:class:`Sending`), where the server's signals come from (:class:`SignalSource`), a
+:class:`~servemon.loadgen.run.sender.Sender` to send measured requests with (and its
+hooks, to listen to them), the server's signals (one typed
 :class:`~servemon.loadgen.record.reading.Reading` per sample, from either sampler), the
 :class:`Board` of the stages it runs, the stop and the arrival process. What it
 finds goes into ``found``, its :class:`Driven`, and nowhere else. A driver keeps
@@ -25,6 +27,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
 from servemon.loadgen.record.reading import Reading, reading_of
@@ -45,7 +48,7 @@ from servemon.loadgen.send.stopping import Stopper
 from servemon.loadgen.send.timing import RequestTiming
 from servemon.loadgen.workloads.replayplan import ReplayPlan
 
-__all__ = ["Board", "Drive", "Driven", "RunContext", "Sending"]
+__all__ = ["Board", "Drive", "Driven", "RunContext", "Sending", "SignalSource"]
 
 #: A driver's own settings, as a driver reads them.
 S = TypeVar("S", covariant=True)
@@ -142,6 +145,28 @@ class Sending:
     max_inflight: int
     late: Literal["send", "skip"]
     late_tolerance: float
+    #: When an open-loop schedule starts (``--start-at``, shared by shards);
+    #: None: now.
+    start_at: datetime | None
+    #: The most any driver may offer (``--rps-max``); None: not given (the plan
+    #: has checked the target is on this machine).
+    rps_max: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SignalSource:
+    """Where the server's signals come from and how often, for a driver that
+    steers by them."""
+
+    #: The Prometheus the signals come from; None: the target's ``/metrics``.
+    prometheus: str | None
+    #: Seconds between servemon's reads of them (``--sample-interval``).
+    sample_interval: float
+    #: Prometheus' scrape interval of the targets (``--scrape-interval``, or read
+    #: from Prometheus); None: assumed.
+    scrape_interval: float | None
+    #: Seconds a rate or a quantile is taken over (``--signal-window``).
+    signal_window: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,6 +176,7 @@ class Drive(Generic[S]):
     #: The driver's own settings.
     settings: S
     sending: Sending
+    source: SignalSource
     sender: Sender
     #: The server's signals, newest last (either sampler's, read once).
     signals: deque[Reading]
@@ -218,6 +244,7 @@ class RunContext:
         return Drive(
             settings=settings_of(settings, self.config),
             sending=settings_of(Sending, self.config),
+            source=settings_of(SignalSource, self.config),
             sender=self.sender,
             signals=self.readings,
             board=self.board,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from servemon.core.errors import ConfigError
@@ -15,12 +15,12 @@ from servemon.core.fields import Secret
 from servemon.core.wire.webconfig import WebConfig, load_web_config
 from servemon.loadgen.record.runrecord import parallel_label, rate_label
 from servemon.loadgen.run.config import (
-    PACED,
     PROMETHEUS_ONLY,
+    Kind,
     LoadConfig,
     config_headers,
-    config_text,
 )
+from servemon.loadgen.run.flat import config_text
 from servemon.loadgen.run.stages import StageRecord
 from servemon.loadgen.run.target import is_loopback
 from servemon.loadgen.send.arrivals import linear_stages, parse_stages
@@ -50,7 +50,6 @@ __all__ = [
 
 DEFAULT_STAGES = "1:10,2:10,4:10"
 DEFAULT_PARALLEL = (1, 2, 4, 8)
-Kind = Literal["ramp", "sweep", "capacity", "replay", "control"]
 #: A capacity search's step length when ``--step-seconds`` is not given.
 DEFAULT_STEP_S = 20.0
 #: A linear ramp's step (``--rps-start``/``--rps-end``): its rate increment and
@@ -88,6 +87,7 @@ def make_plan(kind: Kind, config: LoadConfig) -> Plan:
     settings fit together, and the files they name (a trace or prompt file, read
     whole to check every line, once). Run before anything is started, so a bad flag
     costs nothing; call it off the loop (it reads files)."""
+    config.check_section(kind)
     _refuse_repeats(kind, config.repeats)  # before a replay reads its trace
     replay = _replay_of(config) if kind == "replay" else None
     stages = _repeated(_stages(kind, config, replay), config.repeats)
@@ -139,7 +139,7 @@ def _check(kind: Kind, config: LoadConfig) -> None:
             "out of; use truncate or send"
         )
     _check_sessions(kind, config)
-    _check_signals(kind, config)
+    _check_signals(config)
     if config.cpu_dma_latency is not None:
         check_cpu_latency(config.cpu_dma_latency)
 
@@ -202,9 +202,9 @@ def _stages(
 ) -> list[StageRecord]:
     if kind == "capacity":
         return []
-    if kind == "control":
-        label = f"hold {config.hold}"
-        return [StageRecord(0, label, None, None, config.duration)]
+    if config.control is not None:
+        control = config.control
+        return [StageRecord(0, f"hold {control.hold}", None, None, control.duration)]
     if replay is not None:
         return [StageRecord(0, "trace", replay.rate, None, replay.duration_s)]
     if kind == "ramp":
@@ -255,7 +255,7 @@ def sweep_levels(config: LoadConfig) -> tuple[int, ...]:
     return DEFAULT_PARALLEL if users is None else (users,)
 
 
-def _check_signals(kind: Kind, config: LoadConfig) -> None:
+def _check_signals(config: LoadConfig) -> None:
     """``--prometheus``, ``--select`` and ``--hold`` fit together."""
     if config.select and config.prometheus is None:
         raise ConfigError("--select: picks series in Prometheus: give --prometheus")
@@ -267,26 +267,16 @@ def _check_signals(kind: Kind, config: LoadConfig) -> None:
             raise ConfigError(
                 f"--prometheus {config.prometheus!r}: expected an http(s) URL"
             )
-    if kind != "control":
-        if config.hold is not None:
-            raise ConfigError("--hold: only servemon control holds a signal")
-        if config.pace:
-            raise ConfigError("--pace: only servemon control paces its sends")
+    control = config.control
+    if control is None:  # the section holds --hold and --pace: control's alone
         return
-    if config.hold is None:
-        raise ConfigError("--hold: control needs SIGNAL=SETPOINT, e.g. waiting=8")
-    signal = config.hold.signal
-    if config.pace and signal not in PACED:
-        raise ConfigError(
-            f"--pace: paces the sends of --hold {', '.join(PACED)} (by what the "
-            f"client knows without lag), not of --hold {signal}"
-        )
+    signal = control.hold.signal
     if signal in PROMETHEUS_ONLY and config.prometheus is None:
         raise ConfigError(
             f"--hold {signal}: read from Prometheus (the generated rules, the GPU "
             "exporter): give --prometheus"
         )
-    if config.rps_max is not None and config.rps_max < config.rps_min:
+    if config.rps_max is not None and config.rps_max < control.rps_min:
         raise ConfigError(f"--rps-max {config.rps_max:g}: below --rps-min")
 
 

@@ -1,8 +1,9 @@
 """The load commands: ``ramp`` (open loop), ``sweep`` (closed loop), ``capacity``,
 ``replay`` (a trace at its own times), ``control`` (a signal held at a setpoint).
 
-Each option is a field of :class:`servemon.loadgen.run.config.LoadConfig`; the options
-every one takes are :func:`servemon.commands.options.load_options`. The run itself, its
+Each option is a field of :class:`servemon.loadgen.run.config.LoadConfig` or of the
+command's own section of it (:mod:`servemon.loadgen.run.sections`); the options every
+one takes are :func:`servemon.commands.options.load_options`. The run itself, its
 signals and its summary are :func:`servemon.load.run_command`'s.
 """
 
@@ -18,9 +19,10 @@ from servemon import exits
 from servemon.commands import options
 from servemon.commands.fleet import fleet_options
 from servemon.core.errors import ConfigError
-from servemon.core.fields import layer_config
+from servemon.core.fields import read_yaml
 from servemon.lifecycle import run_async
-from servemon.loadgen.run.config import LoadConfig, secret_header_names
+from servemon.loadgen.run.config import SECTIONS, LoadConfig, secret_header_names
+from servemon.loadgen.run.flat import config_of
 from servemon.loadgen.run.plan import (
     DEFAULT_PARALLEL,
     DEFAULT_STAGES,
@@ -42,9 +44,14 @@ __all__ = [
 ]
 
 
-def load_config(config_file: Path | None, flags: dict[str, Any]) -> LoadConfig:
-    """A load run's config from a load command's options."""
-    return layer_config(LoadConfig, config_file, flags)
+def load_config(
+    kind: Kind, config_file: Path | None, flags: dict[str, Any]
+) -> LoadConfig:
+    """A load run's config from a load command's options: defaults, then
+    ``--config``'s flat keys, then the flags given (:func:`config_of`)."""
+    layers = [] if config_file is None else [(str(config_file), read_yaml(config_file))]
+    given = {k: v for k, v in flags.items() if v is not None and v != ()}
+    return config_of(kind, *layers, ("command line", given))
 
 
 def warn_secret_headers(headers: tuple[str, ...]) -> None:
@@ -63,7 +70,7 @@ def warn_secret_headers(headers: tuple[str, ...]) -> None:
 def _run(kind: Kind, config_file: Path | None, flags: dict[str, Any]) -> None:
     from servemon.load import run_command
 
-    config = load_config(config_file, flags)
+    config = load_config(kind, config_file, flags)
     warn_secret_headers(flags.get("header") or ())
     result = run_async(run_command(kind, config, sys.argv))
     if result.status != "completed":
@@ -263,5 +270,13 @@ def control(config_file: Path | None, **flags: Any) -> None:
     _run("control", config_file, flags)
 
 
-for _command in (ramp, sweep, capacity, replay, control):
-    options.fill_defaults(_command, LoadConfig)
+_COMMANDS: dict[Kind, click.Command] = {
+    "ramp": ramp,
+    "sweep": sweep,
+    "capacity": capacity,
+    "replay": replay,
+    "control": control,
+}
+for _kind, _command in _COMMANDS.items():
+    _own = SECTIONS.get(_kind)
+    options.fill_defaults(_command, *([] if _own is None else [_own]), LoadConfig)

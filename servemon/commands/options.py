@@ -83,17 +83,18 @@ def _shown(value: Any, option: click.Option) -> str:
     return str(value)
 
 
-def fill_defaults(command: click.Command, config: type) -> click.Command:
-    """Show each option's default as ``config`` (a dataclass of the command's
-    settings) declares it: the one home of a default, which ``--help`` only reads
-    (a help that writes one of these defaults itself is refused, at import). An
-    option whose field defaults to None (decided later: "the profile's", "1 or
-    --rps-min") keeps the words its help gives."""
-    fields = {f.name: f for f in dataclasses.fields(config)}
+def fill_defaults(command: click.Command, *configs: type) -> click.Command:
+    """Show each option's default as ``configs`` (the command's own section first,
+    then the settings it shares) declare it: the one home of a default, which
+    ``--help`` only reads (a help that writes one is refused, at import). An option
+    whose field defaults to None (decided later: "the profile's", "1 or --rps-min")
+    keeps the words its help gives."""
+    fields = {f.name: (c, f) for c in reversed(configs) for f in dataclasses.fields(c)}
     for param in command.params:
-        field = fields.get(param.name or "")
-        if not isinstance(param, click.Option) or field is None:
+        found = fields.get(param.name or "")
+        if not isinstance(param, click.Option) or found is None:
             continue
+        config, field = found
         if field.default is not dataclasses.MISSING:
             value = field.default
         elif field.default_factory is not dataclasses.MISSING:

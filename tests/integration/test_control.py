@@ -38,6 +38,7 @@ def test_control_finds_the_queue_and_holds_it(tmp_path: Path) -> None:
             load = config_for(
                 server,
                 tmp_path,
+                kind="control",
                 hold="waiting=6",
                 duration=30.0,
                 rps_start=1.0,
@@ -104,6 +105,7 @@ def test_a_blind_controller_holds_its_rate_then_stops(tmp_path: Path) -> None:
                 load = config_for(
                     server,
                     tmp_path,
+                    kind="control",
                     hold="waiting=6",
                     duration=60.0,
                     rps_start=3.0,
@@ -151,6 +153,7 @@ def test_control_holds_kv_usage_on_its_model_of_the_requests(tmp_path: Path) -> 
             load = config_for(
                 server,
                 tmp_path,
+                kind="control",
                 hold="kv_cache_usage=0.5",
                 duration=40.0,
                 rps_start=4.0,
@@ -188,6 +191,7 @@ def test_control_of_ttft_paces_its_sends_by_the_prefill_backlog(
             load = config_for(
                 server,
                 tmp_path,
+                kind="control",
                 hold="ttft_p95=0.4",
                 duration=24.0,
                 rps_start=6.0,

@@ -12,7 +12,8 @@ from rich.console import Console
 from servemon.loadgen.record.line import timing_from_line
 from servemon.loadgen.record.record import read_jsonl
 from servemon.loadgen.record.runrecord import RunResult
-from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.config import Kind, LoadConfig
+from servemon.loadgen.run.flat import config_of
 from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.runner import Stopper, run_load
@@ -24,8 +25,11 @@ __all__ = ["SMALL", "config_for", "requests_of", "run"]
 SMALL = "random:prompt=16,output=4"
 
 
-def config_for(server: Any, tmp_path: Path, **fields: Any) -> LoadConfig:
-    """A run against ``server`` with a free live-metrics port and bounded waits."""
+def config_for(
+    server: Any, tmp_path: Path, kind: Kind = "ramp", **fields: Any
+) -> LoadConfig:
+    """A ``kind`` run against ``server`` with a free live-metrics port and bounded
+    waits; ``fields`` flat, as ``--config`` writes them."""
     base: dict[str, Any] = {
         "target": server.url,
         "out": str(tmp_path / "runs"),
@@ -34,7 +38,7 @@ def config_for(server: Any, tmp_path: Path, **fields: Any) -> LoadConfig:
         "timeout": 10.0,
         "grace": 1.0,
     }
-    return LoadConfig(**{**base, **fields})
+    return config_of(kind, ("test", {**base, **fields}))
 
 
 async def run(kind: str, config: LoadConfig, stop: Stopper | None = None) -> RunResult:

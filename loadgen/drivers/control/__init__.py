@@ -8,6 +8,5 @@ steers on: the prefill backlog and pace
 """
 
 from servemon.loadgen.drivers.control.driver import drive_control
-from servemon.loadgen.drivers.control.law import ControlSettings
 
-__all__ = ["ControlSettings", "drive_control"]
+__all__ = ["drive_control"]

@@ -31,7 +31,6 @@ from servemon.loadgen.drivers.control.law import (
     FAST_START,
     SATURATING,
     ControlLaw,
-    ControlSettings,
     control_interval,
 )
 from servemon.loadgen.drivers.control.signal import (
@@ -44,11 +43,11 @@ from servemon.loadgen.drivers.control.signal import (
 )
 from servemon.loadgen.drivers.openloop import open_loop, wait_for_start
 from servemon.loadgen.record.runrecord import ControlResult
-from servemon.loadgen.run.config import paces
 from servemon.loadgen.run.context import Drive, Driven
 from servemon.loadgen.run.live import ControlGauges
 from servemon.loadgen.run.plan import LOOPBACK_RPS_MAX
 from servemon.loadgen.run.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
+from servemon.loadgen.run.sections import ControlArgs, Signal, paces
 from servemon.loadgen.send.arrivals import WAKE, Arrival, Due, Stage
 
 __all__ = ["WAKE_EVERY_S", "drive_control"]
@@ -98,14 +97,13 @@ def _arrivals(
         yield Due(index, 0, offset)
 
 
-async def drive_control(run: Drive[ControlSettings], found: Driven) -> None:
+async def drive_control(run: Drive[ControlArgs], found: Driven) -> None:
     """Hold the signal for ``--duration`` (see the module docstring)."""
-    c, hooks = run.settings, run.sender.hooks
-    assert c.hold is not None
+    c, source, hooks = run.settings, run.source, run.sender.hooks
     signal, setpoint = c.hold.signal, c.hold.setpoint
-    rps_max = c.rps_max if c.rps_max is not None else LOOPBACK_RPS_MAX["control"]
+    rps_max = run.sending.rps_max or LOOPBACK_RPS_MAX["control"]
     start_rate = c.rps_start if c.rps_start is not None else max(c.rps_min, 1.0)
-    interval = control_interval(c, signal)
+    interval = control_interval(c.control_interval, source, signal)
     law = ControlLaw(
         signal=signal,
         setpoint=setpoint,
@@ -114,7 +112,7 @@ async def drive_control(run: Drive[ControlSettings], found: Driven) -> None:
         rate=min(rps_max, max(c.rps_min, start_rate)),
         interval_s=interval,
     )
-    window = ClientWindow(c.signal_window)
+    window = ClientWindow(source.signal_window)
     hooks.sinks.append(window)
     held = None
     if signal == "kv_cache_usage":
@@ -134,7 +132,7 @@ async def drive_control(run: Drive[ControlSettings], found: Driven) -> None:
     if held is not None:
         # What the cache holds before this run sends anything (other clients,
         # the server's own blocks), at most half the setpoint.
-        idle = await idle_floor(run, signal, 2.0 * max(c.sample_interval, 1.0))
+        idle = await idle_floor(run, signal, 2.0 * max(source.sample_interval, 1.0))
         law.floor = min(idle, setpoint / 2)
     start = await wait_for_start(run, found)
     if start is None:
@@ -145,7 +143,7 @@ async def drive_control(run: Drive[ControlSettings], found: Driven) -> None:
         signal=signal,
         setpoint=setpoint,
         interval_s=interval,
-        source="prometheus" if c.prometheus else "direct",
+        source="prometheus" if source.prometheus else "direct",
         settle_s=ControlResult.settle_for(c.duration, interval),
         paced=paced is not None,
     )
@@ -181,9 +179,9 @@ async def drive_control(run: Drive[ControlSettings], found: Driven) -> None:
 
 
 async def _ticks(
-    run: Drive[ControlSettings],
+    run: Drive[ControlArgs],
     law: ControlLaw,
-    signal: str,
+    signal: Signal,
     interval: float,
     start: float,
     window: ClientWindow,
@@ -193,7 +191,7 @@ async def _ticks(
     result: ControlResult,
     gauges: ControlGauges,
 ) -> None:
-    c = run.settings
+    c, source = run.settings, run.source
     # The model of what the requests hold, sampled as often as the gauge, over the
     # window the gauge's samples of an interval describe (Prometheus: a scrape ago).
     modelled: deque[tuple[float, float]] = deque(maxlen=4096)
@@ -202,15 +200,15 @@ async def _ticks(
     # too, which has no delay.
     start_every = interval
     if signal in FAST_START:
-        start_every = min(interval, max(1.0, 2.0 * c.sample_interval))
-    every = min(c.sample_interval, start_every / 4)
+        start_every = min(interval, max(1.0, 2.0 * source.sample_interval))
+    every = min(source.sample_interval, start_every / 4)
     # The client's prompts with no answer yet, sampled like the model.
     unanswered: deque[tuple[float, float]] = deque(maxlen=4096)
-    estimate = QueueEstimate() if signal == "waiting" and c.prometheus else None
+    estimate = QueueEstimate() if signal == "waiting" and source.prometheus else None
     # A value read from Prometheus was scraped half a scrape interval ago, on
     # average (a whole one biased the model's scale high while the gauge rose).
-    scrape = c.scrape_interval or SCRAPE_DEFAULT_S
-    lag = 0.0 if c.prometheus is None else scrape / 2
+    scrape = source.scrape_interval or SCRAPE_DEFAULT_S
+    lag = 0.0 if source.prometheus is None else scrape / 2
     blind_since: float | None = None
     warned = False
     tick_start = start

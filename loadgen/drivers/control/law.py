@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime
 
 from servemon.loadgen.drivers.control.held import Held
-from servemon.loadgen.run.config import Hold
+from servemon.loadgen.run.context import SignalSource
 from servemon.loadgen.run.promtargets import DEFAULT_S as SCRAPE_DEFAULT_S
+from servemon.loadgen.run.sections import Signal
 
 __all__ = [
     "FAST_START",
@@ -22,38 +22,8 @@ __all__ = [
     "TOLERANCE",
     "TTFT_DRAIN_OVER",
     "ControlLaw",
-    "ControlSettings",
     "control_interval",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class ControlSettings:
-    """What ``servemon control`` reads of its flags."""
-
-    hold: Hold | None
-    #: How long the signal is held (``--duration``).
-    duration: float
-    rps_min: float
-    rps_max: float | None
-    rps_start: float | None
-    #: The Prometheus the signal comes from; None: the target's ``/metrics``.
-    prometheus: str | None
-    sample_interval: float
-    #: Prometheus' scrape interval of the targets (``--scrape-interval``, or read
-    #: from Prometheus); None: assumed.
-    scrape_interval: float | None
-    #: Seconds the client's TTFT p95 (and a burn rate) is taken over.
-    signal_window: float
-    #: ``--control-interval``; None: from the signal's delay.
-    control_interval: float | None
-    blind_timeout: float
-    #: ``--pace``/``--no-pace``: each send paced on the client's own count (see
-    #: :mod:`servemon.loadgen.drivers.control.backlog`); None:
-    #: :func:`~servemon.loadgen.run.config.paces`.
-    pace: bool | None
-    #: When the schedule starts (``--start-at``); None: now.
-    start_at: datetime | None
 
 
 #: Ratios that stop at 1: at their ceiling they no longer say how far over the
@@ -156,7 +126,7 @@ class ControlLaw:
     most :data:`KP_MAX`), given ``lifetime_s``.
     """
 
-    signal: str
+    signal: Signal
     setpoint: float
     rps_min: float
     rps_max: float
@@ -390,26 +360,28 @@ class ControlLaw:
         return self.at_bound >= UNREACHABLE_AFTER
 
 
-def control_interval(config: ControlSettings, signal: str) -> float:
+def control_interval(
+    given: float | None, source: SignalSource, signal: Signal
+) -> float:
     """Seconds between rate changes: ``--control-interval``, else twice the
     signal's delay, and at least 1 s. KV usage, and a queue read from
     Prometheus: two of servemon's samples and at least 2 s, since the law steers a
     count of the client's own, which has no delay (the gauge, read as late as it
     was scraped, only calibrates it)."""
-    if config.control_interval is not None:
-        return config.control_interval
+    if given is not None:
+        return given
     if signal == "kv_cache_usage" or (
-        signal == "waiting" and config.prometheus is not None
+        signal == "waiting" and source.prometheus is not None
     ):
-        return max(2.0, 2.0 * config.sample_interval)
-    if config.prometheus is None:
-        delay = config.sample_interval
+        return max(2.0, 2.0 * source.sample_interval)
+    if source.prometheus is None:
+        delay = source.sample_interval
         if signal == "ttft_p95":
-            delay = max(delay, config.signal_window / 2)
+            delay = max(delay, source.signal_window / 2)
     else:
         # A scrape, then servemon's own poll of Prometheus.
-        scrape = config.scrape_interval or SCRAPE_DEFAULT_S
-        delay = scrape + config.sample_interval
+        scrape = source.scrape_interval or SCRAPE_DEFAULT_S
+        delay = scrape + source.sample_interval
         if signal in ("ttft_p95", "burn_rate"):
-            delay += config.signal_window / 2
+            delay += source.signal_window / 2
     return max(1.0, 2.0 * delay)

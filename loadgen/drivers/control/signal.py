@@ -19,9 +19,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from servemon.loadgen.drivers.control.held import Held, HeldTokens
-from servemon.loadgen.drivers.control.law import ControlSettings
 from servemon.loadgen.record.figures import exact_quantile
 from servemon.loadgen.run.context import Drive
+from servemon.loadgen.run.sections import ControlArgs, Signal
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 __all__ = [
@@ -80,15 +80,15 @@ class ClientWindow:
 
 
 def measure(
-    run: Drive[ControlSettings],
-    signal: str,
+    run: Drive[ControlArgs],
+    signal: Signal,
     since: float,
     now: float,
     window: ClientWindow,
 ) -> float | None:
     """The signal over the last interval: the mean of its fresh samples (direct or
     Prometheus), or the client's TTFT p95 without Prometheus; None when missing."""
-    if signal == "ttft_p95" and run.settings.prometheus is None:
+    if signal == "ttft_p95" and run.source.prometheus is None:
         return window.p95(now)
     values = []
     for reading in reversed(run.signals):
@@ -100,7 +100,7 @@ def measure(
     return sum(values) / len(values) if values else None
 
 
-async def idle_floor(run: Drive[ControlSettings], signal: str, wait_s: float) -> float:
+async def idle_floor(run: Drive[ControlArgs], signal: Signal, wait_s: float) -> float:
     """The signal's latest reading before the first send (waiting up to ``wait_s``
     for one; 0 without): what the server shows with none of this run's requests."""
     deadline = time.monotonic() + wait_s

@@ -11,7 +11,7 @@ import pytest
 
 from servemon.cli import cli
 from servemon.commands.options import fill_defaults
-from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.config import ControlArgs, LoadConfig
 from servemon.loadgen.run.plan import DEFAULT_STAGES
 from servemon.monitor.config import ExporterConfig
 from servemon.simulator.config import SimConfig
@@ -21,7 +21,7 @@ CONFIG = {
     "sweep": LoadConfig,
     "capacity": LoadConfig,
     "replay": LoadConfig,
-    "control": LoadConfig,
+    "control": (ControlArgs, LoadConfig),
     "sim": SimConfig,
     "exporter": ExporterConfig,
 }
@@ -33,8 +33,15 @@ def _command(name: str) -> click.Command:
     return command
 
 
-def _declared(config: type, name: str) -> object:
-    field = {f.name: f for f in dataclasses.fields(config)}.get(name)
+def _declared(configs: type | tuple[type, ...], name: str) -> object:
+    """The default of ``name`` as the command's config declares it (its own
+    section first)."""
+    fields = {
+        f.name: f
+        for config in reversed(configs if isinstance(configs, tuple) else (configs,))
+        for f in dataclasses.fields(config)
+    }
+    field = fields.get(name)
     if field is None:
         return None
     if field.default_factory is not dataclasses.MISSING:

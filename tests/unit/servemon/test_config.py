@@ -290,8 +290,8 @@ def test_web_config_file_flows_from_yaml_and_flags(tmp_path: Path) -> None:
     assert exporter_config(yaml_file, target, {}).web_config_file == "from-yaml.yml"
     flags = {"web_config_file": "flag.yml"}
     assert exporter_config(yaml_file, target, flags).web_config_file == "flag.yml"
-    assert load_config(yaml_file, {}).web_config_file == "from-yaml.yml"
-    assert load_config(yaml_file, flags).web_config_file == "flag.yml"
+    assert load_config("ramp", yaml_file, {}).web_config_file == "from-yaml.yml"
+    assert load_config("ramp", yaml_file, flags).web_config_file == "flag.yml"
 
 
 def test_a_bad_web_config_file_fails_the_load_command_before_it_starts(

@@ -15,7 +15,8 @@ from servemon.core.fields import layer_config
 from servemon.core.slo import SloTier, parse_slo, parse_tiers
 from servemon.loadgen.drivers.tiersearch import TierSearch
 from servemon.loadgen.record.findings import CapacityResult, TierResult
-from servemon.loadgen.run.config import LoadConfig, config_text
+from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.flat import config_text
 from servemon.loadgen.run.plan import make_plan
 
 

@@ -24,7 +24,8 @@ from servemon.loadgen.record.sections import ClockOrigin
 from servemon.loadgen.record.tally import Tally
 from servemon.loadgen.reports.compare import verdict_text
 from servemon.loadgen.reports.significance import Difference, Verdict
-from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.config import Kind, LoadConfig
+from servemon.loadgen.run.flat import config_of
 from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
@@ -95,10 +96,11 @@ def test_a_sweeps_numbers_must_still_fit_its_levels() -> None:
         ("replay", "prefix cache"),
     ],
 )
-def test_commands_that_cannot_repeat_refuse_in_one_line(kind: str, why: str) -> None:
-    config = LoadConfig(repeats=3, slo="ttft_p95<=0.5", hold="waiting=8")
+def test_commands_that_cannot_repeat_refuse_in_one_line(kind: Kind, why: str) -> None:
+    hold = {"hold": "waiting=8"} if kind == "control" else {}
+    config = config_of(kind, ("flags", {"repeats": 3, "slo": "ttft_p95<=0.5", **hold}))
     with pytest.raises(ConfigError) as caught:
-        make_plan(kind, config)  # type: ignore[arg-type]
+        make_plan(kind, config)
     text = str(caught.value)
     assert text.startswith(f"--repeats 3: not for {kind}: ")
     assert why in text

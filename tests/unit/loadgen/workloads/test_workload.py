@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from servemon.core.errors import ConfigError
-from servemon.core.fields import layer_config
-from servemon.loadgen.run.config import LoadConfig, config_text
+from servemon.core.fields import layer_config, read_yaml
+from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.flat import config_of, config_text
 from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.workloads.prompts import OutputBudget
 from servemon.loadgen.workloads.tokens import (
@@ -578,7 +579,8 @@ def test_the_workload_is_parsed_once_where_the_config_is_built() -> None:
     assert config.workload.sessions is not None
     assert config.workload.trace_path is None
     assert config_text(config)["workload"] == "sessions:turns=2,user=8"
-    again = LoadConfig(**{**config_text(config), "workload": config.workload})
+    flat = {**config_text(config), "workload": config.workload}
+    again = config_of("ramp", ("run.json", flat))
     assert again.workload is config.workload  # a parsed spec passes through
     with pytest.raises(ConfigError, match="prompt must be an integer"):
         LoadConfig(workload="random:prompt=abc")  # type: ignore[arg-type]
@@ -600,16 +602,20 @@ def test_the_selector_and_the_model_mix_are_parsed_once() -> None:
 
 
 def test_parsed_settings_survive_every_config_layer(tmp_path: Path) -> None:
-    """Defaults, a YAML file, then flags (layer_config): each layer keeps the parsed
-    workload and hold as they are (a layer that took them apart field by field left
-    a workload whose output budget was a dict, and every run without --workload
-    broke)."""
+    """Defaults, a YAML file, then flags (layer_config; config_of for a load
+    command): each layer keeps the parsed workload and hold as they are (a layer
+    that took them apart field by field left a workload whose output budget was a
+    dict, and every run without --workload broke)."""
     config_file = tmp_path / "c.yaml"
     config_file.write_text("workload: random:prompt=16,output=4\nhold: waiting=3\n")
-    layered = layer_config(LoadConfig, config_file, {"stages": "2:5"})
+    layered = config_of(
+        "control",
+        (str(config_file), read_yaml(config_file)),
+        ("command line", {"duration": 5.0}),
+    )
     assert layered.workload.options["output"] == OutputBudget(4, 4)
-    assert layered.hold is not None
-    assert layered.hold.setpoint == 3.0
+    assert layered.control is not None
+    assert layered.control.hold.setpoint == 3.0
     plain = layer_config(LoadConfig, None, {"stages": "2:5"})
     assert isinstance(plain.workload.options["output"], OutputBudget)
 

@@ -22,11 +22,18 @@ from servemon.loadgen.drivers.control.driver import _arrivals
 from servemon.loadgen.drivers.control.law import (
     KP_MAX,
     ControlLaw,
-    ControlSettings,
     control_interval,
 )
 from servemon.loadgen.drivers.control.signal import QueueEstimate
-from servemon.loadgen.run.config import LoadConfig, paces, parse_hold, settings_of
+from servemon.loadgen.run.config import (
+    Kind,
+    LoadConfig,
+    paces,
+    parse_hold,
+    settings_of,
+)
+from servemon.loadgen.run.context import SignalSource
+from servemon.loadgen.run.flat import config_of
 from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.run.promsource import PrometheusSampler
 from servemon.loadgen.send.arrivals import WAKE, Arrival, Due
@@ -320,8 +327,8 @@ def test_a_bad_hold_is_one_line_naming_it(text: str, message: str) -> None:
 
 
 def test_control_checks_its_settings_before_anything_starts() -> None:
-    def check(kind: str, **fields: Any) -> None:
-        make_plan(kind, LoadConfig(**fields))  # type: ignore[arg-type]
+    def check(kind: Kind, **fields: Any) -> None:
+        make_plan(kind, config_of(kind, ("flags", fields)))
 
     check("control", hold="waiting=8")
     with pytest.raises(ConfigError, match="--hold: control needs"):
@@ -330,14 +337,18 @@ def test_control_checks_its_settings_before_anything_starts() -> None:
         check("control", hold="gpu_utilization=0.9")
     with pytest.raises(ConfigError, match="--select: picks series in Prometheus"):
         check("ramp", select='model="q"')
-    with pytest.raises(ConfigError, match="only servemon control holds"):
+    with pytest.raises(
+        ConfigError, match="flags: --hold: only servemon control takes it, not ramp"
+    ):
         check("ramp", hold="waiting=8")
     check("control", hold="ttft_p95=0.4", pace=True)
     check("control", hold="kv_cache_usage=0.5", pace=True)
     check("control", hold="waiting=8", pace=True)
     with pytest.raises(ConfigError, match="--pace: paces the sends of --hold ttft_p95"):
         check("control", hold="burn_rate=2", prometheus="http://p:9090", pace=True)
-    with pytest.raises(ConfigError, match="--pace: only servemon control"):
+    with pytest.raises(
+        ConfigError, match="--pace: only servemon control takes it, not ramp"
+    ):
         check("ramp", pace=True)
     check("control", hold="waiting=8", pace=False)  # --no-pace: nothing to refuse
     # KV usage is paced unless --no-pace; TTFT only with --pace.
@@ -350,18 +361,20 @@ def test_control_checks_its_settings_before_anything_starts() -> None:
         check("capacity", slo="ttft_p95<=1", prometheus="localhost:9090")
 
     # The interval follows the signal's delay: a scrape and half the rate window.
-    def settings(**values: Any) -> ControlSettings:
-        return settings_of(ControlSettings, LoadConfig(**values))
+    def source(**values: Any) -> SignalSource:
+        return settings_of(SignalSource, LoadConfig(**values))
 
-    direct = settings(hold="waiting=8")
-    assert control_interval(direct, "waiting") == 2.0
-    prom = settings(prometheus="http://p:9090", scrape_interval=15.0)
-    assert control_interval(prom, "ttft_p95") == 62.0  # a scrape, the poll, a window
+    direct = source()
+    assert control_interval(None, direct, "waiting") == 2.0
+    assert control_interval(5.0, direct, "waiting") == 5.0  # --control-interval
+    prom = source(prometheus="http://p:9090", scrape_interval=15.0)
+    assert control_interval(None, prom, "ttft_p95") == 62.0  # scrape, poll, window
     # A queue through Prometheus and KV usage steer counts of the client's own:
     # two samples, however late the gauge.
-    assert control_interval(prom, "waiting") == 2.0
-    assert control_interval(prom, "kv_cache_usage") == 2.0
-    assert control_interval(settings(sample_interval=1.5), "kv_cache_usage") == 3.0
+    assert control_interval(None, prom, "waiting") == 2.0
+    assert control_interval(None, prom, "kv_cache_usage") == 2.0
+    slow = source(sample_interval=1.5)
+    assert control_interval(None, slow, "kv_cache_usage") == 3.0
 
 
 def test_a_selector_is_label_matchers_or_a_one_line_error() -> None:
