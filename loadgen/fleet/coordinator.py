@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -133,9 +134,12 @@ class Fleet:
                 f"--fleet-listen {host}:{port}: cannot listen: {exc.strerror or exc}"
             ) from None
         self.url = site_url(self._runner.addresses[0], self._web_config)
-        self._say(
-            f"servemon: coordinating: {self.expect} workers to join at {self.url}"
-        )
+        said = f"servemon: coordinating: {self.expect} workers to join at {self.url}"
+        if host in ("0.0.0.0", "::", ""):  # every address: name this machine's
+            port = self._runner.addresses[0][1]
+            said += f" (every address here: e.g. --join {_scheme(self.url)}"
+            said += f"://{socket.gethostname()}:{port})"
+        self._say(said)
         if self.settings.spawn is not None:
             await self.settings.spawn(self.url)
         return self.url
@@ -410,3 +414,7 @@ class Fleet:
             refused=self.refused,
             workers=[m.record(origin_s) for m in self._members],
         )
+
+
+def _scheme(url: str) -> str:
+    return url.partition("://")[0]

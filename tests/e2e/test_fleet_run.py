@@ -260,6 +260,54 @@ def test_a_worker_started_first_waits_for_its_coordinator(
     assert joined["records"] > 0
 
 
+def test_a_worker_that_joins_late_gets_its_share_from_then_on(
+    servemon: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The run has started with the workers it waited for; one more joins: it gets
+    credits from the moment it is handed the plan, never the sends due before (no
+    burst of owed requests), and from then on the two share the rate."""
+    target = start_sim(servemon)
+    out = tmp_path / "runs"
+    coordinator = servemon(
+        "ramp",
+        "--target",
+        target,
+        *LOAD[:-2],
+        "--stages",
+        "10:8",
+        "--fleet-listen",
+        "127.0.0.1:0",
+        "--fleet-workers",
+        "1",
+        "--out",
+        str(out),
+        env=ENV,
+    )
+    url = coordinator_url(coordinator)
+    first = join(servemon, url, "first")
+    run = poll(lambda: next(iter(out.glob("*")), None), 60, "the run directory")
+    poll(lambda: len(read_jsonl(run / "requests.jsonl")) >= 10, 60, "ten records")
+    late = join(servemon, url, "late")
+    assert coordinator.wait(90) == 0, coordinator.stdout + coordinator.stderr
+    assert first.wait(20) == 0
+    assert late.wait(20) == 0
+    info = read_json(run / "run.json")
+    workers = {w["name"]: w for w in info["fleet"]["workers"]}
+    origin = info["clock_origin"]["monotonic_s"]
+    handed = origin + workers["late"]["working_s"]
+    records = read_jsonl(run / "requests.jsonl")
+    theirs = sorted(r["scheduled_s"] for r in records if r["worker"] == 1)
+    assert theirs, "the late worker sent nothing"
+    # Nothing due before it came: its first send is scheduled after the plan was
+    # handed to it (a credit leaves 100 ms ahead of its time).
+    assert theirs[0] > handed, theirs[0] - handed
+    # From then on the rate is shared, not doubled: the two split what was due.
+    after = [r for r in records if r["scheduled_s"] > theirs[0]]
+    shares = Counter(r["worker"] for r in after)
+    assert abs(shares[0] - shares[1]) <= 1, shares
+    assert len(records) == len({r["id"] for r in records})
+
+
 @pytest.mark.parametrize("on_loss", ["abort", "continue"])
 def test_a_killed_worker_is_named_and_its_records_kept(
     servemon: Callable[..., Any], tmp_path: Path, on_loss: str
