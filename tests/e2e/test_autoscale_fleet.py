@@ -83,6 +83,7 @@ from tests.support.processes import (
     stop,
     until,
 )
+from tests.support.rundirs import only_run, read_json
 
 PROMETHEUS = shutil.which("prometheus")
 
@@ -156,16 +157,6 @@ async def finished(child: Child, out: Path, timeout_s: float) -> Path:
         pytest.fail(f"{child.name} still running after {timeout_s} s\n{child.tail()}")
     assert code == 0, child.tail()
     return only_run(out)
-
-
-def only_run(out: Path) -> Path:
-    """The one run directory under ``out``."""
-    (run_dir,) = out.iterdir()
-    return run_dir
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(read_text(path))
 
 
 def load_yaml(path: Path) -> Any:

@@ -33,7 +33,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from tests.support.fleet import COORDINATOR, clock_env
 from tests.support.netns import Namespace, Network, Process, network
 from tests.support.nginx import NGINX, nginx_file
 from tests.support.processes import SERVEMON, servemon_argv
+from tests.support.rundirs import poll, read_json, read_jsonl
 
 PROMETHEUS = shutil.which("prometheus")
 
@@ -97,21 +98,6 @@ class Stack:
             process.alive()
 
 
-def poll(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """``check()`` until truthy; a failure after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except OSError as exc:
-            last = exc
-        if last and not isinstance(last, BaseException):
-            return last
-        time.sleep(0.1)
-    pytest.fail(f"{what}: not within {timeout_s} s (last: {last!r})")
-
-
 #: No proxy from the environment: every address here is a namespace's.
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -127,15 +113,6 @@ def query(prometheus: str, promql: str) -> list[dict[str, Any]]:
     assert body["status"] == "success", body
     result: list[dict[str, Any]] = body["data"]["result"]
     return result
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    text = path.read_text(encoding="utf-8")
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ request the target saw."""
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import time
@@ -26,6 +25,7 @@ import pytest
 from servemon.embedded import free_port
 from servemon.loadgen.send.arrivals import Arrival, Stage, schedule
 from tests.support.fleet import COORDINATOR, RecordingProxy, clock_env
+from tests.support.rundirs import only_run, poll, read_json, read_jsonl
 
 pytestmark = pytest.mark.e2e
 
@@ -49,34 +49,6 @@ LOAD = (
     "127.0.0.1:0",
 )
 ENV = {"SERVEMON_FLEET_TOKEN": TOKEN}
-
-
-def poll(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout} s")
-        time.sleep(0.02)
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
-
-
-def only_run(out: Path) -> Path:
-    found = [p for p in out.iterdir() if p.is_dir()]
-    assert len(found) == 1, found
-    return found[0]
 
 
 def start_sim(servemon: Callable[..., Any], *args: str) -> str:

@@ -6,15 +6,15 @@ N``, this machine's own fleet, stopped by SIGTERM."""
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.rundirs import only_run, poll, read_json, read_jsonl
 
 pytestmark = pytest.mark.e2e
 
@@ -34,31 +34,6 @@ LOAD = (
     "--timeout",
     "20",
 )
-
-
-def poll(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout} s")
-        time.sleep(0.02)
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-
-
-def only_run(out: Path) -> Path:
-    found = [p for p in out.iterdir() if p.is_dir()]
-    assert len(found) == 1, found
-    return found[0]
 
 
 def index_of(record: dict[str, Any]) -> int:
