@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -109,12 +109,7 @@ def wire_options(options: RequestOptions) -> dict[str, Any]:
             out[key] = value
     tags = options.get("tags")
     if tags is not None:
-        out["tags"] = {
-            "model": tags.model,
-            "session": tags.session,
-            "turn": tags.turn,
-            "history_tokens": tags.history_tokens,
-        }
+        out["tags"] = asdict(tags)
     return out
 
 

@@ -46,7 +46,7 @@ from servemon.loadgen.fleet.wire import (
     decode,
     encode,
 )
-from servemon.loadgen.record.line import request_line
+from servemon.loadgen.record.line import request_line, timing_from_line
 from servemon.loadgen.send.client import (
     ClientSettings,
     RequestOptions,
@@ -98,14 +98,15 @@ class _Worker:
     stopping: bool = False
     sleep_until: Callable[[float], Any] | None = None
 
-    def queue(self, line: dict[str, Any]) -> None:
+    def queue(self, timing: RequestTiming) -> None:
+        line = request_line(timing)
+        if timing.text is not None:
+            line["text"] = timing.text
         self.outbox.append(line)
         self.wake.set()
-        if self.spool is not None:
-            shift = self.delta_s or 0.0
-            kept = {k: v + shift if _is_time(k, v) else v for k, v in line.items()}
-            kept.pop("text", None)
-            self.spool.write(orjson.dumps(kept).decode() + "\n")
+        if self.spool is not None:  # on the coordinator's clock, as it last said
+            moved = timing_from_line(line, shift_s=self.delta_s or 0.0)
+            self.spool.write(orjson.dumps(request_line(moved)).decode() + "\n")
 
     async def flush(self) -> None:
         """Send what finishes, in batches, as it finishes."""
@@ -123,25 +124,6 @@ class _Worker:
             batch, self.outbox = self.outbox[:BATCH], self.outbox[BATCH:]
             if batch:
                 await self.ws.send_bytes(encode({"k": "rec", "r": batch}))
-
-
-#: Keys of a ``requests.jsonl`` line that are monotonic times (moved into the
-#: coordinator's frame in the spool).
-_TIMES = frozenset(
-    (
-        "scheduled_s",
-        "sent_s",
-        "headers_s",
-        "first_chunk_s",
-        "first_content_s",
-        "end_s",
-        "first_answer_s",
-    )
-)
-
-
-def _is_time(key: str, value: Any) -> bool:
-    return key in _TIMES and isinstance(value, float)
 
 
 async def run_worker(
@@ -378,11 +360,8 @@ async def _send(worker: _Worker, credit: dict[str, Any], request_id: str) -> Non
         on_first_token=on_first,
         **options,
     )
-    line = request_line(timing)
-    if timing.text is not None:
-        line["text"] = timing.text
     worker.end.recorded += 1
-    worker.queue(line)
+    worker.queue(timing)
 
 
 async def _finish(worker: _Worker, grace: float) -> None:

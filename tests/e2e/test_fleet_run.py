@@ -33,9 +33,8 @@ TOKEN = "fleet-token-of-the-tests-0123456789"
 #: Clock offsets the workers are given (s): up to a second either way.
 OFFSETS = (0.5, -0.25, 1.0, -1.0)
 STAGES, SEED = ((20.0, 2.0), (40.0, 2.0)), 17
+RAMP = ",".join(f"{rate:g}:{secs:g}" for rate, secs in STAGES)
 LOAD = (
-    "--stages",
-    ",".join(f"{rate:g}:{secs:g}" for rate, secs in STAGES),
     "--seed",
     str(SEED),
     "--workload",
@@ -45,8 +44,6 @@ LOAD = (
     "0",
     "--timeout",
     "20",
-    "--fleet-listen",
-    "127.0.0.1:0",
 )
 ENV = {"SERVEMON_FLEET_TOKEN": TOKEN}
 
@@ -62,6 +59,25 @@ def start_sim(servemon: Callable[..., Any], *args: str) -> str:
 
     found: str = poll(url, 30, "servemon sim ready")
     return found
+
+
+def coordinate(
+    servemon: Callable[..., Any],
+    target: str,
+    out: Path,
+    stages: str,
+    workers: int,
+    *extra: str,
+    listen: str = "127.0.0.1:0",
+) -> Any:
+    """A ramp of ``stages`` against ``target`` that waits for ``workers``."""
+    return servemon(
+        "ramp",
+        *("--target", target, *LOAD, "--stages", stages, *extra),
+        *("--fleet-listen", listen, "--fleet-workers", str(workers)),
+        *("--out", str(out)),
+        env=ENV,
+    )
 
 
 def coordinator_url(proc: Any) -> str:
@@ -84,17 +100,7 @@ def test_four_workers_with_skewed_clocks_send_one_schedule(
 ) -> None:
     target = start_sim(servemon, "--speed", "0.2")
     out = tmp_path / "runs"
-    coordinator = servemon(
-        "ramp",
-        "--target",
-        target,
-        *LOAD,
-        "--fleet-workers",
-        "4",
-        "--out",
-        str(out),
-        env=ENV,
-    )
+    coordinator = coordinate(servemon, target, out, RAMP, 4)
     url = coordinator_url(coordinator)
     skewed = bool(clock_env(0.0))
     workers = [
@@ -156,21 +162,7 @@ def test_a_worker_without_the_token_is_refused(
 ) -> None:
     target = start_sim(servemon)
     out = tmp_path / "runs"
-    coordinator = servemon(
-        "ramp",
-        "--target",
-        target,
-        *LOAD[:-2],
-        "--stages",
-        "5:1",
-        "--fleet-listen",
-        "127.0.0.1:0",
-        "--fleet-workers",
-        "1",
-        "--out",
-        str(out),
-        env=ENV,
-    )
+    coordinator = coordinate(servemon, target, out, "5:1", 1)
     url = coordinator_url(coordinator)
     intruder = servemon("worker", "--join", url, env={"SERVEMON_FLEET_TOKEN": "x" * 32})
     assert intruder.wait(30) != 0
@@ -209,20 +201,8 @@ def test_a_worker_started_first_waits_for_its_coordinator(
     time.sleep(2.5)  # a few tries against nothing
     assert early.proc.poll() is None, early.stderr
     out = tmp_path / "runs"
-    coordinator = servemon(
-        "ramp",
-        "--target",
-        target,
-        *LOAD[:-2],
-        "--stages",
-        "5:1",
-        "--fleet-listen",
-        f"127.0.0.1:{port}",
-        "--fleet-workers",
-        "1",
-        "--out",
-        str(out),
-        env=ENV,
+    coordinator = coordinate(
+        servemon, target, out, "5:1", 1, listen=f"127.0.0.1:{port}"
     )
     assert coordinator.wait(60) == 0, coordinator.stdout + coordinator.stderr
     assert early.wait(20) == 0, early.stderr
@@ -240,21 +220,7 @@ def test_a_worker_that_joins_late_gets_its_share_from_then_on(
     burst of owed requests), and from then on the two share the rate."""
     target = start_sim(servemon)
     out = tmp_path / "runs"
-    coordinator = servemon(
-        "ramp",
-        "--target",
-        target,
-        *LOAD[:-2],
-        "--stages",
-        "10:8",
-        "--fleet-listen",
-        "127.0.0.1:0",
-        "--fleet-workers",
-        "1",
-        "--out",
-        str(out),
-        env=ENV,
-    )
+    coordinator = coordinate(servemon, target, out, "10:8", 1)
     url = coordinator_url(coordinator)
     first = join(servemon, url, "first")
     run = poll(lambda: next(iter(out.glob("*")), None), 60, "the run directory")
@@ -286,22 +252,8 @@ def test_a_killed_worker_is_named_and_its_records_kept(
 ) -> None:
     target = start_sim(servemon)
     out = tmp_path / "runs"
-    coordinator = servemon(
-        "ramp",
-        "--target",
-        target,
-        *LOAD[:-2],
-        "--stages",
-        "10:8",
-        "--fleet-listen",
-        "127.0.0.1:0",
-        "--fleet-workers",
-        "2",
-        "--on-worker-loss",
-        on_loss,
-        "--out",
-        str(out),
-        env=ENV,
+    coordinator = coordinate(
+        servemon, target, out, "10:8", 2, "--on-worker-loss", on_loss
     )
     url = coordinator_url(coordinator)
     keep = join(servemon, url, "keep")
@@ -348,21 +300,7 @@ def test_a_killed_coordinator_leaves_the_target_without_load(
     target = start_sim(servemon, "--speed", "0.05")
     with RecordingProxy(target) as proxy:
         out = tmp_path / "runs"
-        coordinator = servemon(
-            "ramp",
-            "--target",
-            proxy.url,
-            *LOAD[:-2],
-            "--stages",
-            "20:30",
-            "--fleet-listen",
-            "127.0.0.1:0",
-            "--fleet-workers",
-            "2",
-            "--out",
-            str(out),
-            env=ENV,
-        )
+        coordinator = coordinate(servemon, proxy.url, out, "20:30", 2)
         url = coordinator_url(coordinator)
         workers = [join(servemon, url, f"w{i}") for i in range(2)]
         poll(lambda: len(proxy.arrivals) >= 20, 60, "20 requests at the target")
