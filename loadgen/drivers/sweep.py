@@ -101,6 +101,7 @@ async def _levels(run: Drive[SweepSettings]) -> bool:
                 on_send=sender.started,
                 stop=stop.requested,
                 options=options,
+                send=None if sender.transport is None else sender.send_now,
             )
         )
         interrupted = await _level(level, stop, run.sending.grace)

@@ -12,6 +12,7 @@ request the target saw."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import signal
 import time
@@ -155,6 +156,52 @@ def test_four_workers_with_skewed_clocks_send_one_schedule(
     report = servemon("report", str(run))
     assert report.wait(60) == 0, report.stderr
     assert (run / "report.html").stat().st_size > 0
+
+
+def test_a_sweep_from_two_workers_keeps_each_levels_concurrency(
+    servemon: Callable[..., Any], tmp_path: Path
+) -> None:
+    """A closed loop stays in the coordinator: each user's next request goes to a
+    worker once the last one's record is back, so every level keeps its
+    concurrency across the workers and finishes its number."""
+    target = start_sim(servemon, "--speed", "0.2")
+    out = tmp_path / "runs"
+    coordinator = servemon(
+        "sweep",
+        *("--target", target, *LOAD, "--parallel", "1,3", "--number", "12"),
+        *("--warmup", "2", "--fleet-listen", "127.0.0.1:0", "--fleet-workers", "2"),
+        *("--out", str(out)),
+        env=ENV,
+    )
+    url = coordinator_url(coordinator)
+    workers = [
+        join(servemon, url, f"w{i}", **clock_env(offset))
+        for i, offset in enumerate(OFFSETS[:2])
+    ]
+    assert coordinator.wait(90) == 0, coordinator.stdout + coordinator.stderr
+    for worker in workers:
+        assert worker.wait(20) == 0, worker.stderr
+    run = only_run(out)
+    records = read_jsonl(run / "requests.jsonl")
+    assert Counter(r["stage"] for r in records) == {0: 12, 1: 12}
+    assert {r["outcome"] for r in records} == {"ok"}
+    assert sorted({r["worker"] for r in records}) == [0, 1]
+    # No schedule to be late to: each request is due when its worker takes it.
+    assert max(r["dispatch_lag_s"] for r in records) < 0.05
+    # In the coordinator's frame: never more in flight than the level's users
+    # (each request's span narrowed by 2 ms, twice the clocks' bound), and the
+    # level of 3 had its 3 at once.
+    for stage, users in ((0, 1), (1, 3)):
+        edges = sorted(
+            edge
+            for r in records
+            if r["stage"] == stage
+            for edge in ((r["sent_s"] + 0.002, 1), (r["end_s"] - 0.002, -1))
+        )
+        most = max(itertools.accumulate(step for _at, step in edges))
+        assert most == users, (stage, most)
+    report = servemon("report", str(run))
+    assert report.wait(60) == 0, report.stderr
 
 
 def test_a_worker_without_the_token_is_refused(
