@@ -1,7 +1,7 @@
 """Shared fixtures: a simulator on a free loopback port, polling, scraping, SSE.
 
 Helpers are handed out as fixtures (``start_sim``, ``poll_until``, ``scrape``,
-``read_sse``) so test modules never import this file.
+``read_sse``, ``margin``) so test modules never import this file.
 
 Hypothesis profiles: ``ci`` (the default) runs a small, fixed number of examples
 per property, derandomized so that every run draws the same ones; ``long``
@@ -29,6 +29,7 @@ from prometheus_client.samples import Sample
 from servemon.simulator.config import SimConfig, merge
 from servemon.simulator.server import SimServer
 from tests.support import oneroot
+from tests.support.margins import Margin
 
 #: A bare part name (``import monitor``) is refused in the test process: it would load
 #: a second copy of each module (tests/support/oneroot.py).
@@ -77,6 +78,14 @@ def start_sim() -> Callable[..., contextlib.AbstractAsyncContextManager[SimServe
     profile on 127.0.0.1 port 0; the server is stopped on leaving the block.
     """
     return _running_sim
+
+
+@pytest.fixture
+def margin(request: pytest.FixtureRequest) -> Margin:
+    """``margin(name, figure, low=..., below=...)``: holds a timing or a share to
+    its bound and records both in the JUnit XML, where ``scripts/margins`` reads
+    them (tests/support/margins.py)."""
+    return Margin(request.node)
 
 
 @pytest_asyncio.fixture
