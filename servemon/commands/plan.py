@@ -156,17 +156,19 @@ def _peak_forecast(peak_rps: float | None) -> Forecast:
 
 
 def _trace_forecast(path: Path, bin_s: float) -> Forecast:
+    """The trace counted in bins as it is read: memory bounded whatever the
+    file's size (:mod:`servemon.loadgen.workloads.tracetally`)."""
     from servemon.loadgen.reports.replicas import Forecast
-    from servemon.loadgen.workloads.tracefile import prefix_hit_ratio, read_trace_file
+    from servemon.loadgen.workloads.tracetally import tally_trace
 
-    entries = read_trace_file(path, where=f"--trace: {path}").entries
-    return Forecast.of_trace(
+    tally, _ = tally_trace(path, bin_s=bin_s, where=f"--trace: {path}")
+    return Forecast.of_bins(
         f"--trace {path}",
-        [e.at_s for e in entries],
+        tally.counts,
         bin_s,
-        prompt_lengths=[e.prompt_tokens for e in entries if e.prompt_tokens],
-        output_lengths=[e.output_tokens for e in entries if e.output_tokens],
-        hit_rate=prefix_hit_ratio(list(entries)),
+        prompt_lengths=tuple(sorted(tally.prompt.items())),
+        output_lengths=tuple(sorted(tally.output.items())),
+        hit_rate=tally.hits.ratio,
     )
 
 
