@@ -17,7 +17,6 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from servemon.core.wire.http import encode_json
 from servemon.loadgen.drivers.conversation import run_session
@@ -42,7 +41,7 @@ class RampSettings:
 
 #: A request made ready ahead of its time: its body, its send options (the body
 #: encoded among them), its prompt tokens.
-Ready = tuple[dict[str, Any], RequestOptions, int | None]
+Ready = tuple[dict[str, object], RequestOptions, int | None]
 
 
 async def wait_for_start(run: Drive[object], found: Driven) -> float | None:

@@ -10,7 +10,6 @@ import asyncio
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from servemon.loadgen.drivers.conversation import run_users
 from servemon.loadgen.run.context import Drive, Driven
@@ -78,7 +77,7 @@ async def _levels(run: Drive[SweepSettings]) -> bool:
                 return True
             continue
 
-        def body(index: int, offset: int = offset) -> dict[str, Any]:
+        def body(index: int, offset: int = offset) -> dict[str, object]:
             return sender.body(offset + index)
 
         def options(index: int, offset: int = offset) -> RequestOptions:
@@ -112,7 +111,7 @@ async def _levels(run: Drive[SweepSettings]) -> bool:
     return False
 
 
-async def _level(level: asyncio.Task[Any], stop: Stopper, grace_s: float) -> bool:
+async def _level(level: asyncio.Task[object], stop: Stopper, grace_s: float) -> bool:
     """Wait for a level's task; True if the run was stopped meanwhile (its
     requests in flight then get ``grace_s``)."""
     try:

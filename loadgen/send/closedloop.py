@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, Unpack
+from typing import Protocol, Unpack
 
 import aiohttp
 
@@ -26,7 +26,7 @@ class SendNow(Protocol):
 
     def __call__(
         self,
-        body: dict[str, Any],
+        body: dict[str, object],
         *,
         request_id: str,
         stage: int,
@@ -37,7 +37,7 @@ class SendNow(Protocol):
 async def run_closed_loop(
     session: aiohttp.ClientSession,
     url: str,
-    make_body: Callable[[int], dict[str, Any]],
+    make_body: Callable[[int], dict[str, object]],
     *,
     concurrency: int,
     number: int,
