@@ -24,10 +24,11 @@ Prometheus) makes the scaler leave the second replica alone at 0.6 C and route i
 once the load passes one server's capacity, before the judged hold stage. It does
 not prove that the second replica keeps the SLO: both vLLMs share this machine's
 two cores with the load generator, nginx and Prometheus (and, here, other
-sessions' tests), so a second server adds no compute. Measured (2026-12-06, load
-average 7-10): C = 8 req/s, threshold 1.52; the second server was routed 3.9 s
-into the 1.5 C rise, and the pair then served 12 req/s with a TTFT p95 of 12-14 s
-(13 % of the hold stage's requests within the SLO). The 95 % goodput after a
+sessions' tests), so a second server adds no compute. Measured in 2 runs
+(2026-12-06, load average 6-10, with an 8 s rise): C = 8 req/s, thresholds 1.52
+and 1.81; the second server was routed 3.9 and 6.6 s into the 1.5 C rise (now
+10 s), and the pair then kept 13 % and 20 % of the hold stage's requests within
+the SLO (TTFT p95 6.7-13.6 s). The 95 % goodput after a
 scale-up is shown on the simulator fleet (``tests/e2e/test_autoscale_fleet.py``),
 where replicas do not compete for the cores; here the test prints the goodput and
 asserts only the scaler's timing. About 85 s.
@@ -65,7 +66,8 @@ from tests.support.nginx import NGINX, nginx_argv, nginx_file
 from tests.support.processes import Child, spawn, stop, until
 
 pytestmark = [
-    pytest.mark.timeout(300),
+    # The first vLLM test of a session waits for its start (1.5-2.5 min, conftest).
+    pytest.mark.timeout(600),
     pytest.mark.skipif(
         PROMETHEUS is None or NGINX is None,
         reason="needs Debian's prometheus and nginx (scripts/system-deps)",
@@ -83,7 +85,7 @@ SEARCH = (
 WINDOW = "5s"
 TICK_S = 1.0
 #: The ramp: (multiple of C, seconds, role).
-RAMP = ((0.6, 6, "hold"), (1.5, 8, "rise"), (1.5, 8, "hold"))
+RAMP = ((0.6, 6, "hold"), (1.5, 10, "rise"), (1.5, 8, "hold"))
 
 
 @contextlib.asynccontextmanager
@@ -267,6 +269,6 @@ async def test_vllms_generated_threshold_adds_the_second_server_in_time(
     assert figures[0]["good_share"] >= 0.95, figures
     assert added is not None, desired
     assert added > figures[1]["start"], desired
-    # The second server was routed before the hold stage is judged (3.9 s into
-    # the 8 s rise in the first run).
+    # The second server was routed before the hold stage is judged (3.9 and 6.6 s
+    # into the rise in two runs).
     assert added < figures[2]["start"], desired
