@@ -127,11 +127,32 @@ def _window(readings: Iterable[Reading], start: float, end: float) -> list[Readi
     ]
 
 
+#: The least time between two of the readings a step's saturation is judged on:
+#: four readings span 3 s or more whatever ``--sample-interval`` is (at 0.25 s,
+#: four consecutive readings of a queue near its limit rose by chance, and cut a
+#: step that met the SLO after 1 s).
+SIGNAL_SPACING_S = 1.0
+
+
+def _spaced(window: list[Reading], spacing_s: float) -> list[Reading]:
+    """The newest reading, and going back, each one about ``spacing_s`` (nine
+    tenths of it at least: a sampler's ticks jitter) before the one kept after it;
+    oldest first."""
+    kept: list[Reading] = []
+    for reading in reversed(window):
+        if not kept or kept[-1].at - reading.at >= 0.9 * spacing_s:
+            kept.append(reading)
+    kept.reverse()
+    return kept
+
+
 def _server_signal(window: list[Reading]) -> tuple[str, str] | None:
-    """(what saturated, why) if the target plainly cannot sustain the step."""
-    if len(window) < 4:
+    """(what saturated, why) if the target plainly cannot sustain the step: its
+    last four readings, :data:`SIGNAL_SPACING_S` apart at least."""
+    spaced = _spaced(window, SIGNAL_SPACING_S)
+    if len(spaced) < 4:
         return None
-    recent = window[-4:]
+    recent = spaced[-4:]
     waiting = [r.waiting or 0.0 for r in recent]
     running = max(r.running or 0.0 for r in recent)
     kv = [r.kv_cache_usage or 0.0 for r in recent]
