@@ -26,7 +26,7 @@ Then:
    --pod-label instance --window 10s`` turns the queue it held where the SLO
    reached its limit into the threshold (0.8 x the mean waiting requests there,
    read between the steps nearest the limit: 1.6-2.6 in 9 searches).
-2. The same seeded ramp runs twice, from one replica: 0.8 C for 8 s, then 1.7 and
+2. The same seeded ramp runs twice, from one replica: 0.6 C for 8 s, then 1.7 and
    3 C, each a ``RISE_S`` stage (the fleet scales) and a ``HOLD_S`` stage of the
    same rate (judged), so that the load needs 1, 2, then 3 replicas (4 serve it
    with room: at 3.5 C, a C of 5.25 drawn above the replica's steady limit of
@@ -76,6 +76,7 @@ from tests.support.autoscaling import (
     read_decisions,
     write_targets,
 )
+from tests.support.margins import Margin
 from tests.support.nginx import NGINX, nginx_argv, nginx_file
 from tests.support.processes import (
     SERVEMON,
@@ -118,7 +119,10 @@ SCALE_DOWN_WINDOW_S = 50
 MAX_REPLICAS = 4
 TICK_S = 2.0
 #: Multiples of the capacity: the first stage's, then each level's.
-FIRST = 0.8
+#: 0.6: one replica's load with room for a C drawn high (a C of 5.25 against a
+#: steady limit of about 4.6 put 0.8 C at the replica's limit: 0.33 of that stage
+#: within the SLO, beside other tests).
+FIRST = 0.6
 LEVELS = (1.7, 3.0)
 FIRST_S = 8
 RISE_S = 10
@@ -470,12 +474,12 @@ def describe(r: Ramp) -> str:
 @pytest.mark.asyncio
 @pytest.mark.timeout(300)
 async def test_the_generated_threshold_scales_in_time_and_a_hand_picked_does_not(
-    stack: Stack,
+    stack: Stack, margin: Margin
 ) -> None:
     started = time.monotonic()
     ours = await ramp(stack, "generated", stack.threshold)
     sys.stderr.write(describe(ours))
-    assert 2 * stack.threshold <= HAND_PICKED, stack.threshold
+    margin("hand-picked / generated", HAND_PICKED / stack.threshold, low=2)
     theirs = await ramp(stack, "hand-picked", HAND_PICKED)
     sys.stderr.write(describe(theirs))
     sys.stderr.write(
@@ -492,12 +496,18 @@ async def test_the_generated_threshold_scales_in_time_and_a_hand_picked_does_not
     assert desired == sorted(desired), desired
     for h in ours.stages:
         if h.role == "hold":
-            assert h.good_share >= MIN_GOOD_SHARE, (h, describe(ours))
+            margin(
+                "hold goodput share",
+                h.good_share,
+                low=MIN_GOOD_SHARE,
+                why=describe(ours),
+            )
     # The hand-picked one: later, and the high hold stages break the SLO.
     # The hand-picked one: later, and a level (its rise and hold stages) breaks
     # the SLO for more than a twentieth of its requests.
     assert first_scale_up(theirs) > first_scale_up(ours), (ours, theirs)
-    assert min(level_shares(theirs)) < MIN_GOOD_SHARE, describe(theirs)
+    worst = min(level_shares(theirs))
+    margin("hand-picked worst level", worst, below=MIN_GOOD_SHARE, why=describe(theirs))
 
 
 def level_shares(r: Ramp) -> list[float]:
