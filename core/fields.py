@@ -55,7 +55,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def load(cls: type[T], data: Mapping[str, Any], source: str) -> T:
+def load(cls: type[T], data: Mapping[str, object], source: str) -> T:
     """Build ``cls`` (a dataclass) from ``data``; raise a one-line ConfigError."""
     try:
         return pydantic.TypeAdapter(cls).validate_python(dict(data))
@@ -80,7 +80,7 @@ def _field_path(loc: Sequence[int | str]) -> tuple[int | str, ...]:
 
 
 def merge(
-    base: T, overrides: Mapping[str, Any], source: str, *, skip_none: bool = True
+    base: T, overrides: Mapping[str, object], source: str, *, skip_none: bool = True
 ) -> T:
     """``base`` (a config dataclass) with ``overrides`` laid over it, validated again.
 
@@ -97,10 +97,12 @@ def merge(
 
 
 def _overlay(
-    base: Any, overrides: Mapping[str, Any], where: str, skip_none: bool
-) -> dict[str, Any]:
+    base: object, overrides: Mapping[str, object], where: str, skip_none: bool
+) -> dict[str, object]:
     # One level only: a field's value stays what it is (a parsed workload, a hold,
     # an arrival); a sub-config the overrides reach into is laid over below.
+    if not dataclasses.is_dataclass(base):
+        raise TypeError(f"{where}not a dataclass: {type(base).__name__}")
     data = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
     for key, value in overrides.items():
         if value is None and skip_none:
@@ -121,7 +123,9 @@ def _overlay(
     return data
 
 
-def layer_config(cls: type[T], config_file: Path | None, flags: Mapping[str, Any]) -> T:
+def layer_config(
+    cls: type[T], config_file: Path | None, flags: Mapping[str, object]
+) -> T:
     """A command's config: ``cls``'s defaults, then ``config_file``, then ``flags``.
 
     ``flags`` are the command's options by field name, as click gives them: ``None``

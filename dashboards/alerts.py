@@ -19,8 +19,6 @@ forms below (the promtool tests in ``tests/support`` render them too).
 
 from __future__ import annotations
 
-from typing import Any
-
 from servemon.core import names
 from servemon.core.promql import (
     aggregate,
@@ -41,6 +39,8 @@ from servemon.dashboards.rule_names import (
     ALERT_QUEUE,
     ALERT_TARGET_DOWN,
     LEVEL_LABELS,
+    Rule,
+    RuleGroup,
 )
 from servemon.dashboards.slos import Severity, SloConfig
 
@@ -74,14 +74,14 @@ def alert(
     for_: int | None,
     labels: dict[str, str],
     annotations: dict[str, str],
-) -> dict[str, Any]:
+) -> Rule:
     """One alerting rule; ``for_`` of None leaves ``for`` out."""
     if config.runbook_url:
         annotations = {
             **annotations,
             "runbook_url": f"{config.runbook_url}#{name.lower()}",
         }
-    rule: dict[str, Any] = {"alert": name, "expr": expr}
+    rule: Rule = {"alert": name, "expr": expr}
     if for_ is not None:
         rule["for"] = duration(for_)
     rule["labels"] = dict(sorted({**labels, "severity": severity}.items()))
@@ -89,7 +89,7 @@ def alert(
     return rule
 
 
-def saturation_group(config: SloConfig) -> dict[str, Any]:
+def saturation_group(config: SloConfig) -> RuleGroup:
     """The ``servemon-saturation`` group: engine and GPU pressure."""
     sat = config.saturation
     where = f"{label('target')} ({label('model')}, rank {label('rank')})"
@@ -179,7 +179,7 @@ def saturation_group(config: SloConfig) -> dict[str, Any]:
     return {"name": "servemon-saturation", "rules": rules}
 
 
-def health_group(config: SloConfig) -> dict[str, Any]:
+def health_group(config: SloConfig) -> RuleGroup:
     """The ``servemon-health`` group: servemon's own view of its targets."""
     health = config.health
     up = names.TARGET_UP.name

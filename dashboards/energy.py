@@ -26,8 +26,6 @@ cost figure.
 
 from __future__ import annotations
 
-from typing import Any
-
 from servemon.core import names
 from servemon.core.promql import aggregate, duration, number, on, rate, selector
 from servemon.dashboards.rule_names import (
@@ -36,6 +34,8 @@ from servemon.dashboards.rule_names import (
     HOST_ENERGY_RATE,
     HOST_POWER,
     TARGET_ENERGY_RATE,
+    Rule,
+    RuleGroup,
     energy_record_name,
 )
 
@@ -121,14 +121,12 @@ def cost_per_mtok(
     return f"(\n{gpu_seconds_per_token})\n* {number(gpu_hour_cost / 3600 * 1e6)}\n"
 
 
-def energy_group(
-    gpu_hour_cost: float | None, window: int = ENERGY_WINDOW
-) -> dict[str, Any]:
+def energy_group(gpu_hour_cost: float | None, window: int = ENERGY_WINDOW) -> RuleGroup:
     """The ``servemon-energy`` group: power per host, and per target and model the
     energy per second and per output token, and (given a price) the cost per
     million output tokens."""
     w = duration(window)
-    rules: list[dict[str, Any]] = [
+    rules: list[Rule] = [
         {"record": energy_record_name(HOST_POWER), "expr": host_power()},
         {
             "record": energy_record_name(HOST_ENERGY_RATE, window),

@@ -33,8 +33,7 @@ is enough.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 __all__ = ["DATASOURCE", "SCHEMA_VERSION", "current"]
 
@@ -116,29 +115,45 @@ _VARIABLE_KEYS = frozenset(
 _BASE_STEP = {"color": "green", "value": None}
 
 
-def current(data: Mapping[str, Any]) -> dict[str, Any]:
+def current(data: Mapping[str, object]) -> dict[str, object]:
     """A dashboard's ``to_json_data()`` as JSON at :data:`SCHEMA_VERSION`."""
     out = {k: data[k] for k in _DASHBOARD_KEYS if data.get(k) is not None}
     out["schemaVersion"] = SCHEMA_VERSION
-    picker = data.get("timepicker", {})
+    picker = _object(data.get("timepicker", {}))
     out["timepicker"] = _present(picker, ("hidden", "nowDelay", "refresh_intervals"))
-    out["templating"] = {"list": [_variable(v) for v in data["templating"]["list"]]}
-    out["annotations"] = {"list": [_annotation(a) for a in data["annotations"]["list"]]}
-    out["panels"] = [_panel(p) for p in data["panels"]]
+    variables = _array(_object(data["templating"])["list"])
+    out["templating"] = {"list": [_variable(_object(v)) for v in variables]}
+    annotations = _array(_object(data["annotations"])["list"])
+    out["annotations"] = {"list": [_annotation(_object(a)) for a in annotations]}
+    out["panels"] = [_panel(_object(p)) for p in _array(data["panels"])]
     return out
 
 
-def _present(data: Mapping[str, Any], keys: Any) -> dict[str, Any]:
+def _object(value: object) -> Mapping[str, object]:
+    """A JSON object of grafanalib's output, as one."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def _array(value: object) -> list[object]:
+    """A JSON array of grafanalib's output (a list or a tuple), as a list."""
+    if not isinstance(value, list | tuple):
+        raise TypeError(f"expected an array, got {type(value).__name__}")
+    return list(value)
+
+
+def _present(data: Mapping[str, object], keys: Iterable[str]) -> dict[str, object]:
     """The ``keys`` of ``data`` that are set (not missing, not null)."""
     return {k: data[k] for k in keys if data.get(k) is not None}
 
 
-def _panel(panel: Mapping[str, Any]) -> dict[str, Any]:
+def _panel(panel: Mapping[str, object]) -> dict[str, object]:
     if panel["type"] == "row":
         row = _present(panel, ("id", "title", "gridPos", "collapsed", "repeat"))
         row["type"] = "row"
         row.setdefault("collapsed", False)
-        row["panels"] = [_panel(p) for p in panel.get("panels", [])]
+        row["panels"] = [_panel(_object(p)) for p in _array(panel.get("panels", []))]
         return row
     if panel["type"] == "heatmap" and "dataFormat" in panel:
         panel = _heatmap(panel)
@@ -147,9 +162,10 @@ def _panel(panel: Mapping[str, Any]) -> dict[str, Any]:
         if not out.get(key):
             out.pop(key, None)
     out["datasource"] = dict(DATASOURCE)
-    out["targets"] = [_target(t) for t in panel.get("targets", [])]
-    out["fieldConfig"] = _field_config(panel.get("fieldConfig", {}), panel["type"])
-    options = dict(panel.get("options") or {})
+    out["targets"] = [_target(_object(t)) for t in _array(panel.get("targets", []))]
+    config = _object(panel.get("fieldConfig", {}))
+    out["fieldConfig"] = _field_config(config, panel["type"])
+    options = dict(_object(panel.get("options") or {}))
     if panel["type"] == "timeseries":
         options = _timeseries_options(options)
     elif panel["type"] == "stat":
@@ -158,7 +174,7 @@ def _panel(panel: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _target(target: Mapping[str, Any]) -> dict[str, Any]:
+def _target(target: Mapping[str, object]) -> dict[str, object]:
     out = _present(target, _TARGET_KEYS)
     for key, default in (
         ("format", "time_series"),
@@ -173,31 +189,33 @@ def _target(target: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _field_config(config: Mapping[str, Any], kind: str) -> dict[str, Any]:
-    defaults = {k: v for k, v in config.get("defaults", {}).items() if v is not None}
-    custom = {k: v for k, v in defaults.pop("custom", {}).items() if v is not None}
+def _field_config(config: Mapping[str, object], kind: object) -> dict[str, object]:
+    given = _object(config.get("defaults", {}))
+    defaults = {k: v for k, v in given.items() if v is not None}
+    given = _object(defaults.pop("custom", {}))
+    custom = {k: v for k, v in given.items() if v is not None}
     if custom:
         defaults["custom"] = custom
-    thresholds = dict(defaults.get("thresholds") or {"mode": "absolute"})
+    thresholds = dict(_object(defaults.get("thresholds") or {"mode": "absolute"}))
     steps = thresholds.get("steps")
     if not isinstance(steps, list) or not steps:
         steps = [_BASE_STEP]
-    thresholds["steps"] = [_step(step) for step in steps]
+    thresholds["steps"] = [_step(_object(step)) for step in steps]
     defaults["thresholds"] = thresholds
     if kind == "stat":
         defaults.setdefault("color", {"mode": "thresholds"})
-    return {"defaults": defaults, "overrides": list(config.get("overrides", []))}
+    return {"defaults": defaults, "overrides": _array(config.get("overrides", []))}
 
 
-def _step(step: Mapping[str, Any]) -> dict[str, Any]:
+def _step(step: Mapping[str, object]) -> dict[str, object]:
     """A threshold step as the schema has it: a colour from a value (null: -Infinity;
     grafanalib's legacy steps also carry graph-panel fields, and "null" as a string)."""
     value = step.get("value")
     return {"color": step["color"], "value": None if value == "null" else value}
 
 
-def _timeseries_options(options: dict[str, Any]) -> dict[str, Any]:
-    legend = dict(options.get("legend", {}))
+def _timeseries_options(options: dict[str, object]) -> dict[str, object]:
+    legend = dict(_object(options.get("legend", {})))
     legend.setdefault("calcs", [])
     legend.setdefault("placement", "bottom")
     if "showLegend" not in legend:
@@ -209,17 +227,18 @@ def _timeseries_options(options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def _stat_options(options: dict[str, Any]) -> dict[str, Any]:
+def _stat_options(options: dict[str, object]) -> dict[str, object]:
     options.setdefault("percentChangeColorMode", "standard")
     options.setdefault("showPercentChange", False)
     options.setdefault("wideLayout", True)
     return options
 
 
-def _heatmap(panel: Mapping[str, Any]) -> dict[str, Any]:
+def _heatmap(panel: Mapping[str, object]) -> dict[str, object]:
     """grafanalib's legacy heatmap as Grafana's current heatmap panel."""
-    y = panel.get("yAxis", {})
-    color = panel.get("color", {})
+    y = _object(panel.get("yAxis", {}))
+    color = _object(panel.get("color", {}))
+    cards = _object(panel.get("cards", {}))
     legacy_scale = color.get("colorScale", "sqrt")
     scale = "exponential" if legacy_scale == "sqrt" else "linear"
     y_axis = {
@@ -229,15 +248,14 @@ def _heatmap(panel: Mapping[str, Any]) -> dict[str, Any]:
     }
     if y.get("format"):
         y_axis["unit"] = y["format"]
-    options: dict[str, Any] = {
+    scheme = str(color.get("colorScheme", "interpolateOranges"))
+    options: dict[str, object] = {
         # tsbuckets: the query returns the buckets; Grafana does not bucket again.
         "calculate": panel.get("dataFormat") != "tsbuckets",
-        "cellGap": panel.get("cards", {}).get("cardPadding") or 2,
+        "cellGap": cards.get("cardPadding") or 2,
         "color": {
             "mode": "opacity" if color.get("mode") == "opacity" else "scheme",
-            "scheme": color.get("colorScheme", "interpolateOranges").removeprefix(
-                "interpolate"
-            ),
+            "scheme": scheme.removeprefix("interpolate"),
             "fill": color.get("cardColor", "#b4ff00"),
             "scale": scale,
             "exponent": color.get("exponent", 0.5),
@@ -246,14 +264,14 @@ def _heatmap(panel: Mapping[str, Any]) -> dict[str, Any]:
             **_present(color, ("min", "max")),
         },
         "exemplars": {"color": "rgba(255,0,255,0.7)"},
-        "legend": {"show": bool(panel.get("legend", {}).get("show", False))},
+        "legend": {"show": bool(_object(panel.get("legend", {})).get("show", False))},
         "rowsFrame": {"layout": "auto"},
         "showValue": "never",
         "tooltip": {"mode": "single", "yHistogram": False},
         "yAxis": y_axis,
     }
-    if panel.get("cards", {}).get("cardRound"):
-        options["cellRadius"] = panel["cards"]["cardRound"]
+    if cards.get("cardRound"):
+        options["cellRadius"] = cards["cardRound"]
     if panel.get("hideZeroBuckets"):
         options["filterValues"] = {"le": 1e-9}
     log = y.get("logBase", 1)
@@ -268,16 +286,18 @@ def _heatmap(panel: Mapping[str, Any]) -> dict[str, Any]:
     return legacy
 
 
-def _variable(variable: Mapping[str, Any]) -> dict[str, Any]:
+def _variable(variable: Mapping[str, object]) -> dict[str, object]:
     out = _present(variable, sorted(_VARIABLE_KEYS & variable.keys()))
     if "current" in out:
-        out["current"] = _present(out["current"], ("selected", "text", "value"))
+        out["current"] = _present(
+            _object(out["current"]), ("selected", "text", "value")
+        )
     if out["type"] == "query":
         out["datasource"] = dict(DATASOURCE)
     return out
 
 
-def _annotation(annotation: Mapping[str, Any]) -> dict[str, Any]:
+def _annotation(annotation: Mapping[str, object]) -> dict[str, object]:
     out = {k: v for k, v in annotation.items() if v is not None}
     if isinstance(out.get("datasource"), str):
         out["datasource"] = dict(DATASOURCE)

@@ -8,9 +8,8 @@ read the ``$datasource`` variable; :func:`dashboard` adds the template variables
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from grafanalib import core as g
 
@@ -92,7 +91,7 @@ def timeseries(
     unit: str,
     *queries: tuple[str, str],
     description: str = "",
-    overrides: Sequence[dict[str, Any]] = (),
+    overrides: Sequence[Mapping[str, object]] = (),
     stack: bool = False,
 ) -> g.TimeSeries:
     """A time series panel of ``(expr, legend)`` queries."""
@@ -122,7 +121,7 @@ def stat(title: str, unit: str, query: str, description: str = "") -> g.Stat:
     )
 
 
-def right_axis(field_name: str, unit: str) -> dict[str, Any]:
+def right_axis(field_name: str, unit: str) -> dict[str, object]:
     """An override putting the series ``field_name`` on a right axis in ``unit``."""
     return {
         "matcher": {"id": "byName", "options": field_name},
@@ -133,7 +132,7 @@ def right_axis(field_name: str, unit: str) -> dict[str, Any]:
     }
 
 
-def dashed(name_regex: str) -> dict[str, Any]:
+def dashed(name_regex: str) -> dict[str, object]:
     """An override drawing the series whose names match ``name_regex`` dashed (a
     limit beside the values it bounds)."""
     return {

@@ -43,6 +43,8 @@ The energy rules (:mod:`servemon.dashboards.energy`) keep other levels:
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from servemon.core import names
 from servemon.core.names import Series
 from servemon.core.promql import DURATION_REGEX, duration
@@ -72,6 +74,9 @@ __all__ = [
     "TARGET_ENERGY_RATE",
     "TRAFFIC",
     "EnergyRule",
+    "Rule",
+    "RuleFile",
+    "RuleGroup",
     "autoscale_record_name",
     "burn_rate_name",
     "burn_rate_regex",
@@ -81,6 +86,23 @@ __all__ = [
     "record_name",
     "traffic_name",
 ]
+
+#: One rule of a group, recording or alerting, as the rule file writes it.
+Rule = dict[str, object]
+
+
+class RuleGroup(TypedDict):
+    """One group of the rule file: its name and its rules."""
+
+    name: str
+    rules: list[Rule]
+
+
+class RuleFile(TypedDict):
+    """The rule file: ``{"groups": [...]}``."""
+
+    groups: list[RuleGroup]
+
 
 ALERT_BURN = "ServemonErrorBudgetBurn"
 ALERT_QUEUE = "ServemonQueueBacklog"

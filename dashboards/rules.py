@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -38,6 +37,7 @@ from servemon.dashboards.rule_names import (
     ALERT_PREEMPTIONS,
     ALERT_QUEUE,
     ALERT_TARGET_DOWN,
+    RuleFile,
     burn_rate_name,
     error_ratio_name,
     metric_of,
@@ -74,7 +74,7 @@ RULES_FILE = "servemon-rules.yaml"
 
 def generate_rules(
     config: SloConfig, *, gpu_hour_cost: float | None = None
-) -> dict[str, Any]:
+) -> RuleFile:
     """The rule file's structure: ``{"groups": [...]}``; ``gpu_hour_cost`` (dollars
     per GPU per hour) adds the cost rule, which is left out without one."""
     groups = [
@@ -89,7 +89,7 @@ def generate_rules(
 class _Dumper(yaml.SafeDumper):
     """Block style; multi-line strings (PromQL) as literal blocks; no aliases."""
 
-    def ignore_aliases(self, data: Any) -> bool:
+    def ignore_aliases(self, data: object) -> bool:
         return True
 
 
@@ -133,13 +133,14 @@ def write_rules(
     return [path]
 
 
-def alert_names(rules: dict[str, Any]) -> list[str]:
+def alert_names(rules: RuleFile) -> list[str]:
     """Every alert name in a generated rule structure, in order, once."""
     seen: dict[str, None] = {}
     for group in rules["groups"]:
         for rule in group["rules"]:
-            if "alert" in rule:
-                seen.setdefault(rule["alert"], None)
+            name = rule.get("alert")
+            if isinstance(name, str):
+                seen.setdefault(name, None)
     return list(seen)
 
 

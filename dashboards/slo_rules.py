@@ -27,8 +27,6 @@ the long window.
 
 from __future__ import annotations
 
-from typing import Any
-
 from servemon.core import names
 from servemon.core.promql import (
     aggregate,
@@ -44,6 +42,8 @@ from servemon.dashboards.alerts import VALUE_1F, alert, label
 from servemon.dashboards.rule_names import (
     ALERT_BURN,
     LEVEL_LABELS,
+    Rule,
+    RuleGroup,
     burn_rate_name,
     error_ratio_name,
     traffic_name,
@@ -96,9 +96,9 @@ def _requests(source: SourceName, window: int) -> str:
     return f"({total} or 0 * {refused})\n+\n({refused} or 0 * {total})\n"
 
 
-def _traffic_group(config: SloConfig) -> dict[str, Any]:
+def _traffic_group(config: SloConfig) -> RuleGroup:
     sources = sorted({slo.source for slo in config.slos})
-    rules = [
+    rules: list[Rule] = [
         {
             "record": traffic_name(source, window),
             "expr": _requests(source, window),
@@ -113,8 +113,8 @@ def _of(slo: Slo) -> str:
     return braces(f'slo="{slo.name}"')
 
 
-def _slo_group(config: SloConfig, slo: Slo) -> dict[str, Any]:
-    rules: list[dict[str, Any]] = []
+def _slo_group(config: SloConfig, slo: Slo) -> RuleGroup:
+    rules: list[Rule] = []
     tag = {"slo": slo.name}
     for window in config.windows:
         rules.append(
@@ -137,7 +137,7 @@ def _slo_group(config: SloConfig, slo: Slo) -> dict[str, Any]:
     return {"name": f"servemon-slo-{slo.name}", "rules": rules}
 
 
-def _burn_alert(config: SloConfig, slo: Slo, severity: Severity) -> dict[str, Any]:
+def _burn_alert(config: SloConfig, slo: Slo, severity: Severity) -> Rule:
     pairs = config.pairs(severity)
     tag = {"slo": slo.name}
     same = on(LEVEL_LABELS)
@@ -207,7 +207,7 @@ def _hint(slo: Slo) -> str:
     return _HINTS[slo.figure if isinstance(slo, LatencySlo) else "availability"]
 
 
-def slo_groups(config: SloConfig) -> list[dict[str, Any]]:
+def slo_groups(config: SloConfig) -> list[RuleGroup]:
     """The traffic group and one group per SLO (none without SLOs)."""
     if not config.slos:
         return []

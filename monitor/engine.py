@@ -21,13 +21,13 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from servemon.core import names
+from servemon.core.jsonvalue import JSONObject
 from servemon.core.wire.limits import ResponseTooLarge, read_body
 from servemon.monitor.normalize import Normalized, Normalizer
 from servemon.monitor.render import Encoder, Renderer
@@ -53,7 +53,7 @@ class Target:
 class _TargetState:
     normalizer: Normalizer = field(default_factory=Normalizer)
     errors: Counter[str] = field(default_factory=Counter)
-    models: list[dict[str, Any]] = field(default_factory=list)
+    models: list[JSONObject] = field(default_factory=list)
     version: str | None = None
     info_at: float = -INFO_REFRESH_S
     info_task: asyncio.Task[None] | None = None

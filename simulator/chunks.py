@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 __all__ = [
     "DONE",
@@ -155,7 +156,7 @@ class ChunkWriter:
         """The separate finish chunk of Transformers Serve and llama.cpp."""
         if self.finish_in_content:
             return None
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason}
+        choice: dict[str, object] = {"index": 0, "finish_reason": finish_reason}
         if self.api == "chat":
             choice["delta"] = {}
         else:
@@ -182,9 +183,9 @@ class ChunkWriter:
         finish_reason: str | None,
         facts: ServerFacts,
         reasoning: str = "",
-    ) -> Any:
+    ) -> dict[str, object]:
         """The non-streaming response body (``reasoning`` before ``text``)."""
-        choice: dict[str, Any] = {
+        choice: dict[str, object] = {
             "index": 0,
             "logprobs": None,
             "finish_reason": finish_reason,
@@ -192,7 +193,7 @@ class ChunkWriter:
         if self.api == "chat":
             # All of it reasoning: no content, as vLLM's reasoning parsers leave it.
             content = None if reasoning and not text else text
-            message: dict[str, Any] = {"role": "assistant", "content": content}
+            message: dict[str, object] = {"role": "assistant", "content": content}
             for key in self._keys(reasoning):
                 message[key] = reasoning
             choice["message"] = message
@@ -204,7 +205,7 @@ class ChunkWriter:
         self._add_facts(body, facts)
         return body
 
-    def _event(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    def _event(self, choices: list[dict[str, object]]) -> dict[str, object]:
         obj = "chat.completion.chunk" if self.api == "chat" else "text_completion"
         return {
             "id": self.response_id,
@@ -214,8 +215,10 @@ class ChunkWriter:
             "choices": choices,
         }
 
-    def _usage(self, facts: ServerFacts) -> dict[str, Any]:
-        usage: dict[str, Any] = _usage(facts.prompt_tokens, facts.completion_tokens)
+    def _usage(self, facts: ServerFacts) -> dict[str, object]:
+        usage: dict[str, object] = {
+            **_usage(facts.prompt_tokens, facts.completion_tokens)
+        }
         if self.details:
             usage["prompt_tokens_details"] = {"cached_tokens": facts.cached_tokens}
         if self.reasoning_usage:
@@ -224,7 +227,7 @@ class ChunkWriter:
             }
         return usage
 
-    def _add_facts(self, event: dict[str, Any], facts: ServerFacts) -> None:
+    def _add_facts(self, event: dict[str, object], facts: ServerFacts) -> None:
         if self.metrics:
             event["metrics"] = vllm_metrics(facts)
         if self.dialect == "llamacpp":
@@ -268,7 +271,7 @@ def llamacpp_timings(facts: ServerFacts) -> dict[str, float]:
     }
 
 
-def _sse(event: dict[str, Any]) -> bytes:
+def _sse(event: Mapping[str, object]) -> bytes:
     return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
 
 

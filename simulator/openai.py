@@ -7,8 +7,9 @@ with one more, so one 128-token user message is a 132-token prompt.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from servemon.simulator.tokenizer import VOCAB_SIZE, WordTokenizer
 
@@ -35,7 +36,7 @@ class ApiError(Exception):
         self.kind = kind
         self.param = param
 
-    def body(self, dialect: str = "vllm") -> dict[str, Any]:
+    def body(self, dialect: str = "vllm") -> dict[str, object]:
         """The JSON body."""
         return error_body(
             self.status, self.message, self.kind, self.param, dialect=dialect
@@ -49,7 +50,7 @@ def error_body(
     param: str | None = None,
     *,
     dialect: str = "vllm",
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """OpenAI's error object (FastAPI's ``{"detail": ...}`` for Transformers Serve)."""
     if dialect == "transformers":
         return {"detail": message}
@@ -120,7 +121,7 @@ def parse_request(
 
 
 def _int(
-    body: dict[str, Any],
+    body: Mapping[str, object],
     name: str,
     value: object,
     *,
@@ -136,7 +137,7 @@ def _int(
     return value
 
 
-def _bool(body: dict[str, Any], name: str, *, default: bool) -> bool:
+def _bool(body: Mapping[str, object], name: str, *, default: bool) -> bool:
     value = body.get(name, default)
     if value is None:
         return default
@@ -145,7 +146,7 @@ def _bool(body: dict[str, Any], name: str, *, default: bool) -> bool:
     return value
 
 
-def _chat_prompt(body: dict[str, Any], tokenizer: WordTokenizer) -> list[int]:
+def _chat_prompt(body: Mapping[str, object], tokenizer: WordTokenizer) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list", param="messages")
@@ -183,7 +184,7 @@ def _content_text(content: object, index: int) -> str:
     )
 
 
-def _text_prompt(body: dict[str, Any], tokenizer: WordTokenizer) -> list[int]:
+def _text_prompt(body: Mapping[str, object], tokenizer: WordTokenizer) -> list[int]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]

@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Literal
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -123,7 +123,7 @@ class SimServer:
         self._trace = TraceWriter(Path(config.trace)) if config.trace else None
         self._runner: web.AppRunner | None = None
         self._engine_task: asyncio.Task[None] | None = None
-        self._handlers: set[asyncio.Task[Any]] = set()
+        self._handlers: set[asyncio.Task[object]] = set()
         self.url = ""
 
     # -- lifecycle --------------------------------------------------------------
@@ -190,7 +190,7 @@ class SimServer:
         adapter (``parent``: the first name), as vLLM's serving_models lists them."""
         created = int(time.time())
 
-        def card(name: str, root: str, parent: str | None) -> dict[str, Any]:
+        def card(name: str, root: str, parent: str | None) -> dict[str, object]:
             return {
                 "id": name,
                 "object": "model",
@@ -259,7 +259,7 @@ class SimServer:
             }
         )
 
-    def _runtime_config(self) -> dict[str, Any]:
+    def _runtime_config(self) -> dict[str, object]:
         return {
             "faults": dataclasses.asdict(self.faults),
             "speed": self.engine.speed,

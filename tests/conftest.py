@@ -1,7 +1,7 @@
 """Shared fixtures: a simulator on a free loopback port, polling, scraping, SSE.
 
 Helpers are handed out as fixtures (``start_sim``, ``poll_until``, ``scrape``,
-``read_sse``) so test modules never import this file.
+``read_sse``, ``margin``) so test modules never import this file.
 
 Hypothesis profiles: ``ci`` (the default) runs a small, fixed number of examples
 per property, derandomized so that every run draws the same ones; ``long``
@@ -17,7 +17,6 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -30,6 +29,7 @@ from prometheus_client.samples import Sample
 from servemon.simulator.config import SimConfig, merge
 from servemon.simulator.server import SimServer
 from tests.support import oneroot
+from tests.support.margins import Margin
 
 #: A bare part name (``import monitor``) is refused in the test process: it would load
 #: a second copy of each module (tests/support/oneroot.py).
@@ -43,27 +43,17 @@ settings.register_profile("long", max_examples=2_000, deadline=None)
 # when given, is applied after it and wins.
 settings.load_profile("ci")
 
-#: The real engines' tests (tests/e2e/engines): one group under pytest-xdist.
-ENGINES = Path(__file__).parent / "e2e" / "engines"
 
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's ``--dist loadgroup`` (``scripts/test`` runs the
-    rest of the suite on five workers): what shares a fixture shares a worker.
-
-    Each module's tests stay together, so its module-scoped stack (Prometheus,
-    nginx, a fleet of simulators) is started once. The real engines' tests are one
-    group: they share the session's tiny models and vLLM server (1-2 minutes to
-    start), and each keeps both cores busy, so two of them at once would only slow
-    each other. Tried first (before xdist's own hook reads the groups).
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` as ``scripts/test`` runs the rest of the suite on five
+    workers: each module one group, the real engines one, the longest sent first
+    (tests/support/groups.py; xdist's own reading of groups is lost under pytest 9).
     """
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        path = Path(str(item.fspath))
-        group = "engines" if ENGINES in path.parents else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.support.groups import GroupScheduling
+
+    return GroupScheduling(config, log)
 
 
 #: The base every test simulator starts from: the fast profile on a free port.
@@ -88,6 +78,14 @@ def start_sim() -> Callable[..., contextlib.AbstractAsyncContextManager[SimServe
     profile on 127.0.0.1 port 0; the server is stopped on leaving the block.
     """
     return _running_sim
+
+
+@pytest.fixture
+def margin(request: pytest.FixtureRequest) -> Margin:
+    """``margin(name, figure, low=..., below=...)``: holds a timing or a share to
+    its bound and records both in the JUnit XML, where ``scripts/margins`` reads
+    them (tests/support/margins.py)."""
+    return Margin(request.node)
 
 
 @pytest_asyncio.fixture

@@ -22,7 +22,7 @@ import contextvars
 import json
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
@@ -30,6 +30,9 @@ from aiohttp.client_proto import ResponseHandler
 
 from servemon.core.errors import TargetError
 from servemon.core.wire.limits import read_body
+
+if TYPE_CHECKING:
+    from aiohttp.tracing import Trace
 
 __all__ = ["NotAnswered", "PoolConnector", "encode_json", "post", "post_json"]
 
@@ -46,14 +49,14 @@ MAX_RESENDS = 64
 class PoolConnector(aiohttp.TCPConnector):
     """A ``TCPConnector`` that tells :func:`post` whether a connection was reused."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *, limit: int = 100, limit_per_host: int = 0) -> None:
+        super().__init__(limit=limit, limit_per_host=limit_per_host)
         self._used: weakref.WeakSet[ResponseHandler] = weakref.WeakSet()
 
     async def connect(
         self,
         req: aiohttp.ClientRequest,
-        traces: list[Any],
+        traces: list[Trace],
         timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 (aiohttp's signature)
     ) -> aiohttp.connector.Connection:
         conn = await super().connect(req, traces, timeout)
@@ -65,7 +68,7 @@ class PoolConnector(aiohttp.TCPConnector):
         return conn
 
 
-def encode_json(body: Any) -> bytes:
+def encode_json(body: object) -> bytes:
     """A request body as JSON bytes: orjson (a 12,000-word prompt, 72 KB, in 3 µs,
     where the standard library that aiohttp's ``json=`` uses takes 200 µs), the
     standard library for what orjson refuses (integers past 64 bits, non-string
@@ -91,7 +94,7 @@ async def post(
     session: aiohttp.ClientSession,
     url: str,
     *,
-    body: Any = None,
+    body: object = None,
     data: bytes | None = None,
     headers: Mapping[str, str],
     resends: list[int] | None = None,
@@ -130,7 +133,7 @@ async def post(
 async def post_json(
     session: aiohttp.ClientSession,
     url: str,
-    body: Mapping[str, Any],
+    body: Mapping[str, object],
     headers: Mapping[str, str],
     timeout_s: float,
 ) -> object:

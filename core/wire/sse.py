@@ -19,7 +19,7 @@ before any finish is cut short, whatever else it carried.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import StreamReader
 
@@ -110,7 +110,7 @@ def _take_line(raw: bytes, data: list[str]) -> str | None:
     return None
 
 
-def choice_text(choice: dict[str, object]) -> str | None:
+def choice_text(choice: Mapping[str, object]) -> str | None:
     """The generated text an OpenAI-style streamed choice carries, if any.
 
     A chunk with only the role, or empty content, carries none: it is not a token.
@@ -118,12 +118,12 @@ def choice_text(choice: dict[str, object]) -> str | None:
     return _text(choice, CONTENT_KEYS)
 
 
-def answer_text(choice: dict[str, object]) -> str | None:
+def answer_text(choice: Mapping[str, object]) -> str | None:
     """The answer text (not reasoning) a streamed choice carries, if any."""
     return _text(choice, ANSWER_KEYS)
 
 
-def _text(choice: dict[str, object], keys: tuple[str, ...]) -> str | None:
+def _text(choice: Mapping[str, object], keys: tuple[str, ...]) -> str | None:
     delta = choice.get("delta")
     part = delta if isinstance(delta, dict) else choice
     for key in keys:
@@ -138,7 +138,7 @@ def is_done(data: str) -> bool:
     return data.strip() == "[DONE]"
 
 
-def ends_answer(event: dict[str, object]) -> bool:
+def ends_answer(event: Mapping[str, object]) -> bool:
     """Whether a chunk says the answer is finished: a choice with a
     ``finish_reason``, or a ``usage`` object."""
     if isinstance(event.get("usage"), dict):

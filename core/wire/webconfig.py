@@ -25,10 +25,10 @@ import hashlib
 import re
 import secrets
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import bcrypt
 from aiohttp import web
@@ -191,7 +191,7 @@ def load_web_config(path: Path) -> WebConfig:
     )
 
 
-def _check_keys(data: Mapping[str, Any], section: str, source: str) -> None:
+def _check_keys(data: Mapping[str, object], section: str, source: str) -> None:
     where = f"{section}." if section else ""
     for key in data:
         refused = REFUSED.get(section, {}).get(key)
@@ -423,9 +423,9 @@ def web_middleware(
     return middleware
 
 
-def site_url(address: Any, config: WebConfig | None) -> str:
+def site_url(address: Sequence[object], config: WebConfig | None) -> str:
     """``scheme://host:port`` of a bound address (an IPv6 host in brackets)."""
-    host, port = address[0], address[1]
+    host, port = str(address[0]), address[1]
     scheme = "http" if config is None else config.scheme
     shown = f"[{host}]" if ":" in host else host
     return f"{scheme}://{shown}:{port}"

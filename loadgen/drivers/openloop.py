@@ -16,7 +16,6 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
 
 from servemon.core.wire.http import encode_json
 from servemon.loadgen.drivers.conversation import run_session
@@ -32,7 +31,7 @@ __all__ = ["open_loop", "wait_for_start"]
 
 #: A request made ready ahead of its time: its body, its send options (the body
 #: encoded among them), its prompt tokens.
-Ready = tuple[dict[str, Any], RequestOptions, int | None]
+Ready = tuple[dict[str, object], RequestOptions, int | None]
 
 
 async def wait_for_start(run: Drive[object], found: Driven) -> float | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from typing import Any
 
 from servemon.loadgen.drivers.conversation import run_users
 from servemon.loadgen.run.context import Drive, Driven
@@ -64,7 +63,7 @@ async def _levels(run: Drive[SweepArgs]) -> bool:
                 return True
             continue
 
-        def body(index: int, offset: int = offset) -> dict[str, Any]:
+        def body(index: int, offset: int = offset) -> dict[str, object]:
             return sender.body(offset + index)
 
         def options(index: int, offset: int = offset) -> RequestOptions:
@@ -87,6 +86,7 @@ async def _levels(run: Drive[SweepArgs]) -> bool:
                 on_send=sender.started,
                 stop=stop.requested,
                 options=options,
+                send=None if sender.transport is None else sender.send_now,
             )
         )
         interrupted = await _level(level, stop, run.sending.grace)
@@ -97,7 +97,7 @@ async def _levels(run: Drive[SweepArgs]) -> bool:
     return False
 
 
-async def _level(level: asyncio.Task[Any], stop: Stopper, grace_s: float) -> bool:
+async def _level(level: asyncio.Task[object], stop: Stopper, grace_s: float) -> bool:
     """Wait for a level's task; True if the run was stopped meanwhile (its
     requests in flight then get ``grace_s``)."""
     try:

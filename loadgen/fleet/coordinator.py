@@ -313,17 +313,20 @@ class Fleet:
         *,
         request_id: str,
         stage: int,
-        scheduled_s: float,
+        scheduled_s: float | None,
         started: Callable[[], None],
         on_first_token: Callable[[], None] | None,
         options: RequestOptions,
     ) -> RequestTiming:
-        """Send one request through a worker; its record, in this process's frame."""
+        """Send one request through a worker (``scheduled_s`` None: at once, a
+        closed loop's); its record, in this process's frame."""
         tags = options.get("tags")
         member = self._pick(None if tags is None else tags.session)
         est = None if member is None else member.clock.estimate()
+        now_s = time.monotonic()
+        due_s = now_s if scheduled_s is None else scheduled_s
         if member is None or est is None:
-            return unsent(request_id, stage, scheduled_s, "no worker left")
+            return unsent(request_id, stage, due_s, "no worker left")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[dict[str, Any] | None] = loop.create_future()
         member.pending[request_id] = future
@@ -333,7 +336,7 @@ class Fleet:
         credit: dict[str, Any] = {
             "i": request_id,
             "s": stage,
-            "t": scheduled_s - est.delta_s,
+            "t": None if scheduled_s is None else scheduled_s - est.delta_s,
             "b": body if encoded is None else orjson.Fragment(encoded),
             "o": wire_options(options),
             "ft": on_first_token is not None,
@@ -343,7 +346,7 @@ class Fleet:
         if not self._flushing:
             self._flushing = True
             loop.call_soon(self._flush)
-        starting = loop.call_later(max(0.0, scheduled_s - time.monotonic()), started)
+        starting = loop.call_later(max(0.0, due_s - now_s), started)
         try:
             line = await future
         except asyncio.CancelledError:
@@ -352,11 +355,11 @@ class Fleet:
             member.first_tokens.pop(request_id, None)
             with contextlib.suppress(Exception):
                 await member.ws.send_bytes(encode({"k": "cancel", "i": [request_id]}))
-            return unsent(request_id, stage, scheduled_s, "cancelled", member.index)
+            return unsent(request_id, stage, due_s, "cancelled", member.index)
         member.first_tokens.pop(request_id, None)
         if line is None:
             why = f"worker {member.index} lost"
-            return unsent(request_id, stage, scheduled_s, why, member.index)
+            return unsent(request_id, stage, due_s, why, member.index)
         # Back with the offset the credit went out with: the request's times stay
         # on one frame with the time it was scheduled for.
         line["worker"] = member.index
@@ -365,7 +368,7 @@ class Fleet:
         except (KeyError, TypeError, ValueError) as exc:
             member.malformed += 1
             why = f"worker {member.index} sent a record that does not read: {exc}"
-            return unsent(request_id, stage, scheduled_s, why, member.index)
+            return unsent(request_id, stage, due_s, why, member.index)
         text = line.get("text")
         return timing if text is None else replace(timing, text=str(text))
 

@@ -12,11 +12,7 @@ from servemon.core.fields import Secret
 from servemon.loadgen.fleet.wire import read_token
 from servemon.loadgen.run.config import LoadConfig
 
-__all__ = ["FLEET_KINDS", "FleetSettings", "fleet_settings"]
-
-#: The load commands a fleet can send (a closed loop's sweep is not among them:
-#: its users wait on each other's answers in one process).
-FLEET_KINDS = ("ramp", "replay", "capacity", "control")
+__all__ = ["FleetSettings", "fleet_settings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,10 +35,6 @@ def fleet_settings(
 ) -> FleetSettings | None:
     """The fleet a run coordinates (None: it sends from here); a one-line
     :class:`ConfigError` naming the flag at fault."""
-    if config.workers not in (1, "auto") and kind not in FLEET_KINDS:
-        raise ConfigError(
-            f"--workers: not for {kind}; a fleet sends {', '.join(FLEET_KINDS)}"
-        )
     if config.workers == "auto" and kind != "ramp":
         raise ConfigError(
             "--workers auto: a ramp's only (it reads the peak stage rate); give N"
@@ -51,10 +43,6 @@ def fleet_settings(
         if config.fleet_workers is not None:
             raise ConfigError("--fleet-workers: give --fleet-listen HOST:PORT too")
         return None
-    if kind not in FLEET_KINDS:
-        raise ConfigError(
-            f"--fleet-listen: not for {kind}; a fleet sends {', '.join(FLEET_KINDS)}"
-        )
     if config.fleet_workers is None:
         raise ConfigError(
             "--fleet-listen: give --fleet-workers N, the workers to wait for"

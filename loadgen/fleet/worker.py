@@ -330,13 +330,14 @@ def _take_credit(worker: _Worker, credit: dict[str, Any]) -> None:
 
 
 async def _send(worker: _Worker, credit: dict[str, Any], request_id: str) -> None:
-    due = float(credit["t"])
+    due = None if credit.get("t") is None else float(credit["t"])  # None: now
     body = credit["b"]
     options = _options(credit.get("o") or {})
     options["encoded"] = orjson.dumps(body)
     assert worker.sleep_until is not None
     assert worker.session is not None
-    await worker.sleep_until(due)
+    if due is not None:
+        await worker.sleep_until(due)
     if worker.stopping:
         return
     on_first: Callable[[], None] | None = None

@@ -36,7 +36,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+
+from servemon.core.jsonvalue import as_float
 
 __all__ = ["ENERGY_KEYS", "Energy", "EnergyCounters", "Window"]
 
@@ -102,12 +103,12 @@ class Energy:
             gpus=max(self.gpus, other.gpus),
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The record's form."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any] | None) -> Energy | None:
+    def from_json(cls, data: object) -> Energy | None:
         """Back from :meth:`to_json`; None for anything else."""
         if not isinstance(data, Mapping):
             return None
@@ -206,7 +207,7 @@ class EnergyCounters:
 
     @classmethod
     def from_lines(
-        cls, lines: Iterable[Mapping[str, Any]], interval_s: float
+        cls, lines: Iterable[Mapping[str, object]], interval_s: float
     ) -> EnergyCounters | None:
         """The readings a run kept in ``server_metrics.jsonl`` (its lines with an
         ``energy`` entry; any other line, or one servemon did not write, is
@@ -218,7 +219,7 @@ class EnergyCounters:
             if not isinstance(energy, Mapping):
                 continue
             try:
-                at, joules = float(line["mono_s"]), float(energy["joules"])
+                at, joules = as_float(line["mono_s"]), float(energy["joules"])
                 gpus, source = int(energy.get("gpus") or 0), str(energy["source"])
             except (KeyError, TypeError, ValueError):
                 continue

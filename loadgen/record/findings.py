@@ -7,9 +7,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import pydantic
+
+from servemon.core.jsonvalue import as_float
 
 __all__ = [
     "CapacityResult",
@@ -93,7 +94,7 @@ class CapacityResult:
     steps: list[StepVerdict]
     tiers: list[TierResult] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """A JSON-ready dict (one SLO's search writes no ``tiers``, as before)."""
         data = asdict(self)
         if not self.tiers:
@@ -130,17 +131,17 @@ class ControlResult:
         """The share of judged ticks within the tolerance."""
         return self.inside / self.judged if self.judged else None
 
-    def add(self, tick: Mapping[str, Any], since_start_s: float) -> None:
+    def add(self, tick: Mapping[str, object], since_start_s: float) -> None:
         """Count one tick (``control.jsonl``'s line)."""
         self.ticks += 1
-        self.offered_sum += float(tick["offered_rps"])
+        self.offered_sum += as_float(tick["offered_rps"])
         measured = tick.get("measured")
         if measured is None:
             self.blind += 1
         if since_start_s < self.settle_s:
             return
         self.judged += 1
-        if measured is not None and abs(measured - self.setpoint) <= (
+        if measured is not None and abs(as_float(measured) - self.setpoint) <= (
             0.15 * self.setpoint
         ):
             self.inside += 1
@@ -157,19 +158,19 @@ class ControlResult:
 
     @classmethod
     def from_ticks(
-        cls, ticks: Sequence[Mapping[str, Any]], duration_s: float, source: str
+        cls, ticks: Sequence[Mapping[str, object]], duration_s: float, source: str
     ) -> ControlResult | None:
         """The result again from ``control.jsonl``'s ticks, for a run that never
         wrote its summary (killed): the interval is the ticks' median spacing and
         the start one interval before the first (None without a tick)."""
         if not ticks:
             return None
-        times = [float(t["t_s"]) for t in ticks]
+        times = [as_float(t["t_s"]) for t in ticks]
         gaps = sorted(b - a for a, b in itertools.pairwise(times))
         interval = gaps[len(gaps) // 2] if gaps else times[0]
         result = cls(
             signal=str(ticks[0]["signal"]),
-            setpoint=float(ticks[0]["setpoint"]),
+            setpoint=as_float(ticks[0]["setpoint"]),
             interval_s=interval,
             source=source,
             settle_s=cls.settle_for(duration_s, interval),
@@ -180,6 +181,6 @@ class ControlResult:
             result.add(tick, at - start)
         return result
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """A JSON-ready dict, with ``within``."""
         return {**asdict(self), "within": self.within}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
 
 from servemon.core import names
 
@@ -73,18 +72,23 @@ class Reading:
 _FIELDS = frozenset(f.name for f in fields(Reading)) - {"at"}
 
 
-def reading_of(line: Mapping[str, Any]) -> Reading | None:
+def reading_of(line: Mapping[str, object]) -> Reading | None:
     """The reading of one line of ``server_metrics.jsonl`` (None: a failed scrape
     of ``/metrics``, or a line of another kind)."""
-    at = float(line["mono_s"])
+    mono = line["mono_s"]
+    if not isinstance(mono, int | float | str):
+        raise TypeError(f"mono_s is not a number: {mono!r}")
+    at = float(mono)
     signals = line.get("signals")
     if isinstance(signals, Mapping):  # Prometheus
         return Reading(at, **{k: v for k, v in signals.items() if k in _FIELDS})
     if line.get("source") == "prometheus" and "error" in line:
         return Reading(at)  # blind: Prometheus did not answer
-    samples: Sequence[Sequence[Any]] | None = line.get("samples")
+    samples = line.get("samples")
     if not samples:
         return None
+    if not isinstance(samples, Sequence):
+        raise TypeError(f"samples is not a list: {samples!r}")
     values: dict[str, float] = {}
     for name, _labels, value in samples:
         kept = _DIRECT.get(name)

@@ -125,12 +125,13 @@ class StageResult:
             return rate_label(self.target_rate, unit)
         return parallel_label(self.parallel, users=self.sessions is not None)
 
-    def to_json(self, *, with_summary: bool = True) -> dict[str, Any]:
+    def to_json(self, *, with_summary: bool = True) -> dict[str, object]:
         """The JSON form (``run.json`` keeps stages without their summaries)."""
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data: dict[str, object] = {f.name: getattr(self, f.name) for f in fields(self)}
         data["client_limits"] = [asdict(x) for x in self.client_limits]
-        summary = data.pop("summary")
+        del data["summary"]
         if with_summary:
+            summary = self.summary
             data["summary"] = None if summary is None else summary.to_json()
         return data
 
@@ -166,9 +167,9 @@ class RunSummary:
         """Each stage's summary (an empty one where a stage has none)."""
         return [s.summary or _EMPTY for s in self.stages]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The JSON form."""
-        data: dict[str, Any] = {
+        data: dict[str, object] = {
             "kind": self.kind,
             "status": self.status,
             "stages": [s.to_json() for s in self.stages],
@@ -188,13 +189,13 @@ class RunSummary:
                 data[key] = {k: v.to_json() for k, v in groups.items()}
         return data
 
-    def csv_rows(self) -> list[dict[str, Any]]:
+    def csv_rows(self) -> list[dict[str, object]]:
         """``summary.csv``: one flat row per stage, then ``all``."""
         rows = []
         for stage in self.stages:
             meta = stage.to_json(with_summary=False)
             meta.pop("label")
-            meta["client_limits"] = " ".join(x["reason"] for x in meta["client_limits"])
+            meta["client_limits"] = " ".join(x.reason for x in stage.client_limits)
             rows.append({**meta, **flat_row(stage.summary or _EMPTY)})
         rows.append({"stage": "all", **flat_row(self.overall)})
         for key, name in (
@@ -281,7 +282,7 @@ class RunInfo:
         return data
 
 
-def _info_input(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+def _info_input(path: Path, data: dict[str, object]) -> dict[str, object]:
     """A record from before ``slo_terms`` keeps the SLO as text: its terms are
     parsed from it."""
     text = data.get("slo")
@@ -359,7 +360,7 @@ def _read(path: Path, cls: type[T]) -> T:
         raise ConfigError(f"{path}: {where}: {first['msg']}") from None
 
 
-def _summary_input(data: dict[str, Any]) -> dict[str, Any]:
+def _summary_input(data: dict[str, object]) -> dict[str, object]:
     """Figures sit at the top level of a summary in JSON; the type keeps them in
     ``figures``."""
 

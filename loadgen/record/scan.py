@@ -162,7 +162,7 @@ def _samples(out: RunScan, lines: Iterable[dict[str, Any]], origin: float) -> No
             ys.append(total)
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)

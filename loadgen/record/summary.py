@@ -124,9 +124,9 @@ class Summary:
         dist = self.figure(figure)
         return None if dist is None else dist.stat(stat)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """The ``summary.json`` form: scalars, then one object (or null) per figure."""
-        data: dict[str, Any] = {
+        data: dict[str, object] = {
             f.name: getattr(self, f.name) for f in fields(self) if f.name != "figures"
         }
         data["energy"] = None if self.energy is None else self.energy.to_json()
@@ -150,7 +150,7 @@ class Summary:
         return cls(**values, figures=figures)
 
 
-def _dist_json(dist: Distribution) -> dict[str, Any]:
+def _dist_json(dist: Distribution) -> dict[str, object]:
     return {f.name: getattr(dist, f.name) for f in fields(dist)}
 
 
@@ -316,13 +316,13 @@ def summarize(
     return Summarizer(slo).extend(timings).summary(duration_s)
 
 
-def flat_row(summary: Summary) -> dict[str, Any]:
+def flat_row(summary: Summary) -> dict[str, object]:
     """One CSV row: counts, throughput, and every statistic of every figure."""
 
     def rounded(value: float | None) -> float | None:
         return None if value is None else round(value, 6)
 
-    row: dict[str, Any] = {
+    row: dict[str, object] = {
         "requests": summary.requests,
         "ok": summary.ok,
         "errors": summary.failed,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any, TypedDict
+from typing import TypedDict, TypeVar
 
 from servemon.core.slo import SloTerm
 from servemon.loadgen.record.energy import Energy, EnergyCounters, Window
@@ -18,6 +18,9 @@ from servemon.loadgen.record.summary import Summarizer, Summary
 from servemon.loadgen.send.timing import RequestTiming
 
 __all__ = ["Groups", "Tally", "with_energy", "with_hit_rates"]
+
+#: A group's key: a turn's index or a model's name.
+K = TypeVar("K", int, str)
 
 
 class Groups(TypedDict):
@@ -55,7 +58,7 @@ class Tally:
         if timing.model is not None:
             self._group(self.models, timing.model).add(timing)
 
-    def _group(self, groups: dict[Any, Summarizer], key: Any) -> Summarizer:
+    def _group(self, groups: dict[K, Summarizer], key: K) -> Summarizer:
         found = groups.get(key)
         if found is None:
             found = groups[key] = Summarizer(self.slo)

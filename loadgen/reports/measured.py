@@ -11,6 +11,7 @@ for the lengths of its ok requests.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,25 +43,37 @@ class Span:
     @classmethod
     def of(cls, values: Sequence[int]) -> Span | None:
         """The span of ``values``; None when empty."""
-        if not values:
+        return cls.of_counts(sorted(Counter(values).items()))
+
+    @classmethod
+    def of_counts(cls, counts: Sequence[tuple[int, int]]) -> Span | None:
+        """The span of lengths counted: ``(length, how many)``, ascending by
+        length; None when empty (a trace's lengths, in memory bounded by how many
+        distinct lengths it has)."""
+        total = sum(n for _, n in counts)
+        if not total:
             return None
-        ordered = sorted(values)
 
         def rank(q: float) -> int:
-            return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+            wanted, seen = max(1, math.ceil(q * total)), 0
+            for value, n in counts:
+                seen += n
+                if seen >= wanted:
+                    return value
+            return counts[-1][0]
 
         return cls(
-            count=len(ordered),
-            mean=sum(ordered) / len(ordered),
-            min=ordered[0],
+            count=total,
+            mean=sum(v * n for v, n in counts) / total,
+            min=counts[0][0],
             p50=rank(0.50),
             p99=rank(0.99),
-            max=ordered[-1],
+            max=counts[-1][0],
         )
 
-    def outside(self, values: Sequence[int]) -> int:
-        """How many of ``values`` fall outside ``[min, max]``."""
-        return sum(1 for v in values if v < self.min or v > self.max)
+    def outside(self, counts: Sequence[tuple[int, int]]) -> int:
+        """How many of the lengths counted fall outside ``[min, max]``."""
+        return sum(n for v, n in counts if v < self.min or v > self.max)
 
 
 @dataclass(frozen=True, slots=True)

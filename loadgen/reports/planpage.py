@@ -1,7 +1,9 @@
 """``plan.html``: a plan of replicas (:mod:`servemon.loadgen.reports.replicas`) as one
-self-contained page: the tiers' table, what the plan assumed and warns of, and
-for a trace a step plot of the replicas each tier needs over time above the
-forecast's rate (inline SVG, as the run reports draw theirs)."""
+self-contained page: the tiers' table, what the plan assumed and warns of, for
+runs at several sizes each tier's capacity against replicas (the points measured,
+the curve the plan reads, and the linear line for comparison), and for a trace a
+step plot of the replicas each tier needs over time above the forecast's rate
+(inline SVG, as the run reports draw theirs)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,14 @@ from servemon.loadgen.reports.plots import svg
 from servemon.loadgen.reports.replicas import Plan, TierPlan
 from servemon.loadgen.reports.report import CSS
 
-__all__ = ["PLAN_HEADER", "plan_rows", "plot_replicas", "render_plan", "write_plan"]
+__all__ = [
+    "PLAN_HEADER",
+    "plan_rows",
+    "plot_replicas",
+    "plot_sizes",
+    "render_plan",
+    "write_plan",
+]
 
 PLAN_HEADER = (
     "tier",
@@ -40,6 +49,13 @@ def _num(value: float | None, spec: str = ".4g") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _capacity(t: TierPlan) -> str:
+    """A tier's capacity: one replica's, or at each size measured (``C@N``)."""
+    if len(t.sizes) > 1 or (t.sizes and t.sizes[0][0] != 1):
+        return ", ".join(f"{c:.4g}@{n}" for n, c in t.sizes)
+    return _num(t.capacity_rps)
+
+
 def plan_rows(plan: Plan) -> tuple[tuple[str, ...], list[list[str]]]:
     """The table's header and one row per tier (terminal and page alike)."""
     trace = plan.forecast.bin_s is not None
@@ -49,7 +65,7 @@ def plan_rows(plan: Plan) -> tuple[tuple[str, ...], list[list[str]]]:
         row = [
             t.name,
             t.slo,
-            _num(t.capacity_rps),
+            _capacity(t),
             _num(t.planned_rps),
             _num(t.peak_replicas, "d"),
             _money(t.cost_per_hour),
@@ -97,6 +113,41 @@ def plot_replicas(plan: Plan) -> str | None:
     return svg(fig)
 
 
+def plot_sizes(plan: Plan) -> str | None:
+    """Each tier's capacity against replicas: the sizes measured (points), the
+    curve the plan reads (dashed past the largest size, out to the most replicas
+    the forecast needs), and ``N x`` the smallest size's per-replica capacity
+    (dotted); None for a plan from one size."""
+    tiers = [t for t in plan.tiers if t.sizes]
+    if len(plan.sizes) < 2 or not tiers:
+        return None
+    fig, axis = plt.subplots(figsize=(6.4, 3.6))
+    for i, t in enumerate(tiers):
+        color = f"C{i}"
+        measured = [n for n, _ in t.sizes]
+        needed = max((t.peak_replicas or 0, *t.replicas, measured[-1]))
+        # Through the origin to the smallest size, then point to point.
+        axis.plot([0, *measured], [0.0, *(c for _, c in t.sizes)], color=color,
+                  label=f"{t.name} (measured)")  # fmt: skip
+        axis.plot(*zip(*t.sizes, strict=True), "o", color=color)
+        if needed > measured[-1]:
+            each = t.sizes[-1][1] / measured[-1]
+            axis.plot([measured[-1], needed], [t.sizes[-1][1], needed * each],
+                      "--", color=color)  # fmt: skip
+        first = t.sizes[0][1] / measured[0]
+        axis.plot([0, needed], [0, needed * first], ":", color=color, alpha=0.7,
+                  label=f"{t.name} linear ({first:.3g}/replica)")  # fmt: skip
+    axis.set_xlabel("replicas")
+    axis.set_ylabel("capacity req/s")
+    axis.set_xlim(left=0)
+    axis.set_ylim(bottom=0)
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=7, loc="upper left")
+    axis.set_title("Capacity against replicas (points: the runs)")
+    return svg(fig)
+
+
 def render_plan(plan: Plan) -> str:
     """The page as one HTML document."""
     header, rows = plan_rows(plan)
@@ -107,7 +158,7 @@ def render_plan(plan: Plan) -> str:
     )
     f = plan.forecast
     facts = [
-        ("capacity run", plan.run),
+        ("capacity runs" if len(plan.sizes) > 1 else "capacity run", plan.run),
         ("forecast", f.source),
         ("peak", f"{f.peak_rps:.4g} req/s"),
         ("headroom", f"{plan.headroom:g}"),
@@ -120,6 +171,7 @@ def render_plan(plan: Plan) -> str:
         f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in facts
     )
     plot = plot_replicas(plan)
+    sizes = plot_sizes(plan)
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         "<title>servemon plan</title>",
@@ -128,6 +180,7 @@ def render_plan(plan: Plan) -> str:
         f"<dl>{dl}</dl>",
         "<h2>Tiers</h2>",
         f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>",
+        *([] if sizes is None else ["<h2>Capacity against replicas</h2>", sizes]),
         *([] if plot is None else ["<h2>Replicas over time</h2>", plot]),
         "<h2>Assumed</h2><ul>",
         *(f"<li>{html.escape(a)}</li>" for a in plan.assumptions),

@@ -1,12 +1,15 @@
 """Replicas for a forecast (``servemon plan``): how many replicas of the
-deployment a capacity run measured meet each SLO tier at a forecast's rate, at
-what cost, and what the plan assumed.
+deployment capacity runs measured (one replica, or several sizes:
+:mod:`servemon.loadgen.reports.scaling`) meet each SLO tier at a forecast's rate,
+at what cost, and what the plan assumed.
 
 The formulas (``docs/capacity.md``, *Replicas for a forecast*), for a tier of
 capacity ``C`` req/s, headroom ``h`` and a forecast rate ``L`` req/s:
 
 - each replica is planned at ``r = C * (1 - h)``;
-- replicas ``N(L) = max(m, ceil(L / r))`` (``m``: ``--min-replicas``);
+- replicas ``N(L) = max(m, ceil(L / r))`` (``m``: ``--min-replicas``); with runs
+  at several sizes, the fewest ``N >= m`` with ``C(N) * (1 - h) >= L``, ``C(N)``
+  read from the sizes measured (``scaling.Curve``);
 - a replica's hour costs ``P`` (``--replica-hour-cost``, or
   ``--gpu-hour-cost * GPUs``), ``N`` replicas ``N * P`` an hour;
 - ``$/Mtok = N * P / (L * 3600 * o) * 10^6``, ``o`` the output tokens of a
@@ -19,11 +22,19 @@ capacity ``C`` req/s, headroom ``h`` and a forecast rate ``L`` req/s:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from servemon.loadgen.reports.measured import Measured, Span, TierCapacity
+from servemon.loadgen.reports.scaling import (
+    Curve,
+    Size,
+    curve_of,
+    gpus_per_replica,
+    size_notes,
+)
 
 __all__ = [
     "DRIFT",
@@ -41,6 +52,26 @@ OUTSIDE_WARN = 0.01
 #: How far apart mean lengths (or hit rates, absolute) may be before a warning.
 DRIFT = 0.10
 
+#: Lengths counted: ``(tokens, requests)``, ascending by tokens.
+LengthCounts = tuple[tuple[int, int], ...]
+
+
+def count_lengths(lengths: Iterable[int]) -> LengthCounts:
+    """Lengths as :data:`LengthCounts`."""
+    return tuple(sorted(Counter(lengths).items()))
+
+
+def bin_counts(times: Iterable[float], bin_s: float) -> list[int]:
+    """Requests in bins of ``bin_s`` from 0 (``times``: seconds from the first);
+    the bin holding the last request counts as a whole."""
+    counts: list[int] = [0]
+    for at in times:
+        i = int(at // bin_s)
+        if i >= len(counts):
+            counts.extend([0] * (i + 1 - len(counts)))
+        counts[i] += 1
+    return counts
+
 
 @dataclass(frozen=True, slots=True)
 class Forecast:
@@ -51,8 +82,9 @@ class Forecast:
     #: The bins' width and each bin's request count (a trace only).
     bin_s: float | None = None
     counts: tuple[int, ...] = ()
-    prompt_lengths: tuple[int, ...] = ()
-    output_lengths: tuple[int, ...] = ()
+    #: The trace's lengths, counted (bounded by how many distinct lengths it has).
+    prompt_lengths: LengthCounts = ()
+    output_lengths: LengthCounts = ()
     #: The prefix-cache hit rate the trace's ``hash_ids`` say (None: unknown).
     hit_rate: float | None = None
 
@@ -68,17 +100,35 @@ class Forecast:
         hit_rate: float | None = None,
     ) -> Forecast:
         """A trace's requests (``times``: seconds from its first) in bins of
-        ``bin_s`` from 0; the bin holding the last request counts as a whole."""
-        counts = [0] * (int(max(times, default=0.0) // bin_s) + 1)
-        for at in times:
-            counts[int(at // bin_s)] += 1
+        ``bin_s`` from 0 (:func:`bin_counts`)."""
+        return cls.of_bins(
+            source,
+            bin_counts(times, bin_s),
+            bin_s,
+            prompt_lengths=count_lengths(prompt_lengths),
+            output_lengths=count_lengths(output_lengths),
+            hit_rate=hit_rate,
+        )
+
+    @classmethod
+    def of_bins(
+        cls,
+        source: str,
+        counts: Sequence[int],
+        bin_s: float,
+        *,
+        prompt_lengths: LengthCounts = (),
+        output_lengths: LengthCounts = (),
+        hit_rate: float | None = None,
+    ) -> Forecast:
+        """A trace counted already: requests per bin of ``bin_s``, lengths counted."""
         return cls(
             source=source,
             peak_rps=max(counts) / bin_s,
             bin_s=bin_s,
             counts=tuple(counts),
-            prompt_lengths=tuple(prompt_lengths),
-            output_lengths=tuple(output_lengths),
+            prompt_lengths=prompt_lengths,
+            output_lengths=output_lengths,
             hit_rate=hit_rate,
         )
 
@@ -95,8 +145,8 @@ class Forecast:
     @property
     def mean_output(self) -> float | None:
         """The trace's mean output tokens per request, where it gives them."""
-        lengths = self.output_lengths
-        return sum(lengths) / len(lengths) if lengths else None
+        span = Span.of_counts(self.output_lengths)
+        return None if span is None else span.mean
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +177,10 @@ class TierPlan:
     trace_cost_per_mtok: float | None = None
     #: What the trace would cost with the peak's replicas all the time.
     static_cost: float | None = None
+    #: The capacity (req/s) at each size measured, and the scaling efficiency
+    #: there: ``(replicas, value)``, smallest first.
+    sizes: tuple[tuple[int, float], ...] = ()
+    efficiency: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +198,8 @@ class Plan:
     assumptions: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     measured: Measured | None = field(default=None, repr=False)
+    #: The runs measured and their sizes, smallest first.
+    sizes: tuple[Size, ...] = field(default=(), repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` form: the forecast's bins and rates, not its lengths."""
@@ -158,8 +214,8 @@ class Plan:
                 "requests": sum(f.counts) if f.counts else None,
                 "rates": f.rates,
                 "mean_output_tokens": f.mean_output,
-                "prompt": _span(Span.of(f.prompt_lengths)),
-                "output": _span(Span.of(f.output_lengths)),
+                "prompt": _span(Span.of_counts(f.prompt_lengths)),
+                "output": _span(Span.of_counts(f.output_lengths)),
                 "hit_rate": f.hit_rate,
             },
             "headroom": self.headroom,
@@ -168,6 +224,9 @@ class Plan:
             "cost_from": self.pricing.said,
             "gpus_per_replica": self.gpus,
             "gpus_from": self.gpus_from,
+            "sizes": [
+                {"run": s.measured.run, "replicas": s.replicas} for s in self.sizes
+            ],
             "tiers": [asdict(t) for t in self.tiers],
             "assumptions": list(self.assumptions),
             "warnings": list(self.warnings),
@@ -194,7 +253,7 @@ def replicas_for(rate: float, planned_rps: float, min_replicas: int = 1) -> int:
 
 
 def plan_replicas(
-    measured: Measured,
+    measured: Measured | Sequence[Size],
     forecast: Forecast,
     *,
     headroom: float,
@@ -202,28 +261,40 @@ def plan_replicas(
     min_replicas: int = 1,
     gpus: int | None = None,
 ) -> Plan:
-    """The plan for every tier (``gpus``: the count behind ``pricing``, where
-    it came from the run or a flag)."""
+    """The plan for every tier, from one run (one replica) or runs at several
+    sizes (``gpus``: the count behind ``pricing``, where it came from a flag;
+    else a replica's GPUs as the smallest size recorded them)."""
+    sizes = (Size(1, measured),) if isinstance(measured, Measured) else tuple(measured)
+    first = sizes[0].measured
+    curves = {t.name: curve_of(sizes, t.name) for t in first.tiers}
     tiers = tuple(
-        _tier(t, forecast, headroom, pricing, min_replicas) for t in measured.tiers
+        _tier(t, curves[t.name], forecast, headroom, pricing, min_replicas)
+        for t in first.tiers
     )
+    needed = {t.name: max((t.peak_replicas or 0, *t.replicas)) for t in tiers}
+    notes, cautions = size_notes(sizes, curves, needed)
+    gpus_from = "--gpus-per-replica"
+    if gpus is None:
+        gpus, gpus_from = gpus_per_replica(sizes)
     return Plan(
-        run=measured.run,
+        run=first.run if len(sizes) == 1 else ", ".join(s.label for s in sizes),
         forecast=forecast,
         headroom=headroom,
         min_replicas=min_replicas,
         pricing=pricing,
-        gpus=gpus if gpus is not None else measured.gpus,
-        gpus_from="--gpus-per-replica" if gpus is not None else measured.gpus_from,
+        gpus=gpus,
+        gpus_from=gpus_from,
         tiers=tiers,
-        assumptions=tuple(_assumptions(measured, forecast, headroom)),
-        warnings=tuple(_warnings(measured, forecast)),
-        measured=measured,
+        assumptions=tuple(notes + _assumptions(first, forecast, headroom, sizes)),
+        warnings=tuple(_warnings(first, forecast) + cautions),
+        measured=first,
+        sizes=sizes,
     )
 
 
 def _tier(
     t: TierCapacity,
+    curve: Curve | None,
     forecast: Forecast,
     headroom: float,
     pricing: Pricing,
@@ -236,28 +307,30 @@ def _tier(
         tokens, tokens_from = t.output_tokens, f"the capacity step ({t.capacity_rps:g})"
     else:
         tokens, tokens_from = None, "unknown"
-    if not t.capacity_rps:
+    if curve is None:
         return TierPlan(
             t.name, t.slo, t.capacity_rps, None, None, None, tokens, tokens_from, None
         )
-    planned = t.capacity_rps * (1 - headroom)
-    peak = replicas_for(forecast.peak_rps, planned, min_replicas)
+    planned = curve.per_replica * (1 - headroom)
+    peak = curve.replicas(forecast.peak_rps, headroom, min_replicas)
     price = pricing.replica_hour
     per_hour = None if price is None else peak * price
     plan = TierPlan(
         name=t.name,
         slo=t.slo,
-        capacity_rps=t.capacity_rps,
+        capacity_rps=curve.per_replica,
         planned_rps=planned,
         peak_replicas=peak,
         cost_per_hour=per_hour,
         output_tokens=tokens,
         output_tokens_from=tokens_from,
         cost_per_mtok=_per_mtok(per_hour, forecast.peak_rps * 3600 * (tokens or 0)),
+        sizes=curve.points,
+        efficiency=tuple((n, curve.efficiency(n)) for n, _ in curve.points),
     )
     if not forecast.counts or forecast.bin_s is None:
         return plan
-    replicas = tuple(replicas_for(x, planned, min_replicas) for x in forecast.rates)
+    replicas = tuple(curve.replicas(x, headroom, min_replicas) for x in forecast.rates)
     hours = forecast.bin_s / 3600
     cost = None if price is None else sum(replicas) * hours * price
     static = None if price is None else peak * len(replicas) * hours * price
@@ -275,12 +348,23 @@ def _per_mtok(cost: float | None, tokens: float) -> float | None:
     return None if cost is None or tokens <= 0 else cost / tokens * 1e6
 
 
-def _assumptions(m: Measured, f: Forecast, headroom: float) -> list[str]:
+def _assumptions(
+    m: Measured, f: Forecast, headroom: float, sizes: Sequence[Size]
+) -> list[str]:
     said = [
-        "replicas scale linearly behind a load balancer that spreads requests "
-        "evenly: N replicas take N times one replica's capacity",
         f"each replica is planned at its capacity x (1 - {headroom:g}) headroom",
     ]
+    if len(sizes) == 1:
+        n = sizes[0].replicas
+        said.insert(
+            0,
+            "replicas scale linearly behind a load balancer that spreads requests "
+            + (
+                "evenly: N replicas take N times one replica's capacity"
+                if n == 1
+                else f"evenly: N replicas take N/{n} of the {n} measured together"
+            ),
+        )
     if f.bin_s is not None:
         said.append(
             f"each {f.bin_s:g}-s bin needs the replicas of its mean rate; "
@@ -323,13 +407,14 @@ def _warnings(m: Measured, f: Forecast) -> list[str]:
         if span is None or not lengths:
             continue
         outside = span.outside(lengths)
-        if outside / len(lengths) > OUTSIDE_WARN:
+        total = sum(n for _, n in lengths)
+        if outside / total > OUTSIDE_WARN:
             out.append(
-                f"{outside / len(lengths):.1%} of the forecast's {what} lengths "
-                f"({outside:,} of {len(lengths):,}) fall outside the "
+                f"{outside / total:.1%} of the forecast's {what} lengths "
+                f"({outside:,} of {total:,}) fall outside the "
                 f"{span.min:,}-{span.max:,} tokens the capacity run measured"
             )
-        mean = sum(lengths) / len(lengths)
+        mean = sum(v * n for v, n in lengths) / total
         if abs(mean / span.mean - 1) > DRIFT:
             out.append(
                 f"the forecast's mean {what} length ({mean:,.0f} tokens) is "

@@ -33,7 +33,6 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -77,7 +76,7 @@ class EnergySampler:
 
     read: Callable[[], Awaitable[EnergyReading]]
     source: str
-    sink: Callable[[Mapping[str, Any]], None]
+    sink: Callable[[Mapping[str, object]], None]
     interval_s: float = 1.0
     close: Callable[[], Awaitable[None]] | None = None
     #: Called once at the first reading of a source that was not there at the
@@ -109,7 +108,7 @@ class EnergySampler:
         now = read_at - max(0.0, age)
         starts_late = self.first.tried(read_at, ok=True) and self.late
         if self.counters.add(now, joules, gpus, starts_late=starts_late):
-            energy: dict[str, Any] = {
+            energy: dict[str, object] = {
                 "joules": joules,
                 "gpus": gpus,
                 "source": self.source,
@@ -166,7 +165,7 @@ async def open_energy(
     prometheus: str | None,
     select: tuple[str, ...],
     prom_headers: Mapping[str, str],
-    sink: Callable[[Mapping[str, Any]], None],
+    sink: Callable[[Mapping[str, object]], None],
     interval_s: float,
     nvml: Callable[[], GpuReader] | None = None,
 ) -> tuple[EnergySampler | None, str]:
@@ -249,7 +248,7 @@ def _make(
     prometheus: str | None,
     select: tuple[str, ...],
     prom_headers: Mapping[str, str],
-    sink: Callable[[Mapping[str, Any]], None],
+    sink: Callable[[Mapping[str, object]], None],
 ) -> EnergySampler:
     """A sampler of Prometheus or of an exporter, not read yet."""
     if option == "prometheus":
@@ -264,7 +263,7 @@ def _make(
 
 
 async def _open_nvml(
-    make: Callable[[], GpuReader] | None, sink: Callable[[Mapping[str, Any]], None]
+    make: Callable[[], GpuReader] | None, sink: Callable[[Mapping[str, object]], None]
 ) -> EnergySampler:
     """A sampler of this machine's GPUs, NVML opened (else
     :class:`EnergyUnavailable`)."""

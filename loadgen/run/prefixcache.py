@@ -16,17 +16,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 import aiohttp
 
 from servemon.core.errors import TargetError
+from servemon.core.jsonvalue import JSONValue
 from servemon.core.wire.http import NotAnswered, post, post_json
 from servemon.core.wire.limits import ResponseTooLarge, read_body
 from servemon.loadgen.run.sampler import parse_engine_samples
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
+    "PrefixOptions",
     "PrefixTarget",
     "find_prefix_target",
     "send_warm",
@@ -38,6 +40,15 @@ _PROBE_TIMEOUT = aiohttp.ClientTimeout(total=10)
 #: Two contents that differ in their first and last words, common English (in
 #: servemon's word list) so that even a small word-level vocabulary has them.
 _PROBES = ("apple river house zebra", "water river house yellow")
+
+
+class PrefixOptions(TypedDict, total=False):
+    """``build_workload``'s keyword arguments for a ``prefix:`` workload."""
+
+    block_size: int
+    cache_tokens: int | None
+    overhead_tokens: int
+    tail_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +63,7 @@ class PrefixTarget:
     block_source: Literal["cache_config_info", "default"]
     overhead_source: Literal["tokenize", "none"]
 
-    def build_options(self) -> dict[str, Any]:
+    def build_options(self) -> PrefixOptions:
         """``build_workload``'s keyword arguments for a ``prefix:`` workload."""
         return {
             "block_size": self.block_size,
@@ -87,7 +98,7 @@ async def find_prefix_target(
 async def send_warm(
     session: aiohttp.ClientSession,
     url: str,
-    bodies: Sequence[dict[str, Any]],
+    bodies: Sequence[Mapping[str, object]],
     headers: Mapping[str, str],
     timeout_s: float,
 ) -> None:
@@ -166,7 +177,7 @@ async def _template(
     wholes, contents = [], []
     for content in _PROBES:
         if api == "chat":
-            body: dict[str, Any] = {
+            body: dict[str, object] = {
                 "model": model,
                 "messages": [{"role": "user", "content": content}],
                 "add_generation_prompt": True,
@@ -190,9 +201,9 @@ async def _template(
 async def _tokenize(
     session: aiohttp.ClientSession,
     url: str,
-    body: dict[str, Any],
+    body: Mapping[str, object],
     headers: Mapping[str, str],
-) -> list[Any] | None:
+) -> list[JSONValue] | None:
     try:
         answer = await post_json(
             session, url, body, headers, _PROBE_TIMEOUT.total or 10.0
@@ -203,7 +214,7 @@ async def _tokenize(
     return tokens if isinstance(tokens, list) else None
 
 
-def _common(one: Sequence[Any], two: Sequence[Any]) -> int:
+def _common(one: Sequence[object], two: Sequence[object]) -> int:
     same = 0
     for a, b in zip(one, two, strict=False):
         if a != b:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from rich.console import Console
 from rich.live import Live
@@ -116,7 +116,7 @@ class Progress:
             "TTFT p95",
         ):
             table.add_column(column, justify="right")
-        stage: Any = self._stages[self._current] if self._current >= 0 else None
+        stage = self._stages[self._current] if self._current >= 0 else None
         in_flight = self.open_loop.in_flight if self.open_loop is not None else "-"
         p95 = self._p95()
         table.add_row(

@@ -32,7 +32,6 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 
@@ -90,7 +89,7 @@ class PrometheusSampler:
         session: aiohttp.ClientSession,
         url: str,
         queries: Mapping[str, SignalQuery],
-        sink: Callable[[Mapping[str, Any]], None],
+        sink: Callable[[Mapping[str, object]], None],
         *,
         interval_s: float = 1.0,
         stale_after_s: float = 30.0,
@@ -135,7 +134,7 @@ class PrometheusSampler:
             for n, a in zip(self._queries, answers, strict=True)
             if a.missing is not None
         }
-        samples: list[list[Any]] = [
+        samples: list[list[object]] = [
             [series, {}, signals[name]]
             for name, series in _AS_SAMPLES.items()
             if signals.get(name) is not None

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import aiohttp
 
@@ -29,7 +28,8 @@ from servemon.monitor.normalize import Normalizer
 
 __all__ = ["ServerSampler", "parse_engine_samples"]
 
-Sample = list[Any]
+#: One sample as a line of ``server_metrics.jsonl`` keeps it: ``[name, labels, value]``.
+Sample = list[object]
 
 
 def parse_engine_samples(
@@ -59,7 +59,7 @@ class ServerSampler:
         self,
         session: aiohttp.ClientSession,
         url: str,
-        sink: Callable[[Mapping[str, Any]], None],
+        sink: Callable[[Mapping[str, object]], None],
         *,
         interval_s: float = 1.0,
         timeout_s: float = 2.0,

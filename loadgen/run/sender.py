@@ -68,13 +68,14 @@ class Transport(Protocol):
         *,
         request_id: str,
         stage: int,
-        scheduled_s: float,
+        scheduled_s: float | None,
         started: Callable[[], None],
         on_first_token: Callable[[], None] | None,
         options: RequestOptions,
     ) -> RequestTiming:
-        """Send one request at ``scheduled_s`` (this process's monotonic clock),
-        call ``started`` as it goes out; its record, on this process's clock."""
+        """Send one request at ``scheduled_s`` (this process's monotonic clock;
+        None: at once, a closed loop's), call ``started`` as it goes out; its
+        record, on this process's clock."""
         ...
 
 
@@ -220,6 +221,39 @@ class Sender:
         self.sent += 1
         self.hooks.started(request_id, prompt_tokens)
 
+    async def send_now(
+        self,
+        body: dict[str, Any],
+        *,
+        request_id: str,
+        stage: int,
+        **options: Unpack[RequestOptions],
+    ) -> RequestTiming:
+        """Send one request at once and tell no hook: a closed loop's
+        (:class:`~servemon.loadgen.send.closedloop.SendNow`), which tells the hooks
+        itself. Through the transport where there is one."""
+        if self.transport is None:
+            return await send_request(
+                self.session,
+                self.url,
+                body,
+                request_id=request_id,
+                stage=stage,
+                headers=self.headers,
+                timeout_s=self.config.timeout,
+                record_interruption=True,
+                **options,
+            )
+        return await self.transport.send(
+            body,
+            request_id=request_id,
+            stage=stage,
+            scheduled_s=None,
+            started=_nothing,
+            on_first_token=None,
+            options=options,
+        )
+
     async def send(
         self,
         body: dict[str, Any],
@@ -261,3 +295,7 @@ class Sender:
         )
         self.hooks.finished(timing)
         return timing
+
+
+def _nothing() -> None:
+    pass

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
@@ -59,7 +58,7 @@ def make_sampler(
     c: LoadConfig,
     session: aiohttp.ClientSession,
     base: str,
-    sink: Callable[[Mapping[str, Any]], None],
+    sink: Callable[[Mapping[str, object]], None],
     headers: Mapping[str, str] | None = None,
 ) -> ServerSampler | PrometheusSampler:
     """What reads the server's signals: the target's ``/metrics`` (the default,

@@ -9,21 +9,35 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Protocol, Unpack
 
 import aiohttp
 
 from servemon.loadgen.send.client import RequestOptions, send_request
 from servemon.loadgen.send.timing import RequestTiming
 
-__all__ = ["run_closed_loop"]
+__all__ = ["SendNow", "run_closed_loop"]
+
+
+class SendNow(Protocol):
+    """Sends one request at once and returns its record (a closed loop's send
+    when it does not go out from this process's session: a fleet's)."""
+
+    def __call__(
+        self,
+        body: dict[str, object],
+        *,
+        request_id: str,
+        stage: int,
+        **options: Unpack[RequestOptions],
+    ) -> Awaitable[RequestTiming]: ...
 
 
 async def run_closed_loop(
     session: aiohttp.ClientSession,
     url: str,
-    make_body: Callable[[int], dict[str, Any]],
+    make_body: Callable[[int], dict[str, object]],
     *,
     concurrency: int,
     number: int,
@@ -36,6 +50,7 @@ async def run_closed_loop(
     on_send: Callable[[str], None] | None = None,
     stop: asyncio.Event | None = None,
     options: Callable[[int], RequestOptions] | None = None,
+    send: SendNow | None = None,
 ) -> list[RequestTiming]:
     """Run ``warmup + number`` requests with ``concurrency`` in flight.
 
@@ -43,7 +58,8 @@ async def run_closed_loop(
     ``cancel_after_s``) per request; ``on_send`` (given the request id) and
     ``on_done`` see each measured request go out and finish. The measured timings
     are returned when there is no ``on_done`` (with one, the caller keeps what it
-    needs: a long level stays bounded in memory).
+    needs: a long level stays bounded in memory). ``send`` sends each request
+    instead of ``session`` (a fleet's workers).
     """
     total = warmup + number
     counter = itertools.count()  # rebound per phase below; workers read the current
@@ -57,17 +73,23 @@ async def run_closed_loop(
             request_id = f"{id_prefix}-{index}"
             if index >= warmup and on_send is not None:
                 on_send(request_id)
-            timing = await send_request(
-                session,
-                url,
-                make_body(index),
-                request_id=request_id,
-                stage=stage,
-                headers=headers,
-                timeout_s=timeout_s,
-                record_interruption=True,
-                **(options(index) if options is not None else {}),
-            )
+            given = options(index) if options is not None else {}
+            if send is not None:
+                timing = await send(
+                    make_body(index), request_id=request_id, stage=stage, **given
+                )
+            else:
+                timing = await send_request(
+                    session,
+                    url,
+                    make_body(index),
+                    request_id=request_id,
+                    stage=stage,
+                    headers=headers,
+                    timeout_s=timeout_s,
+                    record_interruption=True,
+                    **given,
+                )
             if index >= warmup:
                 if on_done is not None:
                     on_done(timing)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 __all__ = ["ABANDON_AFTER_S", "Stopper", "grace", "until_stopped"]
 
@@ -31,7 +31,7 @@ class Stopper:
     hurry: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-async def until_stopped(work: Any, *stops: asyncio.Event) -> bool:
+async def until_stopped(work: Awaitable[object], *stops: asyncio.Event) -> bool:
     """Await ``work`` unless one of ``stops`` is set first; True if stopped.
 
     ``work`` that is a coroutine is cancelled when stopped; a Task is left to the
@@ -54,7 +54,7 @@ async def until_stopped(work: Any, *stops: asyncio.Event) -> bool:
 
 
 async def grace(
-    tasks: set[asyncio.Task[Any]], grace_s: float, hurry: asyncio.Event
+    tasks: Iterable[asyncio.Task[object]], grace_s: float, hurry: asyncio.Event
 ) -> None:
     """Wait up to ``grace_s`` (less if ``hurry`` is set) for ``tasks``, then cancel
     what is left and wait for it to wind down (it records itself as cancelled)."""

@@ -5,10 +5,9 @@ every line checked, a bad one named."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from servemon.core.errors import ConfigError
 from servemon.loadgen.workloads.prompts import OutputBudget, Prompt, Workload
@@ -16,6 +15,7 @@ from servemon.loadgen.workloads.tokens import TokenCounter, count_each
 
 __all__ = [
     "Conversation",
+    "FileEntry",
     "build_file",
     "json_items",
     "read_conversations",
@@ -29,7 +29,7 @@ _REPLY = frozenset({"gpt", "assistant", "chatgpt", "bard", "bing", "model"})
 
 
 @dataclass(frozen=True, slots=True)
-class _Entry:
+class FileEntry:
     """One parsed object of a workload file, before counting."""
 
     text: str | None
@@ -60,7 +60,7 @@ async def build_file(
     spec: str,
     counter: TokenCounter,
     seed: int,
-    entries: Sequence[_Entry],
+    entries: Sequence[FileEntry],
     output: OutputBudget | None,
     default_output: int,
 ) -> Workload:
@@ -98,7 +98,7 @@ def read_text(path: Path, where: str) -> str:
         raise ConfigError(f"{where}: not UTF-8 text") from None
 
 
-def read_entries(path: Path) -> list[_Entry]:
+def read_entries(path: Path) -> list[FileEntry]:
     where = f"--workload: file: {path}"
     found = [_entry(item, at) for item, at in json_items(read_text(path, where), where)]
     entries = [entry for entry in found if entry is not None]
@@ -139,7 +139,7 @@ def json_items(content: str, where: str) -> Iterator[tuple[object, str]]:
         yield item, line_where
 
 
-def _entry(item: object, where: str) -> _Entry | None:
+def _entry(item: object, where: str) -> FileEntry | None:
     if not isinstance(item, dict):
         raise ConfigError(f"{where}: expected a JSON object, got {_kind(item)}")
     budget = _budget(item, where)
@@ -147,9 +147,9 @@ def _entry(item: object, where: str) -> _Entry | None:
         prompt = item["prompt"]
         if not isinstance(prompt, str) or not prompt:
             raise ConfigError(f"{where}: 'prompt' must be a non-empty string")
-        return _Entry(prompt, None, budget, None)
+        return FileEntry(prompt, None, budget, None)
     if "messages" in item:
-        return _Entry(None, _messages(item["messages"], where), budget, None)
+        return FileEntry(None, _messages(item["messages"], where), budget, None)
     if "conversations" in item:
         return _sharegpt(item, budget, where)
     raise ConfigError(
@@ -157,7 +157,7 @@ def _entry(item: object, where: str) -> _Entry | None:
     )
 
 
-def _budget(item: dict[str, Any], where: str) -> int | None:
+def _budget(item: Mapping[str, object], where: str) -> int | None:
     for key in ("max_tokens", "output_tokens"):
         if key in item:
             value = item[key]
@@ -188,11 +188,14 @@ def _messages(value: object, where: str) -> tuple[dict[str, str], ...]:
     return tuple(messages)
 
 
-def _sharegpt(item: dict[str, Any], budget: int | None, where: str) -> _Entry | None:
+def _sharegpt(
+    item: Mapping[str, object], budget: int | None, where: str
+) -> FileEntry | None:
     turns = item["conversations"]
     if not isinstance(turns, list):
         raise ConfigError(f"{where}: 'conversations' must be a list")
-    system = item.get("system") if isinstance(item.get("system"), str) else None
+    given = item.get("system")
+    system = given if isinstance(given, str) else None
     human: str | None = None
     reply: str | None = None
     for i, turn in enumerate(turns):
@@ -220,7 +223,7 @@ def _sharegpt(item: dict[str, Any], budget: int | None, where: str) -> _Entry | 
     messages = [{"role": "user", "content": human}]
     if system:
         messages.insert(0, {"role": "system", "content": system})
-    return _Entry(None, tuple(messages), budget, reply or None)
+    return FileEntry(None, tuple(messages), budget, reply or None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 __all__ = [
     "OutputBudget",
@@ -77,9 +77,9 @@ def chat_body(
     *,
     stream: bool = True,
     ignore_eos: bool = False,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """A chat completion request that asks for usage in the stream."""
-    body: dict[str, Any] = {
+    body: dict[str, object] = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
@@ -99,15 +99,15 @@ def request_body(
     model: str,
     stream: bool,
     ignore_eos: bool,
-    extra_body: Mapping[str, Any] | None,
-) -> dict[str, Any]:
+    extra_body: Mapping[str, object] | None,
+) -> dict[str, object]:
     """The JSON body of a chat or completions request for ``prompt``.
 
     Chat sends the prompt's messages (or its text as one user message); completions
     sends its text (or the messages' contents joined by blank lines). Streaming asks
     for usage. ``extra_body`` is merged last, nested objects key by key.
     """
-    body: dict[str, Any] = {"model": model}
+    body: dict[str, object] = {"model": model}
     if api == "chat":
         if prompt.messages is not None:
             body["messages"] = [dict(message) for message in prompt.messages]
@@ -126,7 +126,9 @@ def request_body(
     return _merged(body, extra_body) if extra_body else body
 
 
-def _merged(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+def _merged(
+    base: Mapping[str, object], extra: Mapping[str, object]
+) -> dict[str, object]:
     out = dict(base)
     for key, value in extra.items():
         if isinstance(value, Mapping):

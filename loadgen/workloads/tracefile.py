@@ -18,6 +18,11 @@ one-line :class:`ConfigError` naming the file, the line and the field):
 Which a JSONL line is follows from its keys (``input_length``: Mooncake, whose
 timestamps are milliseconds); which a CSV is follows from its header. Entries are
 returned in time order, times in seconds from the first entry.
+
+A file is read a line at a time (:func:`stream_trace`), never held as text: what
+only counts (``servemon trace info``, ``plan --trace``:
+:mod:`servemon.loadgen.workloads.tracetally`) keeps no entry, and
+:func:`read_trace_file` (a replay sends the entries) keeps the entries alone.
 """
 
 from __future__ import annotations
@@ -27,28 +32,32 @@ import hashlib
 import io
 import json
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from servemon.core.errors import ConfigError
-from servemon.loadgen.workloads.promptfile import read_text
 from servemon.loadgen.workloads.traceentry import (
     FORMATS,
     FailedLines,
+    Reading,
+    Stamped,
     TraceEntry,
     TraceFile,
+    seconds_after,
 )
 from servemon.loadgen.workloads.tracepublic import (
     PUBLISHED_HEADERS,
     published_format,
-    read_published,
+    published_rows,
 )
 
 __all__ = [
     "BLOCK_TOKENS",
     "FORMATS",
     "FailedLines",
+    "PrefixHits",
     "TraceEntry",
     "TraceFile",
     "parse_trace",
@@ -56,6 +65,7 @@ __all__ = [
     "prefix_hit_ratio",
     "read_trace",
     "read_trace_file",
+    "stream_trace",
 ]
 
 #: Tokens per ``hash_ids`` block in the Mooncake format.
@@ -75,24 +85,55 @@ def read_trace_file(
     every error (``--workload: trace: PATH`` unless given).
 
     The config check, the plan and the workload each ask for the trace before a
-    run starts; the last text parsed is kept with its entries (frozen), so an
-    unchanged file is parsed once (read and hashed each time: a file rewritten
-    within the file system's timestamp granularity is still seen to change)."""
+    run starts; the last file parsed is kept with its entries (frozen), so an
+    unchanged file is parsed once (its bytes hashed each time, a chunk at a time:
+    a file rewritten within the file system's timestamp granularity is still seen
+    to change)."""
     where = where or f"--workload: trace: {path}"
-    content = read_text(path, where)
     csv_format = path.suffix.lower() == ".csv"
-    digest = hashlib.blake2b(content.encode(), digest_size=16).digest()
-    key = (csv_format, failed, digest)
+    key = (csv_format, failed, _digest(path, where))
     if _LAST[0] == key:
         found: TraceFile = _LAST[1]
         return found
-    trace = parse_trace_file(content, where, csv_format=csv_format, failed=failed)
+    trace = _whole(stream_trace(path, failed=failed, where=where), where)
     _LAST[:] = [key, trace]
     return trace
 
 
-#: The last trace parsed: [(format, failed lines, hash of its text), its TraceFile].
+#: The last trace parsed: [(format, failed lines, hash of its bytes), its TraceFile].
 _LAST: list[Any] = [None, None]
+
+
+def stream_trace(
+    path: Path, *, failed: FailedLines = "skip", where: str | None = None
+) -> Reading:
+    """A trace file as it is read, a line at a time (``.csv``: CSV, else JSONL):
+    its entries in the file's order with their stamps, nothing kept."""
+    where = where or f"--workload: trace: {path}"
+    return _reading(
+        _file_lines(path, where), where, path.suffix.lower() == ".csv", failed
+    )
+
+
+def _file_lines(path: Path, where: str) -> Iterator[str]:
+    try:
+        with path.expanduser().open(encoding="utf-8") as lines:
+            yield from lines
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: not UTF-8 text") from None
+
+
+def _digest(path: Path, where: str) -> bytes:
+    digest = hashlib.blake2b(digest_size=16)
+    try:
+        with path.expanduser().open("rb") as raw:
+            while chunk := raw.read(1 << 20):
+                digest.update(chunk)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read: {exc.strerror or exc}") from None
+    return digest.digest()
 
 
 def parse_trace(content: str, where: str, *, csv_format: bool) -> list[TraceEntry]:
@@ -104,23 +145,42 @@ def parse_trace_file(
     content: str, where: str, *, csv_format: bool, failed: FailedLines = "skip"
 ) -> TraceFile:
     """A trace's text read (``where`` prefixes every error)."""
-    trace = (
-        _csv(content, where, failed)
-        if csv_format
-        else TraceFile(tuple(_jsonl(content, where)), "jsonl")
-    )
-    if not trace.entries:
+    return _whole(_reading(io.StringIO(content), where, csv_format, failed), where)
+
+
+def _whole(reading: Reading, where: str) -> TraceFile:
+    """Every entry read, in time order (a stable sort: ties keep the file's
+    order), times in seconds from the earliest."""
+    rows = sorted(reading.rows, key=lambda row: row[0])
+    if not rows:
         raise ConfigError(f"{where}: no requests in the file")
-    found = sorted(trace.entries, key=lambda e: e.at_s)  # stable: ties keep order
-    first = found[0].at_s
-    if first:
-        found = [replace(e, at_s=e.at_s - first) for e in found]
-    return replace(trace, entries=tuple(found))
+    base = rows[0][0]
+    entries = tuple(replace(e, at_s=seconds_after(at, base)) for at, e in rows)
+    return reading.found(entries)
 
 
-def _jsonl(content: str, where: str) -> list[TraceEntry]:
-    out = []
-    for number, line in enumerate(content.split("\n"), 1):
+def _reading(
+    lines: Iterable[str], where: str, csv_format: bool, failed: FailedLines
+) -> Reading:
+    if not csv_format:
+        return Reading("jsonl", _jsonl(lines, where))
+    rows = csv.reader(lines)
+    try:
+        head = next(rows, [])
+    except csv.Error as exc:
+        raise ConfigError(f"{where}: line {rows.line_num}: {exc}") from None
+    published = published_format(head)
+    if published is None:
+        return Reading("csv", _csv_rows(rows, head, where))
+    reading = Reading(
+        published, failed_lines=failed if published == "burstgpt" else "skip"
+    )
+    reading.rows = published_rows(rows, head, reading, where)
+    return reading
+
+
+def _jsonl(lines: Iterable[str], where: str) -> Iterator[Stamped]:
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         at = f"{where}: line {number}"
@@ -136,24 +196,12 @@ def _jsonl(content: str, where: str) -> list[TraceEntry]:
             ) from None
         if not isinstance(item, dict):
             raise ConfigError(f"{at}: expected a JSON object")
-        out.append(_entry(item, at, number))
-    return out
+        entry = _entry(item, at, number)
+        yield entry.at_s, entry
 
 
-def _csv(content: str, where: str, failed: FailedLines) -> TraceFile:
-    head = next(csv.reader(io.StringIO(content.partition("\n")[0])), [])
-    published = published_format(head)
-    if published is not None:
-        return read_published(content, published, where, failed)
-    reader = csv.DictReader(io.StringIO(content))
-    try:
-        return TraceFile(tuple(_csv_rows(reader, where)), "csv")
-    except csv.Error as exc:  # a field over the csv module's limit
-        raise ConfigError(f"{where}: line {reader.line_num}: {exc}") from None
-
-
-def _csv_rows(reader: csv.DictReader[str], where: str) -> list[TraceEntry]:
-    names = [n.strip() for n in reader.fieldnames or ()]
+def _csv_rows(rows: Any, head: list[str], where: str) -> Iterator[Stamped]:
+    names = [n.strip() for n in head]
     missing = {"timestamp", "prompt_tokens", "output_tokens"} - set(names)
     if missing:
         raise ConfigError(
@@ -161,22 +209,26 @@ def _csv_rows(reader: csv.DictReader[str], where: str) -> list[TraceEntry]:
             f"output_tokens (missing {', '.join(sorted(missing))}), or to be "
             f"{PUBLISHED_HEADERS}"
         )
-    out = []
-    for row in reader:
-        number = reader.line_num
-        at = f"{where}: line {number}"
-        item: dict[str, Any] = {}
-        for key, value in row.items():
-            if key is None:
+    try:
+        for row in rows:
+            if not row:
+                continue
+            number = rows.line_num
+            at = f"{where}: line {number}"
+            if len(row) > len(names):
                 raise ConfigError(f"{at}: more fields than the header names")
-            text = (value or "").strip()
-            if text:
-                item[key.strip()] = text
-        for key in ("timestamp", "prompt_tokens", "output_tokens"):
-            if key in item:
-                item[key] = _csv_number(item[key], key, at)
-        out.append(_entry(item, at, number))
-    return out
+            item: dict[str, Any] = {}
+            for key, value in zip(names, row, strict=False):
+                text = value.strip()
+                if text:
+                    item[key] = text
+            for key in ("timestamp", "prompt_tokens", "output_tokens"):
+                if key in item:
+                    item[key] = _csv_number(item[key], key, at)
+            entry = _entry(item, at, number)
+            yield entry.at_s, entry
+    except csv.Error as exc:  # a field over the csv module's limit
+        raise ConfigError(f"{where}: line {rows.line_num}: {exc}") from None
 
 
 def _csv_number(text: str, key: str, at: str) -> float:
@@ -295,22 +347,40 @@ def _hash_ids(item: dict[str, Any], prompt: int | None, at: str) -> tuple[int, .
     return tuple(value)
 
 
-def prefix_hit_ratio(entries: list[TraceEntry]) -> float | None:
-    """The share of prompt tokens a prefix cache of unbounded size would serve, from
-    the ``hash_ids``: a request's leading blocks whose id an earlier request had
-    (at most all but its last token, as an engine always computes one). None when
-    the trace has no ``hash_ids``."""
-    seen: set[int] = set()
-    hit = total = 0
-    for entry in entries:
+class PrefixHits:
+    """The share of prompt tokens a prefix cache of unbounded size would serve,
+    from the ``hash_ids`` of entries added in time order: a request's leading
+    blocks whose id an earlier request had (at most all but its last token, as an
+    engine always computes one). It keeps every block id seen."""
+
+    __slots__ = ("hit", "seen", "total")
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.hit = self.total = 0
+
+    def add(self, entry: TraceEntry) -> None:
         if not entry.hash_ids or entry.prompt_tokens is None:
-            continue
+            return
         cached = 0
         for block in entry.hash_ids:
-            if block not in seen:
+            if block not in self.seen:
                 break
             cached += 1
-        hit += min(cached * BLOCK_TOKENS, entry.prompt_tokens - 1)
-        total += entry.prompt_tokens
-        seen.update(entry.hash_ids)
-    return hit / total if total else None
+        self.hit += min(cached * BLOCK_TOKENS, entry.prompt_tokens - 1)
+        self.total += entry.prompt_tokens
+        self.seen.update(entry.hash_ids)
+
+    @property
+    def ratio(self) -> float | None:
+        """None when no entry had ``hash_ids``."""
+        return self.hit / self.total if self.total else None
+
+
+def prefix_hit_ratio(entries: list[TraceEntry]) -> float | None:
+    """:class:`PrefixHits` over ``entries`` (in time order); None when the trace
+    has no ``hash_ids``."""
+    hits = PrefixHits()
+    for entry in entries:
+        hits.add(entry)
+    return hits.ratio

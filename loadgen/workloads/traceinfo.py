@@ -2,29 +2,28 @@
 length, its rate and how that rate moves, how bursty its arrivals are, and its
 prompt and output lengths.
 
-One summary (:class:`TraceSummary`, from :func:`summarize`), which the terminal and
-JSON render. Quantiles are nearest-rank over every entry (a trace is read whole
-anyway). Burstiness is the coefficient of variation of the gaps between
-consecutive requests: 1 for a Poisson process, above it for bursts, below it for
-a steadier stream. The rate over time is counted in bins of a round width, chosen
-so that the trace makes at most :data:`MAX_BINS` of them.
+One summary (:class:`TraceSummary`), which the terminal and JSON render, from a
+file counted as it is read (:func:`summarize_file`, in bounded memory:
+:mod:`servemon.loadgen.workloads.tracetally`) or from a trace read whole
+(:func:`summarize`), by the same tally. Quantiles are nearest-rank over every
+entry (lengths are counted by value). Burstiness is the coefficient of variation
+of the gaps between consecutive requests: 1 for a Poisson process, above it for
+bursts, below it for a steadier stream. The rate over time is counted in bins of a
+round width, chosen so that the trace makes at most :data:`MAX_BINS` of them
+(past 60 days, whole days doubling).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
+from pathlib import Path
 
-from servemon.loadgen.workloads.tracefile import TraceFile, prefix_hit_ratio
+from servemon.loadgen.workloads.traceentry import FailedLines, TraceFile
+from servemon.loadgen.workloads.tracetally import MAX_BINS, TraceTally, tally_trace
 
-__all__ = ["MAX_BINS", "Lengths", "TraceSummary", "summarize"]
-
-#: The most rate bins a summary makes.
-MAX_BINS = 60
-#: Bin widths to choose from, in seconds.
-_WIDTHS = (1, 5, 10, 30, 60, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 86_400)
+__all__ = ["MAX_BINS", "Lengths", "TraceSummary", "summarize", "summarize_file"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,16 +39,25 @@ class Lengths:
 
     @classmethod
     def of(cls, values: Sequence[int]) -> Lengths | None:
-        if not values:
+        counts: dict[int, int] = {}
+        for value in values:
+            counts[value] = counts.get(value, 0) + 1
+        return cls.of_counts(counts)
+
+    @classmethod
+    def of_counts(cls, counts: Mapping[int, int]) -> Lengths | None:
+        """From lengths counted by value."""
+        ordered = sorted(counts.items())
+        total = sum(n for _, n in ordered)
+        if not total:
             return None
-        ordered = sorted(values)
         return cls(
-            count=len(ordered),
-            mean=sum(ordered) / len(ordered),
-            p50=_rank(ordered, 0.50),
-            p90=_rank(ordered, 0.90),
-            p99=_rank(ordered, 0.99),
-            max=ordered[-1],
+            count=total,
+            mean=sum(v * n for v, n in ordered) / total,
+            p50=_rank(ordered, total, 0.50),
+            p90=_rank(ordered, total, 0.90),
+            p99=_rank(ordered, total, 0.99),
+            max=ordered[-1][0],
         )
 
 
@@ -82,50 +90,49 @@ class TraceSummary:
 
 
 def summarize(trace: TraceFile) -> TraceSummary:
-    """The summary of a trace read (entries in time order, from 0)."""
-    entries = trace.entries
-    times = [e.at_s for e in entries]
-    duration = times[-1] - times[0] if times else 0.0
-    width = next(
-        (w for w in _WIDTHS if duration / w < MAX_BINS), math.ceil(duration / MAX_BINS)
-    )
-    counts = [0] * (int(duration // width) + 1)
-    for at in times:
-        counts[int(at // width)] += 1
+    """The summary of a trace read whole (entries in time order, from 0)."""
+    tally = TraceTally()
+    for entry in trace.entries:
+        tally.add(entry.at_s, entry)
+    return summary_of(tally, trace)
+
+
+def summarize_file(path: Path, *, failed: FailedLines, where: str) -> TraceSummary:
+    """The summary of a trace file counted as it is read (bounded memory)."""
+    return summary_of(*tally_trace(path, failed=failed, where=where))
+
+
+def summary_of(tally: TraceTally, read: TraceFile) -> TraceSummary:
+    """A tally of no fixed width, and what reading found, as a summary."""
+    duration, width, counts = tally.duration_s, int(tally.bin_s), tally.counts
     # The last bin is cut short where the trace ends: its rate is over what it has.
     last = duration - (len(counts) - 1) * width
     rates = [n / width for n in counts[:-1]]
-    rates.append(counts[-1] / last if last > 0 else float(counts[-1]) / width)
+    if counts:
+        rates.append(counts[-1] / last if last > 0 else float(counts[-1]) / width)
     return TraceSummary(
-        format=trace.format,
-        requests=len(entries),
+        format=read.format,
+        requests=tally.requests,
         duration_s=duration,
-        mean_rate=len(entries) / duration if duration > 0 else None,
+        mean_rate=tally.requests / duration if duration > 0 else None,
         bin_s=width,
         rates=tuple(rates),
-        gap_cv=_cv([b - a for a, b in pairwise(times)]),
-        prompt=Lengths.of([e.prompt_tokens for e in entries if e.prompt_tokens]),
-        output=Lengths.of([e.output_tokens for e in entries if e.output_tokens]),
-        real_prompts=sum(
-            1 for e in entries if e.text is not None or e.messages is not None
-        ),
-        failed=trace.failed,
-        failed_lines=trace.failed_lines,
-        labels=trace.labels,
-        prefix_hit_ratio=prefix_hit_ratio(list(entries)),
+        gap_cv=tally.gap_cv,
+        prompt=Lengths.of_counts(tally.prompt),
+        output=Lengths.of_counts(tally.output),
+        real_prompts=tally.real_prompts,
+        failed=read.failed,
+        failed_lines=read.failed_lines,
+        labels=read.labels,
+        prefix_hit_ratio=tally.hits.ratio,
     )
 
 
-def _rank(ordered: Sequence[int], q: float) -> int:
-    """The nearest-rank ``q`` quantile of sorted values."""
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
-def _cv(gaps: Sequence[float]) -> float | None:
-    if len(gaps) < 2:
-        return None
-    mean = sum(gaps) / len(gaps)
-    if mean <= 0:
-        return None
-    variance = sum((g - mean) ** 2 for g in gaps) / len(gaps)
-    return math.sqrt(variance) / mean
+def _rank(ordered: Sequence[tuple[int, int]], total: int, q: float) -> int:
+    """The nearest-rank ``q`` quantile of lengths counted, sorted by length."""
+    wanted, seen = max(1, math.ceil(q * total)), 0
+    for value, n in ordered:
+        seen += n
+        if seen >= wanted:
+            return value
+    return ordered[-1][0]

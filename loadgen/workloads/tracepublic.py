@@ -16,23 +16,25 @@ downloaded (:mod:`servemon.loadgen.workloads.tracefile` picks them by their head
   it is counted (``TraceFile.labels``), not asked for.
 
 Every line is checked; a bad one is a one-line :class:`ConfigError` naming the
-file, the line and the field.
+file, the line and the field. Lines are read one at a time (:func:`published_rows`
+is a generator over a csv reader): a week of Azure's 2024 trace or of BurstGPT
+(10-17 GB) is never held as text.
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import math
 import re
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 from servemon.core.errors import ConfigError
-from servemon.loadgen.workloads.traceentry import FailedLines, TraceEntry, TraceFile
+from servemon.loadgen.workloads.traceentry import Reading, Stamped, TraceEntry
 
-__all__ = ["PUBLISHED_HEADERS", "published_format", "read_published"]
+__all__ = ["PUBLISHED_HEADERS", "published_format", "published_rows"]
 
 #: The header columns that name a published trace's CSV.
 _AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -55,25 +57,22 @@ def published_format(header: list[str]) -> str | None:
     return None
 
 
-def read_published(
-    content: str, format: str, where: str, failed: FailedLines
-) -> TraceFile:
-    """The entries of a published trace's CSV text (``format`` as
-    :func:`published_format` named it), in the file's order."""
-    rows = csv.reader(io.StringIO(content))
+def published_rows(
+    rows: Any, header: list[str], reading: Reading, where: str
+) -> Iterator[Stamped]:
+    """The entries of a published trace's CSV (``rows``: a csv reader past its
+    ``header``; ``reading.format`` as :func:`published_format` named it), in the
+    file's order, each with its stamp: Azure's in integer nanoseconds since 1970
+    (exact), BurstGPT's in seconds. Failed lines and labels are counted into
+    ``reading`` as they are read."""
+    header = [n.strip() for n in header]
     try:
-        if format == "azure":
-            return _azure(rows, where)
-        return _burstgpt(rows, where, failed)
+        if reading.format == "azure":
+            yield from _azure(rows, header, where)
+        else:
+            yield from _burstgpt(rows, header, reading, where)
     except csv.Error as exc:  # a field over the csv module's limit
         raise ConfigError(f"{where}: line {rows.line_num}: {exc}") from None
-
-
-def _columns(rows: Any, wanted: tuple[str, ...]) -> tuple[list[str], dict[str, int]]:
-    """The header of a published trace, and the column of each name it has."""
-    header = [n.strip() for n in next(rows)]
-    at = {name: header.index(name) for name in wanted if name in header}
-    return header, at
 
 
 def _fields(row: list[str], header: list[str], at: str) -> None:
@@ -81,41 +80,35 @@ def _fields(row: list[str], header: list[str], at: str) -> None:
         raise ConfigError(f"{at}: {len(row)} fields, the header names {len(header)}")
 
 
-def _azure(rows: Any, where: str) -> TraceFile:
-    header, col = _columns(rows, _AZURE)
-    stamp, prompt, output = (col[name] for name in _AZURE)
-    found = []
+def _azure(rows: Any, header: list[str], where: str) -> Iterator[Stamped]:
+    stamp, prompt, output = (header.index(name) for name in _AZURE)
     for row in rows:
         if not row:
             continue
         number = rows.line_num
         at = f"{where}: line {number}"
         _fields(row, header, at)
-        found.append(
-            (
-                _datetime_ns(row[stamp].strip(), at),
-                _whole(row[prompt], "ContextTokens", at),
-                _whole(row[output], "GeneratedTokens", at),
-                number,
-            )
+        # The entry's time is set from the stamp by the reader: offsets from the
+        # earliest line, in integer nanoseconds, then seconds.
+        yield (
+            _datetime_ns(row[stamp].strip(), at),
+            TraceEntry(
+                at_s=0.0,
+                prompt_tokens=_whole(row[prompt], "ContextTokens", at),
+                output_tokens=_whole(row[output], "GeneratedTokens", at),
+                line=number,
+            ),
         )
-    # Offsets from the earliest line in integer nanoseconds, then seconds: exact.
-    base = min((ns for ns, *_ in found), default=0)
-    return TraceFile(
-        tuple(
-            TraceEntry(at_s=(ns - base) / 1e9, prompt_tokens=p, output_tokens=o, line=n)
-            for ns, p, o, n in found
-        ),
-        "azure",
-    )
 
 
-def _burstgpt(rows: Any, where: str, failed: FailedLines) -> TraceFile:
-    header, col = _columns(rows, _BURSTGPT + _BURSTGPT_LABELS)
+def _burstgpt(
+    rows: Any, header: list[str], reading: Reading, where: str
+) -> Iterator[Stamped]:
+    col = {n: header.index(n) for n in _BURSTGPT + _BURSTGPT_LABELS if n in header}
     stamp, prompt, output = (col[name] for name in _BURSTGPT)
     labels = {name: Counter[str]() for name in _BURSTGPT_LABELS if name in col}
-    out = []
-    failures = 0
+    reading.labels = labels
+    keep = reading.failed_lines == "keep"
     for row in rows:
         if not row:
             continue
@@ -131,28 +124,20 @@ def _burstgpt(rows: Any, where: str, failed: FailedLines) -> TraceFile:
         for name, counts in labels.items():
             counts[row[col[name]].strip()] += 1
         if answer == 0:  # the trace's mark of a failed request
-            failures += 1
-            if failed == "skip":
+            reading.failed += 1
+            if not keep:
                 _whole(row[prompt], "Request tokens", at, minimum=0)
                 continue
         length = _whole(row[prompt], "Request tokens", at)
-        out.append(
+        yield (
+            at_s,
             TraceEntry(
                 at_s=at_s,
                 prompt_tokens=length,
                 output_tokens=answer or None,
                 line=number,
-            )
+            ),
         )
-    return TraceFile(
-        tuple(out),
-        "burstgpt",
-        failed=failures,
-        failed_lines=failed,
-        labels=tuple(
-            (name, tuple(counts.most_common())) for name, counts in labels.items()
-        ),
-    )
 
 
 def _whole(text: str, key: str, at: str, *, minimum: int = 1) -> int:

@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +78,7 @@ from typing import Any
 from servemon.core.errors import ConfigError
 from servemon.loadgen.workloads.prefix import build_prefix
 from servemon.loadgen.workloads.promptfile import (
+    FileEntry,
     build_file,
     read_conversations,
     read_entries,
@@ -138,7 +138,9 @@ class WorkloadSpec:
     options: dict[str, Any] = field(compare=False)
     #: The file a ``file:`` or ``trace:`` spec names, once read and checked: a run
     #: reads it once (:meth:`check`, the plan, the build).
-    _read: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    _read: dict[str, list[FileEntry] | TraceFile] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def __str__(self) -> str:
         return self.text
@@ -170,21 +172,18 @@ class WorkloadSpec:
         path = self.trace_path
         if path is None:
             raise ConfigError(f"--workload {self.text}: not a trace (trace:PATH)")
-        failed = self.options["failed"]
-        trace: TraceFile = self._once(
-            "trace", lambda: read_trace_file(path, failed=failed)
-        )
+        trace = self._read.get("trace")
+        if not isinstance(trace, TraceFile):
+            failed = self.options["failed"]
+            trace = self._read["trace"] = read_trace_file(path, failed=failed)
         return trace
 
-    def file_entries(self) -> list[Any]:
+    def file_entries(self) -> list[FileEntry]:
         """A ``file:`` spec's prompts, read and checked on the first call, and kept."""
-        path = self.options["path"]
-        return self._once("file", lambda: read_entries(path))  # type: ignore[no-any-return]
-
-    def _once(self, what: str, read: Callable[[], Any]) -> Any:
-        if what not in self._read:
-            self._read[what] = read()
-        return self._read[what]
+        entries = self._read.get("file")
+        if not isinstance(entries, list):
+            entries = self._read["file"] = read_entries(self.options["path"])
+        return entries
 
     def check(self) -> None:
         """Check the files the spec names (a ``file:``'s every line) without

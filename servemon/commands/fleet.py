@@ -29,8 +29,9 @@ LOST = 3
 
 
 def fleet_options() -> Callable[[F], F]:
-    """What makes ``ramp``, ``replay``, ``capacity`` and ``control`` coordinate a
-    fleet of ``servemon worker`` processes instead of sending from here."""
+    """What makes ``ramp``, ``sweep``, ``replay``, ``capacity`` and ``control``
+    coordinate a fleet of ``servemon worker`` processes instead of sending from
+    here."""
     return compose(
         _option(
             "--workers",

@@ -144,6 +144,7 @@ def ramp(config_file: Path | None, **flags: Any) -> None:
 )
 @click.option("--warmup", type=int, help="Warm-up requests per level, not counted.")
 @options.prometheus()
+@fleet_options()
 def sweep(config_file: Path | None, **flags: Any) -> None:
     """Closed loop: each level keeps N requests in flight until M have finished."""
     _run("sweep", config_file, flags)

@@ -1,5 +1,6 @@
-"""``servemon plan``: replicas for a forecast, from a capacity run
-(:mod:`servemon.loadgen.reports.replicas`; the page:
+"""``servemon plan``: replicas for a forecast, from a capacity run or runs at
+several sizes (:mod:`servemon.loadgen.reports.replicas`,
+:mod:`servemon.loadgen.reports.scaling`; the page:
 :mod:`servemon.loadgen.reports.planpage`)."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ __all__ = ["plan"]
 
 
 @click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("runs", nargs=-1, required=True, metavar="RUN[@N]...")
 @click.option("--peak-rps", type=float, help="The forecast's peak, requests/s.")
 @click.option(
     "--trace",
@@ -59,7 +60,7 @@ __all__ = ["plan"]
 )
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON.")
 def plan(
-    run_dir: Path,
+    runs: tuple[str, ...],
     peak_rps: float | None,
     trace_file: Path | None,
     bin_s: float,
@@ -71,11 +72,14 @@ def plan(
     out: Path,
     as_json: bool,
 ) -> None:
-    """How many replicas meet each SLO tier of RUN_DIR (a capacity run) at a
-    forecast's peak rate or over a trace, and what they cost."""
-    from servemon.loadgen.reports.measured import measure
+    """How many replicas meet each SLO tier of RUN (a capacity run directory) at
+    a forecast's peak rate or over a trace, and what they cost. RUN@N: the run
+    measured N replicas behind a balancer (one RUN alone: 1); several runs at
+    different sizes give capacity against replicas instead of assuming it linear."""
     from servemon.loadgen.reports.planpage import write_plan
     from servemon.loadgen.reports.replicas import Pricing, plan_replicas
+    from servemon.loadgen.reports.scaling import gpus_per_replica as gpus_of
+    from servemon.loadgen.reports.scaling import measure_sizes, parse_run_size
 
     _check(peak_rps, trace_file, bin_s, headroom, min_replicas)
     if gpu_hour_cost is not None and replica_hour_cost is not None:
@@ -87,19 +91,20 @@ def plan(
     ):
         if value is not None and value <= 0:
             raise ConfigError(f"{name}: expected a number above 0, got {value:g}")
-    measured = measure(run_dir)
+    sizes = measure_sizes([parse_run_size(run) for run in runs])
     forecast = (
         _trace_forecast(trace_file, bin_s)
         if trace_file is not None
         else _peak_forecast(peak_rps)
     )
-    gpus = gpus_per_replica if gpus_per_replica is not None else measured.gpus
+    gpus = gpus_per_replica if gpus_per_replica is not None else gpus_of(sizes)[0]
     if replica_hour_cost is not None:
         pricing = Pricing(replica_hour_cost, f"{replica_hour_cost:g} (given)")
     elif gpu_hour_cost is not None:
         if gpus is None:
             raise ConfigError(
-                f"--gpu-hour-cost: {run_dir} records no GPU count for its target; "
+                f"--gpu-hour-cost: {sizes[0].measured.run} records no GPU count "
+                "for its target's replicas; "
                 "give --gpus-per-replica or --replica-hour-cost"
             )
         pricing = Pricing(
@@ -108,7 +113,7 @@ def plan(
     else:
         pricing = Pricing(None, "no price given")
     found = plan_replicas(
-        measured,
+        sizes,
         forecast,
         headroom=headroom,
         pricing=pricing,
@@ -151,17 +156,19 @@ def _peak_forecast(peak_rps: float | None) -> Forecast:
 
 
 def _trace_forecast(path: Path, bin_s: float) -> Forecast:
+    """The trace counted in bins as it is read: memory bounded whatever the
+    file's size (:mod:`servemon.loadgen.workloads.tracetally`)."""
     from servemon.loadgen.reports.replicas import Forecast
-    from servemon.loadgen.workloads.tracefile import prefix_hit_ratio, read_trace_file
+    from servemon.loadgen.workloads.tracetally import tally_trace
 
-    entries = read_trace_file(path, where=f"--trace: {path}").entries
-    return Forecast.of_trace(
+    tally, _ = tally_trace(path, bin_s=bin_s, where=f"--trace: {path}")
+    return Forecast.of_bins(
         f"--trace {path}",
-        [e.at_s for e in entries],
+        tally.counts,
         bin_s,
-        prompt_lengths=[e.prompt_tokens for e in entries if e.prompt_tokens],
-        output_lengths=[e.output_tokens for e in entries if e.output_tokens],
-        hit_rate=prefix_hit_ratio(list(entries)),
+        prompt_lengths=tuple(sorted(tally.prompt.items())),
+        output_lengths=tuple(sorted(tally.output.items())),
+        hit_rate=tally.hits.ratio,
     )
 
 

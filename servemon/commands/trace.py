@@ -16,9 +16,8 @@ from servemon.loadgen.workloads.tracefile import (
     FailedLines,
     parse_trace,
     prefix_hit_ratio,
-    read_trace_file,
 )
-from servemon.loadgen.workloads.traceinfo import Lengths, TraceSummary, summarize
+from servemon.loadgen.workloads.traceinfo import Lengths, TraceSummary, summarize_file
 from servemon.loadgen.workloads.tracesynth import SynthSpec, synthesize
 
 __all__ = ["trace"]
@@ -131,9 +130,10 @@ def synth(out: Path, **knobs: float) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print JSON.")
 def info(file: Path, keep_failed: bool, as_json: bool) -> None:
-    """What a trace holds: its length, rate over time, burstiness and lengths."""
+    """What a trace holds: its length, rate over time, burstiness and lengths
+    (read as a stream: memory stays bounded whatever the file's size)."""
     failed: FailedLines = "keep" if keep_failed else "skip"
-    summary = summarize(read_trace_file(file, failed=failed, where=str(file)))
+    summary = summarize_file(file, failed=failed, where=str(file))
     if as_json:
         click.echo(json.dumps({"file": str(file), **asdict(summary)}, indent=2))
         return

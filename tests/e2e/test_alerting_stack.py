@@ -59,14 +59,15 @@ from tests.support.alerting import (
     PrometheusApi,
     Webhook,
     alertmanager_file,
+    prometheus_argv,
     prometheus_file,
 )
 from tests.support.dashboards import (
     LABEL_VALUES,
     dashboard_queries,
     instantiate,
-    missing_data,
     panels,
+    until_every_panel_has_data,
 )
 from tests.support.processes import (
     SERVEMON,
@@ -281,13 +282,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
             prometheus_started_s = time.time()
             await started(
                 "prometheus",
-                [
-                    PROMETHEUS,
-                    f"--config.file={prom_config}",
-                    f"--storage.tsdb.path={tmp / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                    "--log.level=warn",
-                ],
+                prometheus_argv(PROMETHEUS, prom_config, tmp, prom_port),
             )
             stack = Stack(
                 http=http,
@@ -385,16 +380,9 @@ async def test_every_dashboard_query_returns_data(stack: Stack) -> None:
     everything, annotations, variables = dashboard_queries()
     assert len(everything) > 50, "fewer panel queries than the dashboards have"
     assert annotations, "the stage annotation query is missing"
-    empty: list[str] = []
-
-    # The rate windows need a few scrapes of every series, the burn-rate panel a
-    # few rule evaluations: poll until all return data or the deadline passes.
-    for _ in range(10):
-        stack.alive()
-        empty = await missing_data(stack.query, everything, ONLY_IN_SOME_RUNS)
-        if not empty:
-            break
-        await asyncio.sleep(2)
+    empty = await until_every_panel_has_data(
+        stack.query, stack.alive, ONLY_IN_SOME_RUNS, timeout_s=30
+    )
 
     # The stage annotation marks a change of stage within the last minute: over the
     # run it must mark the boundary between the ramp's two stages.

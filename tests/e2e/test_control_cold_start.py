@@ -44,6 +44,7 @@ import pytest
 
 from servemon.embedded import free_port
 from tests.support.alerting import PrometheusApi, prometheus_file
+from tests.support.margins import Margin
 from tests.support.processes import (
     SERVEMON,
     Child,
@@ -163,7 +164,7 @@ def _ticks(run_dir: Path) -> list[dict[str, Any]]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", list(CASES))
 async def test_a_cold_start_reaches_the_setpoint_and_holds_it(
-    tmp_path: Path, case: str, request: pytest.FixtureRequest
+    tmp_path: Path, case: str, margin: Margin
 ) -> None:
     hold, sim_args, control_args = CASES[case]
     setpoint = float(hold.partition("=")[2])
@@ -224,15 +225,15 @@ async def test_a_cold_start_reaches_the_setpoint_and_holds_it(
         "within ±15 % after"
     )
     # In the JUnit XML (SERVEMON_JUNIT_DIR), what a CI run held.
-    request.node.user_properties += [
-        ("reached_s", round(reached, 1)),
-        ("within", round(within, 3)),
-    ]
-    assert reached <= REACH_S, rows
+    margin("reached s", reached, high=REACH_S, why=rows)
     assert len(after) >= 8, rows
-    assert within >= MIN_WITHIN, rows
+    margin("within", within, low=MIN_WITHIN, why=rows)
     held = [t["measured"] for t in ticks[first:] if t["measured"] is not None]
-    assert abs(sum(held) / len(held) - setpoint) <= MEAN_WITHIN * setpoint, rows
+    mean_band = {
+        "low": (1 - MEAN_WITHIN) * setpoint,
+        "high": (1 + MEAN_WITHIN) * setpoint,
+    }
+    margin("held mean", sum(held) / len(held), **mean_band, why=rows)
     phases = [t["phase"] for t in ticks]
     assert phases[0] == "start"
     assert "hold" in phases

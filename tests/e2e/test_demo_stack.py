@@ -13,12 +13,10 @@ more than zero.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import signal
 import sys
-import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,8 +34,8 @@ from tests.e2e.test_alerting_stack import (
     READY_EXPORTER,
     slo_file,
 )
-from tests.support.alerting import PrometheusApi, prometheus_file
-from tests.support.dashboards import dashboard_queries, missing_data
+from tests.support.alerting import PrometheusApi, prometheus_argv, prometheus_file
+from tests.support.dashboards import until_every_panel_has_data
 from tests.support.processes import (
     SERVEMON,
     Child,
@@ -137,13 +135,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
             )
             await started(
                 "prometheus",
-                [
-                    PROMETHEUS,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={tmp / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                    "--log.level=warn",
-                ],
+                prometheus_argv(PROMETHEUS, config, tmp, prom_port),
             )
             stack = Stack(http, f"http://127.0.0.1:{prom_port}", children)
 
@@ -189,17 +181,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
 async def test_every_dashboard_query_returns_data_from_the_demos_simulator(
     stack: Stack,
 ) -> None:
-    everything, _, _ = dashboard_queries()
-    empty: list[str] = []
-    # The rate windows need a few scrapes of every series, the burn-rate panels a
-    # few rule evaluations: poll until all return data or the deadline passes.
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        stack.alive()
-        empty = await missing_data(stack.query, everything, NOT_IN_THE_DEMO)
-        if not empty:
-            break
-        await asyncio.sleep(3)
+    empty = await until_every_panel_has_data(stack.query, stack.alive, NOT_IN_THE_DEMO)
     assert not empty, f"{len(empty)} dashboard queries return no data:\n" + "\n".join(
         empty
     )

@@ -43,6 +43,7 @@ import pytest
 from servemon.loadgen.send.arrivals import Arrival, Stage, schedule
 from tests.support.alerting import prometheus_file
 from tests.support.fleet import COORDINATOR, clock_env
+from tests.support.margins import Margin
 from tests.support.netns import Namespace, Network, Process, network
 from tests.support.nginx import NGINX, nginx_file
 from tests.support.processes import SERVEMON, servemon_argv
@@ -196,7 +197,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def fleet_run(
-    stack: Stack, name: str, command: str, *args: str, listen: str, timeout_s: float
+    stack: Stack,
+    margin: Margin,
+    name: str,
+    command: str,
+    *args: str,
+    listen: str,
+    timeout_s: float,
 ) -> Path:
     """Run ``servemon COMMAND`` against nginx from the coordinator's namespace,
     with a worker in each worker namespace; its run directory, checked as a fleet's
@@ -255,8 +262,9 @@ def fleet_run(
         measured.append(f"w{i} {1e3 * (worker['offset_s'] - offset):+.3f} ms")
         # Each worker's clock, measured across the bridge: within 1 ms of the
         # offset it was given.
-        assert worker["offset_s"] == pytest.approx(offset, abs=1e-3), worker
-        assert worker["uncertainty_s"] < 1e-3, worker
+        error = worker["offset_s"] - offset
+        margin("clock offset error s", error, low=-1e-3, high=1e-3, why=worker)
+        margin("clock uncertainty s", worker["uncertainty_s"], below=1e-3, why=worker)
         # It joined from its own machine, and sent a share.
         assert worker["address"] == ns.address, worker
         assert worker["stop_reason"] == "run ended", worker
@@ -282,9 +290,10 @@ STAGES, SEED = ((8.0, 2.0), (16.0, 2.0)), 23
 
 
 @pytest.mark.timeout(180)
-def test_a_ramp_from_four_machines(stack: Stack) -> None:
+def test_a_ramp_from_four_machines(stack: Stack, margin: Margin) -> None:
     run = fleet_run(
         stack,
+        margin,
         "ramp",
         "ramp",
         *("--stages", ",".join(f"{rate:g}:{secs:g}" for rate, secs in STAGES)),
@@ -308,9 +317,10 @@ def test_a_ramp_from_four_machines(stack: Stack) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_a_capacity_search_from_four_machines(stack: Stack) -> None:
+def test_a_capacity_search_from_four_machines(stack: Stack, margin: Margin) -> None:
     run = fleet_run(
         stack,
+        margin,
         "capacity",
         "capacity",
         *("--slo", LOOSE_SLO, "--arrival", "constant"),
@@ -334,9 +344,12 @@ def test_a_capacity_search_from_four_machines(stack: Stack) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_control_through_prometheus_from_four_machines(stack: Stack) -> None:
+def test_control_through_prometheus_from_four_machines(
+    stack: Stack, margin: Margin
+) -> None:
     run = fleet_run(
         stack,
+        margin,
         "control",
         "control",
         *("--hold", "waiting=4", "--duration", "16", "--slo", LOOSE_SLO),
@@ -356,7 +369,8 @@ def test_control_through_prometheus_from_four_machines(stack: Stack) -> None:
     # most ticks.
     assert held["signal"] == "waiting", held
     assert held["source"] == "prometheus", held
-    assert sum(m is not None for m in seen) >= 0.75 * len(ticks), ticks
+    read = sum(m is not None for m in seen) / len(ticks)
+    margin("ticks with the queue", read, low=0.75, why=ticks)
     # ... and Prometheus scraped the coordinator's client /metrics across the
     # bridge: the run's requests, counted there.
     counted = query(
@@ -369,7 +383,8 @@ def test_control_through_prometheus_from_four_machines(stack: Stack) -> None:
         f"control: Prometheus counted {counted[0]['value'][1]} of "
         f"{len(records)} requests\n"
     )
-    assert float(counted[0]["value"][1]) >= 0.5 * len(records), (counted, records)
+    share = float(counted[0]["value"][1]) / len(records)
+    margin("requests Prometheus counted", share, low=0.5, why=counted)
 
 
 def compare(stack: Stack, name: str, *runs: Path) -> Process:

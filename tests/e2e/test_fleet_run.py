@@ -12,6 +12,7 @@ request the target saw."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import signal
 import time
@@ -25,6 +26,7 @@ import pytest
 from servemon.embedded import free_port
 from servemon.loadgen.send.arrivals import Arrival, Stage, schedule
 from tests.support.fleet import COORDINATOR, RecordingProxy, clock_env
+from tests.support.margins import Margin
 from tests.support.rundirs import only_run, poll, read_json, read_jsonl
 
 pytestmark = pytest.mark.e2e
@@ -96,7 +98,7 @@ def join(servemon: Callable[..., Any], url: str, name: str, **env: str) -> Any:
 
 
 def test_four_workers_with_skewed_clocks_send_one_schedule(
-    servemon: Callable[..., Any], tmp_path: Path
+    servemon: Callable[..., Any], tmp_path: Path, margin: Margin
 ) -> None:
     target = start_sim(servemon, "--speed", "0.2")
     out = tmp_path / "runs"
@@ -120,8 +122,9 @@ def test_four_workers_with_skewed_clocks_send_one_schedule(
     for i, offset in enumerate(OFFSETS):
         worker = by_name[f"w{i}"]
         given = offset if skewed else 0.0
-        assert worker["offset_s"] == pytest.approx(given, abs=1e-3), worker
-        assert worker["uncertainty_s"] < 1e-3, worker
+        error = worker["offset_s"] - given
+        margin("clock offset error s", error, low=-1e-3, high=1e-3, why=worker)
+        margin("clock uncertainty s", worker["uncertainty_s"], below=1e-3, why=worker)
         assert worker["clock_samples"] >= 12
         assert worker["stop_reason"] == "run ended"
         assert worker["records"] == worker["credits"] > 0
@@ -149,12 +152,59 @@ def test_four_workers_with_skewed_clocks_send_one_schedule(
         first = min(
             (r for r in records if r["worker"] == index), key=lambda r: r["sent_s"]
         )
-        assert abs(first["dispatch_lag_s"]) < 0.05, first
+        margin("first send lag s", abs(first["dispatch_lag_s"]), below=0.05, why=first)
 
     # One run directory that servemon report reads like any other.
     report = servemon("report", str(run))
     assert report.wait(60) == 0, report.stderr
     assert (run / "report.html").stat().st_size > 0
+
+
+def test_a_sweep_from_two_workers_keeps_each_levels_concurrency(
+    servemon: Callable[..., Any], tmp_path: Path, margin: Margin
+) -> None:
+    """A closed loop stays in the coordinator: each user's next request goes to a
+    worker once the last one's record is back, so every level keeps its
+    concurrency across the workers and finishes its number."""
+    target = start_sim(servemon, "--speed", "0.2")
+    out = tmp_path / "runs"
+    coordinator = servemon(
+        "sweep",
+        *("--target", target, *LOAD, "--parallel", "1,3", "--number", "12"),
+        *("--warmup", "2", "--fleet-listen", "127.0.0.1:0", "--fleet-workers", "2"),
+        *("--out", str(out)),
+        env=ENV,
+    )
+    url = coordinator_url(coordinator)
+    workers = [
+        join(servemon, url, f"w{i}", **clock_env(offset))
+        for i, offset in enumerate(OFFSETS[:2])
+    ]
+    assert coordinator.wait(90) == 0, coordinator.stdout + coordinator.stderr
+    for worker in workers:
+        assert worker.wait(20) == 0, worker.stderr
+    run = only_run(out)
+    records = read_jsonl(run / "requests.jsonl")
+    assert Counter(r["stage"] for r in records) == {0: 12, 1: 12}
+    assert {r["outcome"] for r in records} == {"ok"}
+    assert sorted({r["worker"] for r in records}) == [0, 1]
+    # No schedule to be late to: each request is due when its worker takes it.
+    lag = max(r["dispatch_lag_s"] for r in records)
+    margin("closed loop send lag s", lag, below=0.05)
+    # In the coordinator's frame: never more in flight than the level's users
+    # (each request's span narrowed by 2 ms, twice the clocks' bound), and the
+    # level of 3 had its 3 at once.
+    for stage, users in ((0, 1), (1, 3)):
+        edges = sorted(
+            edge
+            for r in records
+            if r["stage"] == stage
+            for edge in ((r["sent_s"] + 0.002, 1), (r["end_s"] - 0.002, -1))
+        )
+        most = max(itertools.accumulate(step for _at, step in edges))
+        assert most == users, (stage, most)
+    report = servemon("report", str(run))
+    assert report.wait(60) == 0, report.stderr
 
 
 def test_a_worker_without_the_token_is_refused(
@@ -293,7 +343,7 @@ def test_a_killed_worker_is_named_and_its_records_kept(
 
 
 def test_a_killed_coordinator_leaves_the_target_without_load(
-    servemon: Callable[..., Any], tmp_path: Path
+    servemon: Callable[..., Any], tmp_path: Path, margin: Margin
 ) -> None:
     # Slow answers (about 0.3 s): requests are in flight when the coordinator dies,
     # and only their workers' spools have them.
@@ -312,7 +362,8 @@ def test_a_killed_coordinator_leaves_the_target_without_load(
         time.sleep(1.0)  # what arrives late would arrive by now (not a readiness wait)
         last = proxy.last_arrival()
         assert last is not None
-        assert last - killed < 2.0, f"a request reached the target {last - killed} s on"
+        # The issue's own bound: no request 2 s after the coordinator died.
+        margin("last request after the kill s", last - killed, below=2.0)
         arrived = len(proxy.arrivals)
     # Each worker kept its records, on the coordinator's clock.
     paths = sorted((tmp_path / "servemon-spool").glob("*.jsonl"))

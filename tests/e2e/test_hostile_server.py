@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.support.hostile import MODEL, hostile_target
+from tests.support.margins import Margin
 
 pytestmark = pytest.mark.e2e
 
@@ -86,6 +87,7 @@ def test_a_hostile_server_costs_bounded_memory_and_no_schedule(
     kinds: dict[str, tuple[str, str]],
     flags: tuple[str, ...],
     request: pytest.FixtureRequest,
+    margin: Margin,
 ) -> None:
     out = tmp_path / "runs"
     with hostile_target([*kinds, "ok"]) as url:
@@ -111,5 +113,5 @@ def test_a_hostile_server_costs_bounded_memory_and_no_schedule(
     request.node.user_properties += [
         (f"lag_{q}", lag[q]) for q in ("p50", "p90", "p99")
     ]
-    assert lag["p90"] < LAG_P90_BOUND, lag
+    margin("dispatch lag p90 s", lag["p90"], below=LAG_P90_BOUND, why=lag)
     assert peak < PEAK_RSS_BOUND, f"peak RSS {peak / 2**20:.0f} MiB"

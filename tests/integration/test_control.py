@@ -18,6 +18,7 @@ from aiohttp import web
 from servemon.loadgen.record.runrecord import RunResult
 from servemon.simulator.config import SimConfig
 from servemon.simulator.server import SimServer
+from tests.support.margins import Margin
 from tests.support.runs import config_for, run
 
 pytestmark = pytest.mark.integration
@@ -140,7 +141,9 @@ def test_a_blind_controller_holds_its_rate_then_stops(tmp_path: Path) -> None:
     )
 
 
-def test_control_holds_kv_usage_on_its_model_of_the_requests(tmp_path: Path) -> None:
+def test_control_holds_kv_usage_on_its_model_of_the_requests(
+    tmp_path: Path, margin: Margin
+) -> None:
     """Requests that live a few seconds into a small cache: once a few have
     finished, the law steers on the client's model of what its requests hold (each
     tick says the model's scale), and KV usage ends near the setpoint."""
@@ -174,12 +177,12 @@ def test_control_holds_kv_usage_on_its_model_of_the_requests(tmp_path: Path) -> 
     # The scale is KV usage per modelled token: 1 / (1,000 x 16), and rounding.
     assert 0.5 / 16_000 < statistics.median(t["scale"] for t in modelled) < 2 / 16_000
     late = [t["measured"] for t in ticks[-len(ticks) // 3 :]]
-    assert 0.3 < statistics.mean(late) < 0.7
+    margin("late mean KV usage", statistics.mean(late), above=0.3, below=0.7)
 
 
 @pytest.mark.parametrize("pace", [True, False])
 def test_control_of_ttft_paces_its_sends_by_the_prefill_backlog(
-    tmp_path: Path, pace: bool
+    tmp_path: Path, pace: bool, margin: Margin
 ) -> None:
     """Long prompts: every stream's first token reaches the backlog (the pace
     moves off 1 both ways), what goes out is the law's rate, and ``--no-pace``
@@ -214,8 +217,8 @@ def test_control_of_ttft_paces_its_sends_by_the_prefill_backlog(
     assert all(p is not None for p in paces)
     # The record of the pace is what went out over what was drawn at, which the
     # sends owed keep near 1 however the backlog moves (it is not always 1).
-    assert 0.7 < statistics.median(paces) < 1.3
+    margin("median pace", statistics.median(paces), above=0.7, below=1.3)
     assert min(paces) != max(paces)
     sent = sum(t["achieved_rps"] for t in ticks[1:])
     offered = sum(t["offered_rps"] for t in ticks[:-1])  # the rate of the next tick
-    assert 0.75 < sent / offered < 1.25
+    margin("sent / offered", sent / offered, above=0.75, below=1.25)

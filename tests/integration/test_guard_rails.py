@@ -28,6 +28,7 @@ from servemon.loadgen.run.flat import config_of
 from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.runner import Stopper, run_load
+from tests.support.margins import Margin
 
 pytestmark = pytest.mark.integration
 
@@ -161,7 +162,7 @@ async def test_half_the_requests_failing_stops_the_run_within_seconds(
 
 @pytest.mark.asyncio
 async def test_a_dead_target_stops_the_run(
-    start_sim: Any, tmp_path: Path, poll_until: Callable[..., Any]
+    start_sim: Any, tmp_path: Path, poll_until: Callable[..., Any], margin: Margin
 ) -> None:
     # --abort-error-rate 1 leaves the dead-target rule to trip: otherwise the
     # connection errors pass the error-rate rule first (also a stop, another reason).
@@ -184,7 +185,7 @@ async def test_a_dead_target_stops_the_run(
     assert result.stop_reason is not None
     assert "stopped answering" in result.stop_reason, result.stop_reason
     # 5 s of nothing but connection errors, then at once.
-    assert 4.0 < ended - killed < 9.0, ended - killed
+    margin("end after the kill s", ended - killed, above=4.0, below=9.0)
     assert ended - started < PLANNED_S - 5
     records = assert_nothing_lost(result)
     outcomes = Counter(r["outcome"] for r in records)

@@ -30,6 +30,7 @@ from servemon.loadgen.runner import Stopper
 from servemon.loadgen.send.arrivals import Arrival, Due, parse_stages, schedule
 from servemon.simulator.config import SimConfig
 from servemon.simulator.server import SimServer
+from tests.support.margins import Margin
 from tests.support.runs import config_for, run
 
 pytestmark = pytest.mark.integration
@@ -127,7 +128,7 @@ def open_loop_run(tmp_path_factory: pytest.TempPathFactory) -> OpenLoopRun:
 
 
 def test_open_loop_sends_the_seeded_schedule_at_the_target_rate(
-    open_loop_run: OpenLoopRun, request: pytest.FixtureRequest
+    open_loop_run: OpenLoopRun, request: pytest.FixtureRequest, margin: Margin
 ) -> None:
     result, records, planned = (
         open_loop_run.result,
@@ -162,15 +163,15 @@ def test_open_loop_sends_the_seeded_schedule_at_the_target_rate(
     # the 1 % of requests due meanwhile. p95 is held to 20 ms.
     lags = [r["dispatch_lag_s"] for r in records]
     p95, p99 = percentile(lags, 95), percentile(lags, 99)
-    request.node.user_properties += [  # reported (--junitxml, junit_family=xunit1)
+    request.node.user_properties += [  # reported (--junitxml)
         ("requests", len(records)),
         ("dispatch_lag_p50_s", percentile(lags, 50)),
-        ("dispatch_lag_p95_s", p95),
-        ("dispatch_lag_p99_s", p99),
     ]
     assert min(lags) >= 0
     message = f"dispatch lag p95 {p95 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms"
-    check_timing(p95 < 0.020 and p99 < 0.250, message)
+    p95_ok = margin.record("dispatch lag p95 s", p95, below=0.020)
+    p99_ok = margin.record("dispatch lag p99 s", p99, below=0.250)
+    check_timing(p95_ok and p99_ok, message)
 
 
 def send_gaps(records: list[dict[str, Any]], key: str) -> list[float]:

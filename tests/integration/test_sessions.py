@@ -17,6 +17,7 @@ from servemon.loadgen.record.runrecord import RunResult
 from servemon.loadgen.reports.report import write_report
 from servemon.simulator.config import SimConfig
 from servemon.simulator.server import SimServer
+from tests.support.margins import Margin
 from tests.support.runs import config_for, run
 
 pytestmark = pytest.mark.integration
@@ -48,7 +49,9 @@ def _lines(result: RunResult) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines()]
 
 
-def test_later_turns_find_their_history_in_the_prefix_cache(tmp_path: Path) -> None:
+def test_later_turns_find_their_history_in_the_prefix_cache(
+    tmp_path: Path, margin: Margin
+) -> None:
     cached = _sessions(tmp_path / "on", caching=True, workload=SPEC, stages="1:6")
     assert cached.status == "completed"
     stage = cached.stages[0]
@@ -90,7 +93,8 @@ def test_later_turns_find_their_history_in_the_prefix_cache(tmp_path: Path) -> N
     ttft_1, ttft_2 = first.figure("ttft"), second.figure("ttft")
     assert ttft_1 is not None
     assert ttft_2 is not None
-    assert ttft_2.p50 < 0.8 * ttft_1.p50  # what the cache buys the second turn
+    # What the cache buys the second turn.
+    margin("TTFT p50, turn 2 / turn 1", ttft_2.p50 / ttft_1.p50, below=0.8)
 
     # Without a prefix cache the same conversations get slower turn by turn.
     uncached = _sessions(tmp_path / "off", caching=False, workload=SPEC, stages="1:6")
@@ -100,7 +104,7 @@ def test_later_turns_find_their_history_in_the_prefix_cache(tmp_path: Path) -> N
     plain_1, plain_2 = plain["1"].figure("ttft"), plain["2"].figure("ttft")
     assert plain_1 is not None
     assert plain_2 is not None
-    assert plain_2.p50 > plain_1.p50
+    margin("uncached TTFT p50, turn 2 / turn 1", plain_2.p50 / plain_1.p50, above=1)
 
     # The report draws TTFT by turn.
     page = write_report(cached.path).read_text(encoding="utf-8")

@@ -17,6 +17,7 @@ __all__ = [
     "PrometheusError",
     "Webhook",
     "alertmanager_file",
+    "prometheus_argv",
     "prometheus_file",
 ]
 
@@ -144,3 +145,15 @@ class PrometheusApi:
         """``/-/ready`` answers 200 (Alertmanager has it too)."""
         async with self.http.get(f"{self.url}/-/ready") as resp:
             return resp.status == 200
+
+
+def prometheus_argv(binary: str, config: Path, folder: Path, port: int) -> list[str]:
+    """Prometheus as the stacks run it: ``config``, a fresh TSDB in ``folder``, on
+    127.0.0.1:``port``, warnings only."""
+    return [
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={folder / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--log.level=warn",
+    ]

@@ -1,14 +1,19 @@
 """A capacity run directory written by hand: its steps, verdicts and the server's
-samples chosen by the test (for ``servemon autoscale`` and its reader)."""
+samples chosen by the test (for ``servemon autoscale`` and its reader); or a
+search of several SLO tiers with requests behind every step (for ``servemon
+plan``, at one size or several)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from servemon.core import names
 from servemon.core.slo import parse_slo
+from servemon.loadgen.record.energy import Energy
+from servemon.loadgen.record.line import request_line
 from servemon.loadgen.record.runrecord import (
     CapacityResult,
     RunInfo,
@@ -19,9 +24,10 @@ from servemon.loadgen.record.runrecord import (
     write_record,
 )
 from servemon.loadgen.record.sections import ClockOrigin
-from servemon.loadgen.record.summary import Summarizer
+from servemon.loadgen.record.summary import Summarizer, summarize
+from servemon.loadgen.send.timing import Outcome, RequestTiming
 
-__all__ = ["ORIGIN_S", "STEP_S", "write_capacity_run"]
+__all__ = ["ORIGIN_S", "STEP_S", "TIER_SLOS", "write_capacity_run", "write_tier_run"]
 
 #: The run's monotonic origin, and each step's length (steps follow each other).
 ORIGIN_S, STEP_S = 1000.0, 5.0
@@ -90,4 +96,82 @@ def write_capacity_run(
                     rows.append([names.ENGINE_KV_CACHE_USAGE.name, labels, kv])
                 mono = ORIGIN_S + step * STEP_S + at
                 out.write(json.dumps({"mono_s": mono, "samples": rows}) + "\n")
+    return run_dir
+
+
+#: The SLO of each tier :func:`write_tier_run` can search.
+TIER_SLOS = {"interactive": "ttft_p95<=0.3", "batch": "e2e_p95<=30"}
+
+
+def _timing(i: int, stage: int, output: int) -> RequestTiming:
+    sent = 100.0 * stage + i * 0.1
+    return RequestTiming(
+        request_id=f"s{stage}-{i}",
+        stage=stage,
+        scheduled_s=sent,
+        sent_s=sent,
+        end_s=sent + 1.0,
+        outcome=Outcome.OK,
+        first_chunk_s=sent + 0.05,
+        content_s=(sent + 0.05, sent + 0.5),
+        output_tokens=output,
+        prompt_tokens=500 + i % 21,
+    )
+
+
+def write_tier_run(
+    run_dir: Path,
+    capacities: Mapping[str, float],
+    *,
+    rates: Sequence[float] = (),
+    gpus: int | None = 2,
+    hit_rate: float = 0.3,
+    url: str = "http://10.0.0.5:8000",
+    workload: str = "random:prompt=510,output=110",
+) -> Path:
+    """A finished capacity search of the tiers of :data:`TIER_SLOS` named in
+    ``capacities`` (each its capacity, req/s). Its steps: ``rates`` (default:
+    the capacities and twice the largest), each with 40 ok requests of 500-520
+    prompt tokens and ``100 + 10 x step`` output tokens, the server's hit rate
+    ``hit_rate``, and (``gpus``) the energy of that many GPUs; a tier meets every
+    step at or below its capacity."""
+    run_dir.mkdir(parents=True)
+    rates = rates or [*sorted(set(capacities.values())), 2 * max(capacities.values())]
+    stages, steps, lines = [], [], []
+    for stage, rate in enumerate(rates):
+        timings = [_timing(i, stage, 100 + 10 * stage) for i in range(40)]
+        lines += [json.dumps(request_line(t)) for t in timings]
+        summary = summarize(timings, duration_s=30.0)
+        if gpus is not None:
+            summary = replace(summary, energy=Energy(9000.0, 30.0, gpus, "nvml"))
+        stages.append(
+            StageResult(
+                stage, f"{rate:g} rps", rate, summary=summary, server_hit_rate=hit_rate
+            )
+        )
+        met = {name: rate <= cap for name, cap in capacities.items()}
+        steps.append(StepVerdict(stage, rate, all(met.values()), tiers=met))
+    (run_dir / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    tiers = []
+    for name, cap in capacities.items():
+        above = min((r for r in rates if r > cap), default=None)
+        figure = TIER_SLOS[name].split("<=")[0]
+        tiers.append(
+            TierResult(
+                name, TIER_SLOS[name], cap, (cap, above), figure, "queue", "bracket"
+            )
+        )
+    first = min(tiers, key=lambda t: t.capacity_rps or 0.0)
+    found = CapacityResult(first.capacity_rps, first.bracket, first.first_breach,
+                           "queue", "bracket", steps, tiers)  # fmt: skip
+    info = RunInfo(
+        kind="capacity",
+        status="completed",
+        clock_origin=ClockOrigin(monotonic_s=0.0, utc="2026-01-01T00:00:00Z"),
+        target={"url": url},
+        workload={"spec": workload},
+        stages=[replace(s, summary=None) for s in stages],
+    )
+    record = RunSummary("capacity", "completed", stages, summarize([]), capacity=found)
+    write_record(run_dir, info, record)
     return run_dir

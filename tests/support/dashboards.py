@@ -4,9 +4,11 @@ vLLM's) share."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +24,7 @@ __all__ = [
     "instantiate",
     "missing_data",
     "panels",
+    "until_every_panel_has_data",
 ]
 
 #: What ``$__rate_interval`` becomes (four scrape intervals and more).
@@ -94,3 +97,24 @@ async def missing_data(
         elif not any(math.isfinite(float(r["value"][1])) for r in result):
             empty.append(f"{target.where}: only NaN or Inf: {promql}")
     return empty
+
+
+async def until_every_panel_has_data(
+    query: Query,
+    alive: Callable[[], None],
+    excused: Mapping[str, str],
+    timeout_s: float = 90.0,
+) -> list[str]:
+    """Every query of every dashboard, asked again every 3 s until each returns data
+    (the rate windows need a few scrapes of every series, the burn-rate panels a few
+    rule evaluations) or ``timeout_s`` has passed; the ones still without, one line
+    each (:func:`missing_data`). ``alive`` fails the test when a process of the
+    stack has died."""
+    everything, _, _ = dashboard_queries()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive()
+        empty = await missing_data(query, everything, excused)
+        if not empty or time.monotonic() >= deadline:
+            return empty
+        await asyncio.sleep(3)

@@ -17,7 +17,6 @@ Debian's ``prometheus-alertmanager`` notifying a webhook served here. Then:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import signal
 import sys
@@ -49,9 +48,10 @@ from tests.support.alerting import (
     PrometheusApi,
     Webhook,
     alertmanager_file,
+    prometheus_argv,
     prometheus_file,
 )
-from tests.support.dashboards import dashboard_queries, missing_data
+from tests.support.dashboards import until_every_panel_has_data
 from tests.support.processes import (
     SERVEMON,
     Child,
@@ -218,13 +218,7 @@ async def stack(
             )
             await started(
                 "prometheus",
-                [
-                    PROMETHEUS,
-                    f"--config.file={prom_config}",
-                    f"--storage.tsdb.path={tmp / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                    "--log.level=warn",
-                ],
+                prometheus_argv(PROMETHEUS, prom_config, tmp, prom_port),
             )
             stack = Stack(
                 http=http,
@@ -279,17 +273,7 @@ async def stack(
 async def test_every_dashboard_query_returns_data_from_the_live_vllm(
     stack: Stack,
 ) -> None:
-    everything, _, _ = dashboard_queries()
-    empty: list[str] = []
-    # The rate windows need a few scrapes of every series, the burn-rate panels a
-    # few rule evaluations: poll until all return data or the deadline passes.
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        stack.alive()
-        empty = await missing_data(stack.query, everything, NOT_ON_THIS_VLLM)
-        if not empty:
-            break
-        await asyncio.sleep(3)
+    empty = await until_every_panel_has_data(stack.query, stack.alive, NOT_ON_THIS_VLLM)
     assert not empty, f"{len(empty)} dashboard queries return no data:\n" + "\n".join(
         empty
     )

@@ -39,7 +39,8 @@ async def test_the_local_fleet_has_a_token_of_its_own(tmp_path: Path) -> None:
     assert len(folders) == 2
 
 
-def test_workers_are_refused_where_a_fleet_cannot_send() -> None:
-    with pytest.raises(ConfigError, match="--workers: not for sweep"):
-        fleet_settings("sweep", LoadConfig(workers=2))
-    assert fleet_settings("ramp", LoadConfig(workers=2)) is None
+def test_every_load_command_takes_workers_and_auto_is_a_ramps() -> None:
+    for kind in ("ramp", "sweep", "replay", "capacity", "control"):
+        assert fleet_settings(kind, LoadConfig(workers=2)) is None  # local_workers'
+    with pytest.raises(ConfigError, match="--workers auto: a ramp's only"):
+        fleet_settings("sweep", LoadConfig(workers="auto"))

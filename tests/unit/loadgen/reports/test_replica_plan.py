@@ -7,25 +7,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from servemon.cli import cli
-from servemon.loadgen.record.energy import Energy
-from servemon.loadgen.record.line import request_line
-from servemon.loadgen.record.runrecord import (
-    CapacityResult,
-    RunInfo,
-    RunSummary,
-    StageResult,
-    StepVerdict,
-    TierResult,
-    write_record,
-)
-from servemon.loadgen.record.summary import summarize
 from servemon.loadgen.reports.measured import measure
 from servemon.loadgen.reports.replicas import (
     Forecast,
@@ -33,78 +20,25 @@ from servemon.loadgen.reports.replicas import (
     plan_replicas,
     replicas_for,
 )
-from servemon.loadgen.send.timing import Outcome, RequestTiming
+from tests.support.capacityruns import write_tier_run
 
-#: Each step: its rate, the tiers it met, and its requests' output tokens.
-STEPS = [(10.0, True, True, 100), (20.0, False, True, 110), (40.0, False, True, 120)]
-STEPS += [(80.0, False, False, 130)]
 GPUS = 2
 HIT = 0.3
-
-
-def _timing(i: int, stage: int, output: int) -> RequestTiming:
-    sent = 100.0 * stage + i * 0.1
-    return RequestTiming(
-        request_id=f"s{stage}-{i}",
-        stage=stage,
-        scheduled_s=sent,
-        sent_s=sent,
-        end_s=sent + 1.0,
-        outcome=Outcome.OK,
-        first_chunk_s=sent + 0.05,
-        content_s=(sent + 0.05, sent + 0.5),
-        output_tokens=output,
-        prompt_tokens=500 + i % 21,
-    )
 
 
 def capacity_run(
     run_dir: Path, *, energy: bool = True, url: str = "http://10.0.0.5:8000"
 ) -> Path:
-    """A two-tier capacity run: interactive 10 req/s, batch 40 req/s."""
-    run_dir.mkdir()
-    stages, steps, lines = [], [], []
-    for stage, (rate, interactive, batch, output) in enumerate(STEPS):
-        timings = [_timing(i, stage, output) for i in range(40)]
-        lines += [json.dumps(request_line(t)) for t in timings]
-        summary = summarize(timings, duration_s=30.0)
-        if energy:
-            summary = replace(summary, energy=Energy(9000.0, 30.0, GPUS, "nvml"))
-        stages.append(
-            StageResult(
-                stage, f"{rate:g} rps", rate, summary=summary, server_hit_rate=HIT
-            )
-        )
-        met = {"interactive": interactive, "batch": batch}
-        steps.append(StepVerdict(stage, rate, interactive and batch, tiers=met))
-    (run_dir / "requests.jsonl").write_text("\n".join(lines) + "\n")
-    tiers = [
-        TierResult(
-            "interactive",
-            "ttft_p95<=0.3",
-            10.0,
-            (10.0, 20.0),
-            "ttft_p95",
-            "queue",
-            "bracket",
-        ),
-        TierResult(
-            "batch", "e2e_p95<=30", 40.0, (40.0, 80.0), "e2e_p95", "queue", "bracket"
-        ),
-    ]
-    found = CapacityResult(10.0, (10.0, 20.0), "ttft_p95", "queue", "bracket",
-                           steps, tiers)  # fmt: skip
-    info = RunInfo(
-        kind="capacity",
-        status="completed",
-        clock_origin={"monotonic_s": 0.0, "utc": "2026-01-01T00:00:00Z"},
-        target={"url": url},
-        workload={"spec": "random:prompt=510,output=110"},
-        stages=[replace(s, summary=None) for s in stages],
+    """A two-tier capacity run: interactive 10 req/s, batch 40 req/s; steps at 10,
+    20, 40 and 80 req/s, their requests' outputs 100, 110, 120 and 130 tokens."""
+    return write_tier_run(
+        run_dir,
+        {"interactive": 10.0, "batch": 40.0},
+        rates=(10.0, 20.0, 40.0, 80.0),
+        gpus=GPUS if energy else None,
+        hit_rate=HIT,
+        url=url,
     )
-    record = RunSummary("capacity", "completed", stages, summarize([]), capacity=found)
-    write_record(run_dir, info, record)
-    return run_dir
 
 
 #: Per 60-s bin: requests, and their prompt and output tokens.

@@ -284,14 +284,14 @@ def test_an_unchanged_trace_is_parsed_once_and_a_changed_one_again(
 ) -> None:
     import servemon.loadgen.workloads.tracefile as tracefile
 
-    parsed: list[str] = []
-    real = tracefile.parse_trace_file
+    parsed: list[Path] = []
+    real = tracefile.stream_trace
 
-    def counting(content: str, where: str, **kwargs: Any) -> Any:
-        parsed.append(content)
-        return real(content, where, **kwargs)
+    def counting(path: Path, **kwargs: Any) -> Any:
+        parsed.append(path)
+        return real(path, **kwargs)
 
-    monkeypatch.setattr(tracefile, "parse_trace_file", counting)
+    monkeypatch.setattr(tracefile, "stream_trace", counting)
     path = tmp_path / "t.csv"
     path.write_text("timestamp,prompt_tokens,output_tokens\n0,10,2\n1,20,3\n")
     first = tracefile.read_trace(path)
