@@ -309,7 +309,7 @@ class Fleet:
 
     async def send(
         self,
-        body: dict[str, Any],
+        body: dict[str, object],
         *,
         request_id: str,
         stage: int,
@@ -333,7 +333,7 @@ class Fleet:
         if on_first_token is not None:
             member.first_tokens[request_id] = on_first_token
         encoded = options.get("encoded")
-        credit: dict[str, Any] = {
+        credit: dict[str, object] = {
             "i": request_id,
             "s": stage,
             "t": None if scheduled_s is None else scheduled_s - est.delta_s,

@@ -30,7 +30,7 @@ class FleetPlan:
     headers: dict[str, str]
     config: LoadConfig
 
-    def message(self) -> dict[str, Any]:
+    def message(self) -> dict[str, object]:
         return {
             "k": "plan",
             "url": self.url,
@@ -55,7 +55,7 @@ class Member:
         default_factory=dict
     )
     first_tokens: dict[str, Callable[[], None]] = field(default_factory=dict)
-    outbox: list[dict[str, Any]] = field(default_factory=list)
+    outbox: list[dict[str, object]] = field(default_factory=list)
     pings: dict[int, float] = field(default_factory=dict)
     heard_s: float = field(default_factory=time.monotonic)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -101,8 +101,8 @@ def joined_line(member: Member) -> str:
     return f"servemon: worker {member.index} ({member.name}, {member.address}): {clock}"
 
 
-def wire_options(options: RequestOptions) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def wire_options(options: RequestOptions) -> dict[str, object]:
+    out: dict[str, object] = {}
     for key in ("cancel_after_s", "cancel_after_tokens", "keep_text"):
         value = options.get(key)
         if value is not None:

@@ -26,7 +26,7 @@ import os
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -92,11 +92,11 @@ class _Worker:
     headers: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 600.0
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
-    outbox: list[dict[str, Any]] = field(default_factory=list)
+    outbox: list[dict[str, object]] = field(default_factory=list)
     first_tokens: list[tuple[str, float]] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     stopping: bool = False
-    sleep_until: Callable[[float], Any] | None = None
+    sleep_until: Callable[[float], Awaitable[None]] | None = None
 
     def queue(self, timing: RequestTiming) -> None:
         line = request_line(timing)

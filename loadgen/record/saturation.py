@@ -1,12 +1,23 @@
 """The saturation point of a capacity run: what the signal that gave out first read
-while the server still held the SLO at the capacity found.
+where the server reached the limit of its SLO.
 
 A capacity search (:mod:`servemon.loadgen.drivers.capacity`) names what saturated first
-(``queue`` or ``kv_cache``) at the first step that broke the SLO. The highest good
-step, the one at ``capacity_rps``, is the load one replica can take; the value that
-signal had during that step (after the step's settle time, from
-``server_metrics.jsonl``) is the level an autoscaler should keep each replica
-under. ``servemon autoscale`` turns it into a threshold.
+(``queue`` or ``kv_cache``) at the first step that broke the SLO. Each step gives two
+figures from the same stretch of time (after the step's settle time): the signal's
+level (from ``server_metrics.jsonl``) and how far the SLO was from its limit (the
+worst term's value over its threshold, from the step's judged requests in
+``requests.jsonl``: 1 is the limit). The level at the limit (``at="limit"``, the
+default) is read off the line between the step nearest the limit from below and
+the one nearest it from above. Both figures of a step move together with its luck
+(a step whose arrivals came light queued less and answered sooner), so the level
+read at the SLO's limit does not depend on whether the search's last step landed
+just below the limit or a bracket lower, as the level at ``capacity_rps`` does
+(``at="capacity"``: the good step at the capacity found): on the fleet test's
+simulator, 6 searches read 0.12-1.33 waiting at the capacity found (3.75 or 5.25
+req/s) and 2.27-3.01 at the limit (``benchmarks/autoscale_threshold.py``). Without a
+step on each side of the limit (every bad step stopped early, or broke only an
+error rate) it falls back to the capacity step, and says so. ``servemon
+autoscale`` turns the level into a threshold.
 
 Per replica: the queue is the sum over the engines that served the run (its ranks,
 or with ``--measured-replicas N`` a fleet of N behind a gateway, divided by N); KV
@@ -21,6 +32,8 @@ from pathlib import Path
 from typing import Literal
 
 from servemon.core.errors import ConfigError
+from servemon.core.slo import SloTerm, parse_slo
+from servemon.loadgen.record.line import timing_from_line
 from servemon.loadgen.record.reading import reading_of
 from servemon.loadgen.record.record import read_jsonl
 from servemon.loadgen.record.runrecord import (
@@ -29,10 +42,14 @@ from servemon.loadgen.record.runrecord import (
     StepVerdict,
     read_record,
 )
+from servemon.loadgen.record.summary import Summarizer
 
 __all__ = [
+    "LEVELS",
     "SATURATING",
     "STATISTICS",
+    "Bound",
+    "Level",
     "SaturationPoint",
     "Statistic",
     "saturation_point",
@@ -42,6 +59,21 @@ __all__ = [
 SATURATING: dict[str, str] = {"queue": "waiting", "kv_cache": "kv_cache_usage"}
 Statistic = Literal["mean", "p90"]
 STATISTICS: tuple[Statistic, ...] = ("mean", "p90")
+#: Where the level is read: at the SLO's limit, or at the capacity step.
+Level = Literal["limit", "capacity"]
+LEVELS: tuple[Level, ...] = ("limit", "capacity")
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """One step the level at the SLO's limit is read between."""
+
+    stage: int
+    rate: float
+    #: The SLO's worst term over its threshold, on the step's judged requests.
+    slo_ratio: float
+    #: The statistic of the signal over the step, per replica.
+    value: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +92,15 @@ class SaturationPoint:
     samples: int
     settle_s: float
     statistic: Statistic
-    #: The statistic over the step, per replica.
+    #: The level: at the SLO's limit, or the statistic over the capacity step.
     value: float
     measured_replicas: int
+    #: Where ``value`` was read (``capacity``: asked for, or no step on one side of
+    #: the SLO's limit).
+    at: Level = "capacity"
+    #: At the limit: the steps below and above it that ``value`` lies between.
+    below: Bound | None = None
+    above: Bound | None = None
 
 
 def _nearest_rank(values: list[float], q: float) -> float:
@@ -97,26 +135,82 @@ def _capacity_step(found: CapacityResult, rate: float, tier: str | None) -> Step
     return steps[-1]
 
 
-def _values(
-    run_dir: Path, info: RunInfo, stage: int, signal: str, settle_s: float
-) -> list[float]:
+def _stage_window(
+    run_dir: Path, info: RunInfo, stage: int, settle_s: float
+) -> tuple[float, float]:
+    """A step's judged stretch, from its settle time to its end (monotonic)."""
     record = next((s for s in info.stages if s.stage == stage), None)
     if record is None or record.start_s is None or record.end_s is None:
         raise ConfigError(f"{run_dir / 'run.json'}: stage {stage} has no times")
-    start = info.origin_s + record.start_s + settle_s
-    end = info.origin_s + record.end_s
+    return info.origin_s + record.start_s + settle_s, info.origin_s + record.end_s
+
+
+def _readings(run_dir: Path, signal: str) -> list[tuple[float, float]]:
+    """(when, value) of ``signal`` in every sample of the run."""
     path = run_dir / "server_metrics.jsonl"
     if not path.exists():
         raise ConfigError(f"{path}: missing: the run read no server signals")
-    values = []
+    found = []
     for line in read_jsonl(path):
         reading = reading_of(line)
-        if reading is None or not start <= reading.at <= end:
+        value = None if reading is None else reading.signal(SATURATING[signal])
+        if reading is not None and value is not None:
+            found.append((reading.at, value))
+    return found
+
+
+def _statistic(values: list[float], statistic: Statistic) -> float:
+    if statistic == "mean":
+        return sum(values) / len(values)
+    return _nearest_rank(values, 0.9)
+
+
+def _slo_ratios(
+    run_dir: Path, info: RunInfo, terms: list[SloTerm], settle_s: float
+) -> dict[int, float]:
+    """Each step's SLO ratio: the worst term's value over its threshold, on the
+    requests scheduled after its settle time (all of its requests if none were),
+    as the search judged it; terms with a threshold of 0 cannot say how near."""
+    scaled = [t for t in terms if t.threshold > 0]
+    windows = {
+        s.stage: _stage_window(run_dir, info, s.stage, settle_s)
+        for s in info.stages
+        if s.start_s is not None and s.end_s is not None
+    }
+    judged: dict[int, Summarizer] = {}
+    every: dict[int, Summarizer] = {}
+    for line in read_jsonl(run_dir / "requests.jsonl"):
+        timing = timing_from_line(line)
+        if timing.stage not in windows:
             continue
-        value = reading.signal(SATURATING[signal])
-        if value is not None:
-            values.append(value)
-    return values
+        every.setdefault(timing.stage, Summarizer(scaled)).add(timing)
+        if timing.scheduled_s >= windows[timing.stage][0]:
+            judged.setdefault(timing.stage, Summarizer(scaled)).add(timing)
+    ratios = {}
+    for stage, summarizer in every.items():
+        summary = judged.get(stage, summarizer).summary()
+        values = [
+            value / t.threshold
+            for t in scaled
+            if (value := summary.value(t.key)) is not None
+        ]
+        if values:
+            ratios[stage] = max(values)
+    return ratios
+
+
+def _bounds(
+    steps: list[Bound],
+) -> tuple[Bound, Bound] | None:
+    """The steps nearest the SLO's limit from below (at it, too) and from above."""
+    below = [b for b in steps if b.slo_ratio <= 1]
+    above = [b for b in steps if b.slo_ratio > 1]
+    if not below or not above:
+        return None
+    return (
+        max(below, key=lambda b: (b.slo_ratio, b.stage)),
+        min(above, key=lambda b: (b.slo_ratio, b.stage)),
+    )
 
 
 def saturation_point(
@@ -126,10 +220,13 @@ def saturation_point(
     statistic: Statistic = "mean",
     tier: str | None = None,
     measured_replicas: int = 1,
+    at: Level = "limit",
 ) -> SaturationPoint:
-    """The level of the signal that saturated first (or ``signal``) during the
-    capacity step of the run in ``run_dir``; a one-line ConfigError when the run
-    found no capacity, no server signal saturated, or the step has no samples."""
+    """The level of the signal that saturated first (or ``signal``) where the SLO
+    reached its limit (``at="limit"``), or during the capacity step of the run in
+    ``run_dir`` (``at="capacity"``, and the fallback); a one-line ConfigError when
+    the run found no capacity, no server signal saturated, or the capacity step has
+    no samples."""
     info, summary = read_record(run_dir)
     if summary is None or summary.capacity is None:
         raise ConfigError(f"{run_dir}: not a finished capacity run (no capacity)")
@@ -143,26 +240,49 @@ def saturation_point(
         )
     step = _capacity_step(found, rate, tier)
     settle = float(info.config.get("settle") or 0.0)
-    values = _values(run_dir, info, step.stage, chosen, settle)
-    if not values:
+    readings = _readings(run_dir, chosen)
+    per = measured_replicas if chosen == "queue" else 1
+
+    def values(stage: int) -> list[float]:
+        start, end = _stage_window(run_dir, info, stage, settle)
+        return [v for when, v in readings if start <= when <= end]
+
+    capacity_values = values(step.stage)
+    if not capacity_values:
         raise ConfigError(
             f"{run_dir / 'server_metrics.jsonl'}: no {SATURATING[chosen]} sample "
             f"during the capacity step (stage {step.stage})"
         )
-    value = (
-        sum(values) / len(values) if statistic == "mean" else _nearest_rank(values, 0.9)
-    )
-    if chosen == "queue":
-        value /= measured_replicas
+    bounds = None
+    if at == "limit":
+        terms = parse_slo(slo) if slo else list(info.slo_terms)
+        ratios = _slo_ratios(run_dir, info, terms, settle)
+        measured = []
+        for s in found.steps:
+            own = values(s.stage)
+            if s.blind or s.stage not in ratios or not own:
+                continue
+            level = _statistic(own, statistic) / per
+            measured.append(Bound(s.stage, s.rate, ratios[s.stage], level))
+        bounds = _bounds(measured)
+    if bounds is None:
+        value = _statistic(capacity_values, statistic) / per
+    else:
+        below, above = bounds
+        share = (1 - below.slo_ratio) / (above.slo_ratio - below.slo_ratio)
+        value = below.value + (above.value - below.value) * share
     return SaturationPoint(
         signal=chosen,
         found=chosen == saturated,
         capacity_rps=rate,
         slo=slo or ",".join(info.slo),
         stage=step.stage,
-        samples=len(values),
+        samples=len(capacity_values),
         settle_s=settle,
         statistic=statistic,
         value=value,
         measured_replicas=measured_replicas,
+        at="capacity" if bounds is None else "limit",
+        below=None if bounds is None else bounds[0],
+        above=None if bounds is None else bounds[1],
     )

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Unpack
+from typing import Protocol, Unpack
 
 import aiohttp
 
@@ -64,7 +64,7 @@ class Transport(Protocol):
 
     async def send(
         self,
-        body: dict[str, Any],
+        body: dict[str, object],
         *,
         request_id: str,
         stage: int,
@@ -177,11 +177,11 @@ class Sender:
         """How long before its time a request is handed to the transport."""
         return 0.0 if self.transport is None else self.transport.ahead_s
 
-    def body(self, index: int) -> dict[str, Any]:
+    def body(self, index: int) -> dict[str, object]:
         """The request body of prompt ``index``."""
         return self.body_of(self.workload.prompt(index), self.model_of(index))
 
-    def body_of(self, prompt: Prompt, model: str) -> dict[str, Any]:
+    def body_of(self, prompt: Prompt, model: str) -> dict[str, object]:
         """The request body of ``prompt``, asking for ``model``."""
         c = self.config
         return request_body(
@@ -223,7 +223,7 @@ class Sender:
 
     async def send_now(
         self,
-        body: dict[str, Any],
+        body: dict[str, object],
         *,
         request_id: str,
         stage: int,
@@ -256,7 +256,7 @@ class Sender:
 
     async def send(
         self,
-        body: dict[str, Any],
+        body: dict[str, object],
         *,
         request_id: str,
         stage: int,

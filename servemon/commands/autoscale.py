@@ -62,7 +62,15 @@ def _window(_ctx: click.Context, _param: click.Parameter, value: str) -> int:
     type=click.Choice(["mean", "p90"]),
     default="mean",
     show_default=True,
-    help="The signal's figure over the capacity step.",
+    help="The signal's figure over a step.",
+)
+@click.option(
+    "--level-at",
+    type=click.Choice(["limit", "capacity"]),
+    default="limit",
+    show_default=True,
+    help="Read the signal's level where the SLO reached its limit (between the "
+    "steps nearest it on each side), or over the capacity step.",
 )
 @click.option("--tier", help="With several SLO tiers: the tier's capacity to use.")
 @click.option(
@@ -127,6 +135,7 @@ def autoscale(
     max_replicas: int,
     signal: str | None,
     statistic: str,
+    level_at: str,
     tier: str | None,
     measured_replicas: int,
     vllm_names: bool,
@@ -139,7 +148,8 @@ def autoscale(
     out_dir: Path | None,
 ) -> None:
     """KEDA ScaledObject, HPA and recording rule from RUN_DIR's capacity search:
-    the threshold is what saturated first, at the capacity found, less headroom."""
+    the threshold is the level of what saturated first where the SLO reached its
+    limit, less headroom."""
     from servemon.core.signals import parse_selector
     from servemon.dashboards.autoscale import (
         FILES,
@@ -160,26 +170,43 @@ def autoscale(
         statistic="p90" if statistic == "p90" else "mean",
         tier=tier,
         measured_replicas=measured_replicas,
+        at="capacity" if level_at == "capacity" else "limit",
     )
     threshold = point.value * (1 - headroom)
     metric = signal_series(point.signal, vllm_names)[0]
     if threshold <= 0:
         raise ConfigError(
-            f"{metric} was {point.value:g} ({statistic}) during the capacity step: "
+            f"{metric} was {point.value:g} ({statistic}) at the saturation point: "
             "no level to scale on; try --statistic p90 or the other --signal"
         )
     matchers = parse_selector(selector) or (
         f'namespace="{namespace}"',
         f'{pod_label}=~"{name}-.*"',
     )
+    replicas = f", / {measured_replicas} replicas" if measured_replicas > 1 else ""
+    if point.below is not None and point.above is not None:
+        lo, hi = point.below, point.above
+        where = (
+            f"{metric} at the SLO's limit, between the {lo.rate:g} req/s step (at "
+            f"{lo.slo_ratio:.2f} of the limit: {lo.value:.4g}) and the {hi.rate:g} "
+            f"req/s step ({hi.slo_ratio:.2f}: {hi.value:.4g}), each the {statistic} "
+            f"after the {point.settle_s:g} s settle{replicas}: {point.value:.4g} "
+            "per replica"
+        )
+    else:
+        fallback = (
+            "" if level_at == "capacity" else " (no step on each side of the limit)"
+        )
+        where = (
+            f"{metric} during the {point.capacity_rps:g} req/s step{fallback} "
+            f"({point.samples} samples after the {point.settle_s:g} s settle"
+            f"{replicas}): {statistic} {point.value:.4g} per replica"
+        )
     why = (
         f"capacity {point.capacity_rps:g} req/s ({point.slo or 'the SLO'}) in "
         f"{run_dir}; saturated first: "
         + (point.signal if point.found else f"other ({point.signal} asked for)"),
-        f"{metric} during the {point.capacity_rps:g} req/s step ({point.samples} "
-        f"samples after the {point.settle_s:g} s settle"
-        + (f", / {measured_replicas} replicas" if measured_replicas > 1 else "")
-        + f"): {statistic} {point.value:.4g} per replica",
+        where,
         f"threshold = {point.value:.4g} x (1 - {headroom:g}) = {threshold:.3g}",
     )
     scaler = Autoscaler(

@@ -29,9 +29,14 @@ pytestmark = pytest.mark.e2e
 
 SCHEMA = Path(__file__).parents[1] / "data" / "keda" / "scaledobject.schema.json"
 K8S_OLDEST = "1.29"
-#: Capacity 10 req/s; the queue read 0, 1, 2, 1 after the settle: mean 1.
+#: Capacity 10 req/s; the queue read 0, 1, 2, 1 after the settle: mean 1; at 11
+#: req/s, 5.
 SAMPLES = {1: [(t, [(w, 0.1)]) for t, w in ((1.5, 0.0), (2.5, 1.0), (3.5, 2.0))]}
 SAMPLES[1].append((4.5, [(1.0, 0.1)]))
+SAMPLES[2] = [(2.0, [(5.0, 0.5)])]
+#: TTFTs (the SLO: ttft_p95<=0.5): 0.5 of the limit at 10 req/s, 1.5 at 11: the
+#: queue at the limit is halfway, 3.
+TTFTS = {0: [0.1], 1: [0.25], 2: [0.75]}
 RECORD = "namespace_workload:servemon_engine_requests_waiting:per_pod_avg1m"
 LLM_VLLM = f'{RECORD}{{namespace="llm",workload="vllm"}}'
 
@@ -43,7 +48,7 @@ def autoscale(*args: str) -> Any:
 @pytest.fixture
 def files(tmp_path: Path) -> Path:
     run = write_capacity_run(
-        tmp_path / "run", (8.0, 10.0, 11.0), (True, True, False), SAMPLES
+        tmp_path / "run", (8.0, 10.0, 11.0), (True, True, False), SAMPLES, ttfts=TTFTS
     )
     out = tmp_path / "out"
     result = autoscale(
@@ -72,17 +77,37 @@ def promtool() -> str:
     return found
 
 
-def test_threshold_is_the_mean_less_headroom_and_says_so(files: Path) -> None:
+def test_threshold_is_the_level_at_the_limit_less_headroom_and_says_so(
+    files: Path,
+) -> None:
     text = (files / "keda-scaledobject.yaml").read_text(encoding="utf-8")
-    assert "# threshold = 1 x (1 - 0.2) = 0.8\n" in text
+    assert "# threshold = 3 x (1 - 0.2) = 2.4\n" in text
     assert (
-        "during the 10 req/s step (4 samples after the 1 s settle): mean 1 per replica"
-        in text
+        "at the SLO's limit, between the 10 req/s step (at 0.50 of the limit: 1) "
+        "and the 11 req/s step (1.50: 5), each the mean after the 1 s settle: 3 "
+        "per replica" in text
     )
     trigger = load(files / "keda-scaledobject.yaml")["spec"]["triggers"][0]
-    assert trigger["metadata"]["threshold"] == "0.8"
+    assert trigger["metadata"]["threshold"] == "2.4"
     hpa = load(files / "hpa.yaml")
-    assert hpa["spec"]["metrics"][0]["external"]["target"]["value"] == "0.8"
+    assert hpa["spec"]["metrics"][0]["external"]["target"]["value"] == "2.4"
+
+
+def test_level_at_capacity_is_the_capacity_steps_mean(tmp_path: Path) -> None:
+    run = write_capacity_run(
+        tmp_path / "run", (8.0, 10.0, 11.0), (True, True, False), SAMPLES, ttfts=TTFTS
+    )
+    result = autoscale(
+        str(run),
+        *("--target-ref", "deployment/vllm", "--level-at", "capacity"),
+        *("--format", "keda"),
+    )
+    assert result.exit_code == 0, result.output
+    assert "# threshold = 1 x (1 - 0.2) = 0.8\n" in result.output
+    assert (
+        "during the 10 req/s step (4 samples after the 1 s settle): mean 1 per replica"
+        in result.output
+    )
 
 
 def test_recording_rule_passes_promtool_and_averages_per_pod(

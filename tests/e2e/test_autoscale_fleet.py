@@ -14,22 +14,27 @@ The stack (every process on a free 127.0.0.1 port, all stopped at the end):
 - a scaler in the test (:class:`tests.support.autoscaling.HorizontalRule`) playing
   Kubernetes' HPA on the generated KEDA trigger's query: ``ceil(ready x value /
   threshold)``, 10 % tolerance, up at once, down only after the generated
-  scale-down window (shortened to 20 s with ``--scale-down-window``), 1-4 replicas,
+  scale-down window (shortened to 50 s with ``--scale-down-window``), 1-4 replicas,
   every 2 s (the HPA's 15 s sync against the rule's 1 m window, scaled to the
   test's 10 s window).
 
 Then:
 
 1. ``servemon capacity`` on one replica (Poisson arrivals, ``ttft_p95<=1``) finds
-   its capacity C (6-7 requests/s here) and ``servemon autoscale --vllm-names
-   --select 'job="sims"' --pod-label instance --window 10s`` turns the queue it
-   held there into the threshold (0.8 x the step's mean waiting requests).
-2. The same seeded ramp runs twice, from one replica: 0.8 C for 10 s, then 1.5,
-   2.5 and 3.5 C, each a ``RISE_S`` stage (the fleet scales) and a ``HOLD_S`` stage
-   of the same rate (judged), so that the load needs 1, 2, 3, then 4 replicas. The
-   first run scales on the generated threshold, the second on a hand-picked one,
-   ``HAND_PICKED`` (10 waiting requests per replica, a round number of the kind
-   published examples use; 12.5 times the generated one in the run that passed).
+   its capacity C (3.75 or 5.25 requests/s here: whether the 4.5 req/s step met
+   the SLO is a draw) and ``servemon autoscale --vllm-names --select 'job="sims"'
+   --pod-label instance --window 10s`` turns the queue it held where the SLO
+   reached its limit into the threshold (0.8 x the mean waiting requests there,
+   read between the steps nearest the limit: 1.6-2.6 in 9 searches).
+2. The same seeded ramp runs twice, from one replica: 0.8 C for 8 s, then 1.7 and
+   3 C, each a ``RISE_S`` stage (the fleet scales) and a ``HOLD_S`` stage of the
+   same rate (judged), so that the load needs 1, 2, then 3 replicas (4 serve it
+   with room: at 3.5 C, a C of 5.25 drawn above the replica's steady limit of
+   about 4.6 put 4 replicas at that limit, and the hold stage kept 38 % of its
+   requests within the SLO with all 4 serving). The first run scales on the
+   generated threshold, the second on a hand-picked one, ``HAND_PICKED`` (10
+   waiting requests per replica, a round number of the kind published examples
+   use; at least twice the generated one).
    Each scaler's ticks go to ``scaler.jsonl`` (and its settings to
    ``scaler.json``) in its run directory.
 
@@ -114,7 +119,7 @@ MAX_REPLICAS = 4
 TICK_S = 2.0
 #: Multiples of the capacity: the first stage's, then each level's.
 FIRST = 0.8
-LEVELS = (1.7, 3.5)
+LEVELS = (1.7, 3.0)
 FIRST_S = 8
 RISE_S = 10
 HOLD_S = 8
@@ -470,7 +475,7 @@ async def test_the_generated_threshold_scales_in_time_and_a_hand_picked_does_not
     started = time.monotonic()
     ours = await ramp(stack, "generated", stack.threshold)
     sys.stderr.write(describe(ours))
-    assert 3 * stack.threshold <= HAND_PICKED, stack.threshold
+    assert 2 * stack.threshold <= HAND_PICKED, stack.threshold
     theirs = await ramp(stack, "hand-picked", HAND_PICKED)
     sys.stderr.write(describe(theirs))
     sys.stderr.write(

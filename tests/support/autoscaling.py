@@ -11,6 +11,9 @@
 - :class:`ScaledFleet` owns the replicas (``servemon sim`` processes) behind nginx:
   a replica joins nginx's upstreams and Prometheus' file_sd targets once it serves,
   and leaves both before it is stopped.
+- :class:`StandbyFleet` is the same for servers started ahead of time (a real vLLM
+  takes minutes to start on a CPU): scaling up routes to the next one at once,
+  scaling down takes it out of the routes and leaves it running.
 - :class:`Scaler` ticks: reads the scalers' query from Prometheus, asks the rule,
   scales the fleet and appends the decision to a JSON-lines file.
 """
@@ -28,6 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import aiohttp
 
@@ -42,6 +46,7 @@ __all__ = [
     "Replica",
     "ScaledFleet",
     "Scaler",
+    "StandbyFleet",
     "read_decisions",
     "write_targets",
 ]
@@ -191,6 +196,58 @@ class ScaledFleet:
         self.nginx.proc.send_signal(signal.SIGHUP)
 
 
+class Fleet(Protocol):
+    """What a :class:`Scaler` scales."""
+
+    @property
+    def current(self) -> int: ...
+
+    @property
+    def ready(self) -> int: ...
+
+    def alive(self) -> None: ...
+
+    async def scale_to(self, count: int) -> None: ...
+
+
+@dataclass
+class StandbyFleet:
+    """Servers already serving (``addresses``, host:port) behind nginx, the first
+    routed from the start and each next one routed when the count asks for it."""
+
+    folder: Path
+    nginx: Child
+    nginx_port: int
+    sd_file: Path
+    addresses: Sequence[str]
+    #: Fails if a server has died (their processes are the caller's).
+    check: Callable[[], None]
+    routed: int = 1
+
+    @property
+    def current(self) -> int:
+        return self.routed
+
+    @property
+    def ready(self) -> int:
+        return self.routed
+
+    def alive(self) -> None:
+        self.nginx.alive()
+        self.check()
+
+    async def scale_to(self, count: int) -> None:
+        count = max(1, min(count, len(self.addresses)))
+        if count != self.routed:
+            self.routed = count
+            chosen = list(self.addresses[:count])
+            nginx_file(
+                self.folder, f"127.0.0.1:{self.nginx_port}", [(a, 1) for a in chosen]
+            )
+            write_targets(self.sd_file, chosen)
+            self.nginx.proc.send_signal(signal.SIGHUP)
+
+
 async def _busy(address: str) -> bool:
     """Whether the replica still runs or queues a request (its /metrics)."""
     try:
@@ -222,7 +279,7 @@ class Scaler:
     prometheus: PrometheusApi
     query: str
     rule: HorizontalRule
-    fleet: ScaledFleet
+    fleet: Fleet
     log: Path
     tick_s: float
 

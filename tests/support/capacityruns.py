@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from servemon.core import names
+from servemon.core.outcomes import Outcome
 from servemon.core.slo import parse_slo
 from servemon.loadgen.record.energy import Energy
 from servemon.loadgen.record.line import request_line
@@ -25,7 +26,7 @@ from servemon.loadgen.record.runrecord import (
 )
 from servemon.loadgen.record.sections import ClockOrigin
 from servemon.loadgen.record.summary import Summarizer, summarize
-from servemon.loadgen.send.timing import Outcome, RequestTiming
+from servemon.loadgen.send.timing import RequestTiming
 
 __all__ = ["ORIGIN_S", "STEP_S", "TIER_SLOS", "write_capacity_run", "write_tier_run"]
 
@@ -46,9 +47,12 @@ def write_capacity_run(
     settle_s: float = 1.0,
     tiers: Sequence[TierResult] = (),
     step_tiers: Sequence[dict[str, bool]] = (),
+    ttfts: Mapping[int, Sequence[float]] | None = None,
 ) -> Path:
     """A finished capacity search over ``rates`` (``good``: which met the SLO),
-    the highest good rate its capacity; ``samples`` by step index."""
+    the highest good rate its capacity; ``samples`` by step index; ``ttfts``: the
+    TTFTs of each step's requests, one a second from its settle time on (none:
+    no request says how near the SLO's limit a step came)."""
     run_dir.mkdir(parents=True)
     stages = [
         StageResult(i, f"{r:g} rps", r, start_s=i * STEP_S, end_s=(i + 1) * STEP_S)
@@ -86,6 +90,22 @@ def write_capacity_run(
         capacity=found,
     )
     write_record(run_dir, info, summary)
+    with (run_dir / "requests.jsonl").open("w", encoding="utf-8") as out:
+        for step, chosen_ttfts in (ttfts or {}).items():
+            for n, ttft in enumerate(chosen_ttfts):
+                at = ORIGIN_S + step * STEP_S + settle_s + n
+                timing = RequestTiming(
+                    request_id=f"{step}-{n}",
+                    stage=step,
+                    scheduled_s=at,
+                    sent_s=at,
+                    end_s=at + ttft,
+                    outcome=Outcome.OK,
+                    first_chunk_s=at + ttft,
+                    content_s=(at + ttft,),
+                    output_tokens=1,
+                )
+                out.write(json.dumps(request_line(timing)) + "\n")
     with (run_dir / "server_metrics.jsonl").open("w", encoding="utf-8") as out:
         for step, chosen in samples.items():
             for at, ranks in chosen:

@@ -30,8 +30,9 @@ def test_mean_of_the_queue_over_the_capacity_step_after_its_settle(
     tmp_path: Path,
 ) -> None:
     run = write_capacity_run(tmp_path / "run", RATES, GOOD, SAMPLES)
-    point = saturation_point(run)
+    point = saturation_point(run, at="capacity")
     assert (point.signal, point.found, point.capacity_rps) == ("queue", True, 10.0)
+    assert (point.at, point.below, point.above) == ("capacity", None, None)
     assert (point.stage, point.samples, point.settle_s) == (3, 4, 1.0)
     assert point.value == pytest.approx(1.0)
     assert point.slo == "ttft_p95<=0.5"
@@ -100,3 +101,56 @@ def test_a_tier_uses_its_own_capacity_step(tmp_path: Path) -> None:
     assert batch.value == pytest.approx(0.35)
     with pytest.raises(ConfigError, match="strict, batch"):
         saturation_point(run, tier="gold")
+
+
+#: The TTFTs of each step's requests (the SLO: ttft_p95<=0.5): steps 1 and 3
+#: at 0.4 and 0.3 of its limit (the p95 of equal TTFTs), steps 2 and 4 above it
+#: (3.2 and 1.2).
+TTFTS = {
+    0: [0.1, 0.1],
+    1: [0.2, 0.2],
+    2: [1.6, 1.6],
+    3: [0.15, 0.15],
+    4: [0.6, 0.6],
+}
+#: The queue through each step (after the settle): 7 at step 1, 1 at step 3 (the
+#: capacity), 9 at step 2, 3 at step 4.
+LEVELS = {
+    1: [(2.0, [(7.0, 0.1)])],
+    2: [(2.0, [(9.0, 0.9)])],
+    3: [(2.0, [(1.0, 0.3)])],
+    4: [(2.0, [(3.0, 0.6)])],
+}
+
+
+def test_the_level_at_the_slos_limit_lies_between_the_steps_nearest_it(
+    tmp_path: Path,
+) -> None:
+    run = write_capacity_run(tmp_path / "run", RATES, GOOD, LEVELS, ttfts=TTFTS)
+    point = saturation_point(run)
+    assert point.at == "limit"
+    # Nearest below: step 1 (0.4 of the limit, 7 waiting), not the capacity step
+    # (0.3); nearest above: step 4 (1.2, 3 waiting), not step 2 (3.2).
+    assert point.below is not None
+    assert point.above is not None
+    assert (point.below.stage, point.below.value) == (1, 7.0)
+    assert point.below.slo_ratio == pytest.approx(0.4)
+    assert (point.above.stage, point.above.value) == (4, 3.0)
+    assert point.above.slo_ratio == pytest.approx(1.2)
+    # 7 + (3 - 7) x (1 - 0.4) / (1.2 - 0.4)
+    assert point.value == pytest.approx(4.0)
+    # The capacity step is still the one the run's capacity names.
+    assert (point.stage, point.capacity_rps) == (3, 10.0)
+    assert saturation_point(run, at="capacity").value == pytest.approx(1.0)
+    per_replica = saturation_point(run, measured_replicas=2)
+    assert per_replica.value == pytest.approx(2.0)
+
+
+def test_without_a_step_above_the_limit_the_capacity_step_stands_in(
+    tmp_path: Path,
+) -> None:
+    # The bad steps stopped early with the SLO still met (a queue growing).
+    below = {i: [0.2, 0.2] for i in range(5)}
+    run = write_capacity_run(tmp_path / "run", RATES, GOOD, LEVELS, ttfts=below)
+    point = saturation_point(run)
+    assert (point.at, point.value, point.below) == ("capacity", 1.0, None)
