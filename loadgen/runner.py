@@ -4,10 +4,10 @@
 the target (:mod:`servemon.loadgen.run.target`), opens the run directory, the live
 client metrics and the sampler of the target's ``/metrics``, builds the run's
 :class:`~servemon.loadgen.run.context.RunContext` and hands it to the driver of the
-run's kind (:data:`DRIVERS`). However the driver ends — done, stopped by Ctrl-C or
-SIGTERM (:mod:`servemon.loadgen.send.stopping`), a guard rail, a crash — the record is
-finished through :func:`servemon.loadgen.record.runrecord.write_record` with a complete
-summary.
+run's kind (:data:`DRIVERS`), with its command's section. However the driver ends —
+done, stopped by Ctrl-C or SIGTERM (:mod:`servemon.loadgen.send.stopping`), a guard
+rail, a crash — the record is finished through
+:func:`servemon.loadgen.record.runrecord.write_record` with a complete summary.
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ import aiohttp
 from servemon.core.errors import ConfigError, RecordError
 from servemon.core.version import __version__
 from servemon.core.wire.webconfig import WebConfig
-from servemon.loadgen.drivers.capacity import CapacitySettings, drive_capacity
+from servemon.loadgen.drivers.capacity import drive_capacity
 from servemon.loadgen.drivers.control import drive_control
-from servemon.loadgen.drivers.openloop import RampSettings
 from servemon.loadgen.drivers.ramp import drive_ramp
 from servemon.loadgen.drivers.replay import drive_replay
-from servemon.loadgen.drivers.sweep import SweepSettings, drive_sweep
+from servemon.loadgen.drivers.sweep import drive_sweep
 from servemon.loadgen.fleet.coordinator import Fleet
 from servemon.loadgen.fleet.members import FleetPlan
 from servemon.loadgen.fleet.settings import FleetSettings
@@ -49,12 +48,8 @@ from servemon.loadgen.record.sections import (
     WorkloadRecord,
 )
 from servemon.loadgen.record.tally import with_hit_rates
-from servemon.loadgen.run.config import (
-    ControlArgs,
-    LoadConfig,
-    Settings,
-    auth_headers,
-)
+from servemon.loadgen.run import sections
+from servemon.loadgen.run.config import LoadConfig, Settings, auth_headers
 from servemon.loadgen.run.context import Drive, Driven, RunContext
 from servemon.loadgen.run.energy import (
     EnergySampler,
@@ -89,6 +84,7 @@ from servemon.loadgen.send.arrivals import Arrival
 from servemon.loadgen.send.client import ClientSettings, make_session
 from servemon.loadgen.send.cpulatency import hold_cpu_latency
 from servemon.loadgen.send.stopping import Stopper
+from servemon.loadgen.workloads.modelmix import ModelMix
 from servemon.loadgen.workloads.prefix import PrefixWorkload
 from servemon.loadgen.workloads.prompts import Workload
 from servemon.loadgen.workloads.tokens import pick_counter
@@ -106,9 +102,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Driver(Generic[Settings]):
-    """A kind of run's driver, and the settings it reads (a dataclass of
-    :class:`LoadConfig`'s fields, see
-    :func:`~servemon.loadgen.run.config.settings_of`)."""
+    """A kind of run's driver, and the settings it reads: its command's section of
+    :class:`LoadConfig` (:data:`~servemon.loadgen.run.sections.SECTIONS`)."""
 
     settings: type[Settings]
     drive: Callable[[Drive[Settings], Driven], Awaitable[None]]
@@ -119,11 +114,11 @@ class Driver(Generic[Settings]):
 
 #: The driver of each kind of load run.
 DRIVERS: dict[Kind, Driver[Any]] = {
-    "ramp": Driver(RampSettings, drive_ramp),
-    "sweep": Driver(SweepSettings, drive_sweep),
-    "capacity": Driver(CapacitySettings, drive_capacity),
-    "replay": Driver(RampSettings, drive_replay),
-    "control": Driver(ControlArgs, drive_control),
+    "ramp": Driver(sections.RampArgs, drive_ramp),
+    "sweep": Driver(sections.SweepArgs, drive_sweep),
+    "capacity": Driver(sections.CapacityArgs, drive_capacity),
+    "replay": Driver(sections.ReplayArgs, drive_replay),
+    "control": Driver(sections.ControlArgs, drive_control),
 }
 
 
@@ -151,9 +146,9 @@ async def run_load(
     settings = ClientSettings(
         max_connections=config.max_connections, timeout_s=config.timeout
     )
-    mix = None if plan.mix is None else plan.mix.names
+    models = None if config.model is None else config.model.mix
     async with make_session(settings) as session:
-        facts = await survey(session, target.rstrip("/"), config.model, mix, headers)
+        facts = await survey(session, target.rstrip("/"), config.model, headers)
         given = config
         scrape = await scrape_interval_of(session, config, progress)
         if scrape is not None:
@@ -177,7 +172,7 @@ async def run_load(
                 config=config,
                 workload=workload,
                 model=facts.model,
-                pick_model=model_picker(config.seed, plan.mix, facts.model, workload),
+                pick_model=model_picker(config.seed, models, facts.model, workload),
                 transport=coordinator,
             )
             ctx = RunContext(
@@ -198,7 +193,7 @@ async def run_load(
                 info = replace(info, fleet=coordinator.record(ctx.rundir.origin_s))
             write_record(ctx.rundir.path, info)
             if isinstance(workload, PrefixWorkload):
-                await _warm(sender, workload, mix or (facts.model,), config.timeout)
+                await _warm(sender, workload, models, config.timeout)
             if coordinator is not None:
                 coordinator.on_abort = ctx.abort
             with hold_cpu_latency(config.cpu_dma_latency):
@@ -299,10 +294,11 @@ def _opening(
 
 
 async def _warm(
-    sender: Sender, workload: PrefixWorkload, models: Sequence[str], wait_s: float
+    sender: Sender, workload: PrefixWorkload, mix: ModelMix | None, wait_s: float
 ) -> None:
     """Each group's prefix in the cache before the first stage, for every model
-    asked for; not recorded."""
+    asked for (the one, or each of a mix); not recorded."""
+    models = (sender.model,) if mix is None else mix.names
     bodies = [
         sender.body_of(prompt, name) for name in models for prompt in workload.warm
     ]

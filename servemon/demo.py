@@ -28,7 +28,8 @@ from servemon.embedded import (
 from servemon.lifecycle import stop_on_signals
 from servemon.load import console_for, run_command
 from servemon.loadgen.record.runrecord import RunResult
-from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.choices import parse_energy
+from servemon.loadgen.run.config import CapacityArgs, LoadConfig
 from servemon.loadgen.workloads.workload import parse_workload
 
 __all__ = ["DEMO_SLO", "run_demo", "simulator_args"]
@@ -110,14 +111,16 @@ async def run_demo(
                 config = LoadConfig(
                     target=sim_url,
                     slo=parse_tiers(DEMO_SLO),
-                    rps_min=1.0,
-                    step_seconds=step_seconds,
-                    settle=min(3.0, step_seconds / 3),
-                    precision=0.1,
-                    max_duration=max_duration,
+                    capacity=CapacityArgs(
+                        rps_min=1.0,
+                        step_seconds=step_seconds,
+                        settle=min(3.0, step_seconds / 3),
+                        precision=0.1,
+                        max_duration=max_duration,
+                    ),
                     workload=parse_workload("random:prompt=128,output=64"),
                     metrics_port=client_port,
-                    energy=f"{exp}/metrics",
+                    energy=parse_energy(f"{exp}/metrics"),
                     gpu_hour_cost=DEMO_GPU_HOUR_COST,
                     out=str(out),
                     seed=seed,

@@ -38,7 +38,6 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from servemon.core.slo import SloTerm, SloTier
 from servemon.loadgen.drivers.openloop import open_loop
@@ -58,36 +57,13 @@ from servemon.loadgen.run.clientwatch import (
     lag_median,
 )
 from servemon.loadgen.run.context import Drive, Driven
-from servemon.loadgen.run.plan import (
-    LOOPBACK_RPS_MAX,
-    capacity_step_s,
-    step_seconds,
-)
+from servemon.loadgen.run.plan import LOOPBACK_RPS_MAX
+from servemon.loadgen.run.sections import CapacityArgs
 from servemon.loadgen.run.stages import StageRecord
 from servemon.loadgen.send.arrivals import Stage
 from servemon.loadgen.send.timing import RequestTiming
 
-__all__ = ["CapacityResult", "CapacitySettings", "StepVerdict", "drive_capacity"]
-
-
-@dataclass(frozen=True, slots=True)
-class CapacitySettings:
-    """What a capacity search reads of its flags."""
-
-    #: The SLO a step must meet (``--slo``): one, or several named tiers.
-    slo: tuple[SloTier, ...]
-    #: A step's length (``--step-seconds``; None: the default).
-    step_seconds: float | None
-    #: Seconds at the start of a step not judged (``--settle``).
-    settle: float
-    rps_min: float
-    rps_max: float | None
-    max_duration: float
-    #: The bracket's width, relative, at which the search ends.
-    precision: float
-    #: The Prometheus the server's signals come from (a step it cannot see into is
-    #: not judged good); None: the server's ``/metrics``.
-    prometheus: str | None
+__all__ = ["CapacityResult", "StepVerdict", "drive_capacity"]
 
 
 class _Step:
@@ -295,15 +271,15 @@ def _said(rate: float, verdict: StepVerdict, unseen: str | None) -> str:
 
 
 async def _measure(
-    run: Drive[CapacitySettings], rate: float, first_index: int
+    run: Drive[CapacityArgs], rate: float, first_index: int
 ) -> tuple[_Step, dict[str, str], bool]:
     """Send one step at ``rate``: its sink, what cut it short, whether the run was
     interrupted."""
     c, board, signals = run.settings, run.board, run.signals
-    duration = capacity_step_s(c.step_seconds, c.settle, rate)
+    duration = c.step_at(rate)
     record = StageRecord(len(board.stages), rate_label(rate), rate, None, duration)
     board.add(record)
-    step = _Step(record, list(c.slo[0].terms), c.settle)
+    step = _Step(record, list(run.slo[0].terms), c.settle)
     halt = asyncio.Event()
     early: dict[str, str] = {}
     watcher = asyncio.create_task(_watch(signals, step, halt, early))
@@ -355,12 +331,13 @@ def _tier_result(
     )
 
 
-async def drive_capacity(run: Drive[CapacitySettings], found: Driven) -> None:
+async def drive_capacity(run: Drive[CapacityArgs], found: Driven) -> None:
     """Run the search (see the module docstring)."""
     c, board, signals = run.settings, run.board, run.signals
-    tiers = list(c.slo)
-    step_s = step_seconds(c.step_seconds)
-    cap = c.rps_max if c.rps_max is not None else LOOPBACK_RPS_MAX["capacity"]
+    tiers = list(run.slo)
+    step_s = c.step_s
+    rps_max = run.sending.rps_max
+    cap = rps_max if rps_max is not None else LOOPBACK_RPS_MAX["capacity"]
     deadline = time.monotonic() + c.max_duration
     search = TierSearch([t.name for t in tiers], c.rps_min, cap, c.precision)
     steps: list[StepVerdict] = []
@@ -372,7 +349,7 @@ async def drive_capacity(run: Drive[CapacitySettings], found: Driven) -> None:
         if time.monotonic() + step_s > deadline:
             ended = "--max-duration reached"
             break
-        duration = capacity_step_s(c.step_seconds, c.settle, rate)
+        duration = c.step_at(rate)
         if time.monotonic() + duration > deadline:
             ended = "--max-duration reached"
             break
@@ -381,7 +358,11 @@ async def drive_capacity(run: Drive[CapacitySettings], found: Driven) -> None:
         first_index += record.sent + record.skipped
         verdict, by_tier = _judge(signals, step, tiers, early)
         unseen = None
-        if c.prometheus is not None and verdict.good and record.start_s is not None:
+        if (
+            run.source.prometheus is not None
+            and verdict.good
+            and record.start_s is not None
+        ):
             unseen = blind(signals, record.start_s, time.monotonic())
         if unseen is not None:
             verdict.good, verdict.blind, verdict.early_stop = False, True, unseen

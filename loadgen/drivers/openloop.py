@@ -15,7 +15,6 @@ import gc
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from servemon.core.wire.http import encode_json
@@ -28,16 +27,7 @@ from servemon.loadgen.send.dispatch import OpenLoop
 from servemon.loadgen.send.stopping import grace, until_stopped
 from servemon.loadgen.workloads.sessions import SessionWorkload
 
-__all__ = ["RampSettings", "open_loop", "wait_for_start"]
-
-
-@dataclass(frozen=True, slots=True)
-class RampSettings:
-    """What a ramp (and a replay, sent the same way) reads of its flags."""
-
-    max_requests: int | None
-    shard: Shard | None
-
+__all__ = ["open_loop", "wait_for_start"]
 
 #: A request made ready ahead of its time: its body, its send options (the body
 #: encoded among them), its prompt tokens.

@@ -5,15 +5,17 @@ the seeded arrival process gives, whatever the target does
 
 from __future__ import annotations
 
-from servemon.loadgen.drivers.openloop import RampSettings, open_loop, wait_for_start
+from servemon.loadgen.drivers.openloop import open_loop, wait_for_start
 from servemon.loadgen.run.context import Drive, Driven
+from servemon.loadgen.run.sections import RampArgs
 from servemon.loadgen.send.arrivals import Stage
 
 __all__ = ["drive_ramp"]
 
 
-async def drive_ramp(run: Drive[RampSettings], found: Driven) -> None:
-    """Send the planned stages open loop, from ``--start-at`` or now."""
+async def drive_ramp(run: Drive[RampArgs], found: Driven) -> None:
+    """Send the planned stages open loop, from ``--start-at`` or now (its section's
+    ``--max-requests`` and ``--shard`` applied)."""
     plan: list[Stage] = []
     offset = 0.0
     for s in run.board.stages:

@@ -11,16 +11,18 @@ between them.
 
 from __future__ import annotations
 
-from servemon.loadgen.drivers.openloop import RampSettings, open_loop, wait_for_start
+from servemon.loadgen.drivers.openloop import open_loop, wait_for_start
 from servemon.loadgen.run.context import Drive, Driven
+from servemon.loadgen.run.sections import ReplayArgs
 from servemon.loadgen.send.arrivals import Due, Stage
 
 __all__ = ["drive_replay"]
 
 
-async def drive_replay(run: Drive[RampSettings], found: Driven) -> None:
-    """Send the trace's requests at their (scaled) times (a ramp's settings: the
-    start, the limit, the shard)."""
+async def drive_replay(run: Drive[ReplayArgs], found: Driven) -> None:
+    """Send the trace's requests at their (scaled) times, as planned with its
+    section (:class:`~servemon.loadgen.run.sections.ReplayArgs`: the limit and the
+    shard apply here)."""
     c = run.settings
     plan = run.replay
     if plan is None:

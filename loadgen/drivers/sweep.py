@@ -9,30 +9,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from dataclasses import dataclass
 
 from servemon.loadgen.drivers.conversation import run_users
 from servemon.loadgen.run.context import Drive, Driven
+from servemon.loadgen.run.sections import SweepArgs
 from servemon.loadgen.send.client import RequestOptions
 from servemon.loadgen.send.closedloop import run_closed_loop
 from servemon.loadgen.send.stopping import Stopper, grace, until_stopped
 from servemon.loadgen.workloads.sessions import SessionWorkload
 
-__all__ = ["SweepSettings", "drive_sweep", "stage_numbers"]
-
-
-@dataclass(frozen=True, slots=True)
-class SweepSettings:
-    """What a sweep reads of its flags."""
-
-    #: Requests measured at each level (``--number``: one, or one per level).
-    number: tuple[int, ...]
-    #: Times each level is run (``--repeats``).
-    repeats: int
-    #: Requests sent first at each level and not measured.
-    warmup: int
-    #: Seconds a request of the closed loop may take.
-    timeout: float
+__all__ = ["drive_sweep", "stage_numbers"]
 
 
 def stage_numbers(number: tuple[int, ...], repeats: int, count: int) -> list[int]:
@@ -44,13 +30,13 @@ def stage_numbers(number: tuple[int, ...], repeats: int, count: int) -> list[int
     return [n for n in per_level for _ in range(repeats)]
 
 
-async def drive_sweep(run: Drive[SweepSettings], found: Driven) -> None:
+async def drive_sweep(run: Drive[SweepArgs], found: Driven) -> None:
     """Run the levels in order (the arrival process is not used: a closed loop
     sends when a request finishes)."""
     found.interrupted = await _levels(run)
 
 
-async def _levels(run: Drive[SweepSettings]) -> bool:
+async def _levels(run: Drive[SweepArgs]) -> bool:
     """Each level in turn; True if the run was stopped before the last ended."""
     c, sender, board, stop = run.settings, run.sender, run.board, run.stop
     numbers = stage_numbers(c.number, c.repeats, len(board.stages))
@@ -94,7 +80,7 @@ async def _levels(run: Drive[SweepSettings]) -> bool:
                 headers=sender.headers,
                 id_prefix=f"{sender.tag}-p{record.parallel}"
                 + (f"r{record.repeat}" if record.repeat else ""),
-                timeout_s=c.timeout,
+                timeout_s=run.sending.timeout,
                 stage=record.index,
                 on_done=sender.hooks.finished,
                 on_send=sender.started,

@@ -1,7 +1,7 @@
 """Configuration of a load run: every flag of the load commands (``ramp``, ``sweep``,
 ``capacity``, ``replay``, ``control``) as a field of :class:`LoadConfig`, the flags
-they share at its top level and a command's own in its section
-(:mod:`servemon.loadgen.run.sections`).
+several of them read at its top level and a command's own in its section
+(:mod:`servemon.loadgen.run.sections`, :data:`SECTIONS`).
 
 YAML (``--config servemon.yaml``) uses the flag names with underscores, flat as the
 flags are; flags win. :func:`servemon.loadgen.run.flat.config_of` is the one place flat
@@ -33,15 +33,29 @@ from servemon.core.errors import ConfigError
 from servemon.core.fields import FORBID_EXTRA, Secret
 from servemon.core.signals import parse_selector
 from servemon.core.slo import SloTerm, SloTier, parse_tiers
+from servemon.loadgen.run.choices import (
+    EnergyChoice,
+    ModelChoice,
+    parse_energy,
+    parse_model_choice,
+)
 from servemon.loadgen.run.sections import (
     HOLDABLE,
     PACED,
     PACED_BY_DEFAULT,
     PROMETHEUS_ONLY,
+    SECTIONS,
+    CapacityArgs,
     ControlArgs,
     Hold,
+    Kind,
     Positive,
+    RampArgs,
+    ReplayArgs,
+    Section,
     Signal,
+    SweepArgs,
+    check_sections,
     from_text,
     paces,
     parse_hold,
@@ -49,9 +63,7 @@ from servemon.loadgen.run.sections import (
 from servemon.loadgen.send.arrivals import (
     Arrival,
     Shard,
-    Stage,
     parse_arrival,
-    parse_stages,
     parse_start_at,
 )
 from servemon.loadgen.workloads.workload import WorkloadSpec, parse_workload
@@ -69,12 +81,19 @@ __all__ = [
     "PACED_BY_DEFAULT",
     "PROMETHEUS_ONLY",
     "SECTIONS",
+    "CapacityArgs",
     "ControlArgs",
+    "EnergyChoice",
     "Hold",
     "Kind",
     "LoadConfig",
+    "ModelChoice",
+    "RampArgs",
+    "ReplayArgs",
+    "Section",
     "Settings",
     "Signal",
+    "SweepArgs",
     "auth_headers",
     "config_headers",
     "header_lines",
@@ -84,12 +103,6 @@ __all__ = [
     "secret_header_names",
     "settings_of",
 ]
-
-#: The load commands, each a driver (:mod:`servemon.loadgen.runner`).
-Kind = Literal["ramp", "sweep", "capacity", "replay", "control"]
-
-
-Stages = Annotated[tuple[Stage, ...], from_text(lambda t: tuple(parse_stages(t)))]
 
 
 def _slo_tiers(value: Any) -> Any:
@@ -111,7 +124,8 @@ def _slo_tiers(value: Any) -> Any:
 #: The SLO, as one or more tiers (several only for a capacity search).
 Slo = Annotated[tuple[SloTier, ...], BeforeValidator(_slo_tiers)]
 ArrivalSpec = Annotated[Arrival, from_text(parse_arrival)]
-ShardSpec = Annotated[Shard, from_text(Shard.parse)]
+EnergyText = Annotated[EnergyChoice, from_text(parse_energy)]
+ModelText = Annotated[ModelChoice, from_text(parse_model_choice)]
 StartAt = Annotated[datetime, from_text(parse_start_at)]
 WorkloadText = Annotated[WorkloadSpec, from_text(parse_workload)]
 #: ``--select``'s label matchers (none: every series).
@@ -131,20 +145,21 @@ def _default_workload() -> WorkloadSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True, config=FORBID_EXTRA)
 class LoadConfig:
-    """Everything a load run takes (see ``docs/loadgen.md``): the flags every load
-    command shares, and the section of the command that has flags of its own
-    (``control``; built from flat keys by
+    """Everything a load run takes (see ``docs/loadgen.md``): the flags several load
+    commands read, and the run's command's section, in the field named as the
+    command (the others None; built from flat keys by
     :func:`~servemon.loadgen.run.flat.config_of`). Validated however it is built: the
-    string flags (``stages``, ``slo``, ``arrival``, ``shard``, ``start_at``,
-    ``workload``, ``select``, the section's ``hold``) become their types here, once,
-    and a bad one is a one-line :class:`ConfigError` naming the flag before anything
-    starts."""
+    string flags (``slo``, ``arrival``, ``start_at``, ``workload``, ``select``,
+    ``energy``, ``model``, the sections' ``stages``, ``shard`` and ``hold``) become
+    their types here, once, and a bad one is a one-line :class:`ConfigError` naming
+    the flag before anything starts."""
 
     target: str | None = None
     #: The ``target`` label of the live client series; by default host:port, as the
     #: exporter names the same target, so dashboards join the two.
     target_name: str | None = None
-    model: str | None = None
+    #: One model, or a mix (``a=0.7,b=0.3``); None: the first the target lists.
+    model: ModelText | None = None
     api: Literal["chat", "completions"] = "chat"
     stream: bool = True
     workload: WorkloadText = field(default_factory=lambda: _default_workload())
@@ -162,14 +177,9 @@ class LoadConfig:
     #: (:mod:`servemon.core.wire.webconfig`).
     web_config_file: str | None = None
     seed: int = 0
-    #: Each stage (a ramp's stage, a sweep's level) this many times in a row,
-    #: each with new draws: what ``compare`` judges a difference by (the spread
-    #: between runs, not only between requests of one run). Capacity, control
-    #: and replay refuse it (:func:`servemon.loadgen.run.plan.make_plan`).
-    repeats: Annotated[int, Ge(1), Le(100)] = 1
     #: Where the target's GPU energy is read (:mod:`servemon.loadgen.run.energy`): auto,
     #: off, nvml, or the URL of an exporter's /metrics.
-    energy: str = "auto"
+    energy: EnergyText = field(default_factory=lambda: EnergyChoice("auto"))
     #: The price of one of the target's GPUs per hour, or of the whole target
     #: (node) per hour: the cost per million output tokens and per good request.
     gpu_hour_cost: Positive | None = None
@@ -185,33 +195,20 @@ class LoadConfig:
     #: A PM QoS bound on CPU wake-up latency held while the run sends, in
     #: microseconds (:mod:`servemon.loadgen.send.cpulatency`); None asks for nothing.
     cpu_dma_latency: Annotated[int, Ge(0)] | None = None
-    # open loop (ramp)
-    stages: Stages | None = None
-    #: A linear ramp's first rate (control's start is ``ControlArgs.rps_start``).
-    rps_start: Positive | None = None
-    rps_end: Positive | None = None
-    rps_step: Positive | None = None
-    step_seconds: Positive | None = None
+    # every open loop (ramp, replay, capacity, control): how it sends
     arrival: ArrivalSpec = field(default_factory=Arrival)
     max_inflight: Annotated[int, Ge(1)] = 1000
     late: Literal["send", "skip"] = "send"
     late_tolerance: Annotated[float, Ge(0)] = 1.0
-    #: A trace's requests longer than the target's context (prompt plus output):
-    #: refuse the run, leave them out, cut their prompts, or send them anyway.
-    over_context: Literal["error", "skip", "truncate", "send"] = "error"
-    max_requests: Annotated[int, Ge(1)] | None = None
-    shard: ShardSpec | None = None
-    #: Processes sending the ramp; ``auto``: from the peak rate and the cost of a
-    #: request (:mod:`servemon.loadgen.send.clientcost`).
-    workers: Annotated[int, Ge(1), Le(64)] | Literal["auto"] = 1
     #: When an open-loop schedule starts (ramp, replay, control); None: now.
     start_at: StartAt | None = None
-    # replay of a trace (servemon replay; the trace is the workload's trace:PATH)
-    time_scale: Positive = 1.0
-    rate_scale: Positive = 1.0
-    trace_from: Annotated[float, Ge(0)] | None = None
-    trace_to: Positive | None = None
-    loops: Annotated[int, Ge(1), Le(1000)] = 1
+    #: A workload's requests longer than the target's context (prompt plus output):
+    #: refuse the run, leave them out, cut their prompts, or send them anyway.
+    over_context: Literal["error", "skip", "truncate", "send"] = "error"
+    #: Processes sending the run (a fleet over loopback; not a sweep's);
+    #: ``auto`` (ramp): from the peak rate and the cost of a request
+    #: (:mod:`servemon.loadgen.send.clientcost`).
+    workers: Annotated[int, Ge(1), Le(64)] | Literal["auto"] = 1
     # server signals from Prometheus instead of the target's /metrics
     prometheus: str | None = None
     #: YAML with bearer_token or basic_auth for Prometheus (never logged).
@@ -223,23 +220,11 @@ class LoadConfig:
     scrape_interval: Positive | None = None
     #: The range of rate() and histogram_quantile() in the signal queries.
     signal_window: Annotated[float, Ge(1)] = 30.0
-    # servemon control's own flags: its section, None for any other command
-    control: ControlArgs | None = None
     # guard rails (every load command)
     abort_error_rate: Annotated[float, Ge(0), Le(1)] = 0.2
     abort_waiting: Annotated[float, Gt(0)] = 5000.0
+    #: The most an open loop may offer (ramp, replay, capacity, control).
     rps_max: Positive | None = None
-    # capacity search
-    #: Where the search starts (control's floor is ``ControlArgs.rps_min``).
-    rps_min: Positive = 0.5
-    max_duration: Positive = 600.0
-    settle: Annotated[float, Ge(0)] = 5.0
-    precision: Annotated[float, Gt(0), Le(1)] = 0.05
-    # closed loop (sweep)
-    #: None: ``users=N`` of a sessions workload, else 1 2 4 8.
-    parallel: tuple[Annotated[int, Ge(1)], ...] | None = None
-    number: tuple[Annotated[int, Ge(1)], ...] = (16,)
-    warmup: Annotated[int, Ge(0)] = 0
     # a fleet of load machines (loadgen.fleet): this process coordinates
     #: HOST:PORT the coordinator takes its workers on; None: this process sends.
     fleet_listen: str | None = None
@@ -254,6 +239,12 @@ class LoadConfig:
     # the built-in simulator, when there is no target
     sim_profile: str = "qwen3-0.6b-eager"
     sim_args: tuple[str, ...] = field(default=())
+    # each command's own flags: its section, None for any other command
+    ramp: RampArgs | None = None
+    sweep: SweepArgs | None = None
+    capacity: CapacityArgs | None = None
+    replay: ReplayArgs | None = None
+    control: ControlArgs | None = None
 
     @property
     def slo_terms(self) -> tuple[SloTerm, ...]:
@@ -265,16 +256,22 @@ class LoadConfig:
         """``kind``'s section is given, and no other command's is (what
         :func:`~servemon.loadgen.run.flat.config_of` makes of flat keys; a config built
         otherwise is checked here), in one line naming the flag."""
-        for name, cls in SECTIONS.items():
-            first = dataclasses.fields(cls)[0]
-            flag = first.name.replace("_", "-")
-            if getattr(self, name) is not None and name != kind:
-                raise ConfigError(
-                    f"--{flag}: only servemon {name} takes it, not {kind}"
-                )
-            if getattr(self, name) is None and name == kind:
-                needs = first.metadata.get("needs", "it")
-                raise ConfigError(f"--{flag}: {kind} needs {needs}")
+        check_sections({k: getattr(self, k) for k in SECTIONS}, kind)
+
+    def section(self, kind: Kind) -> Section:
+        """``kind``'s section (:meth:`check_section` first)."""
+        self.check_section(kind)
+        found: Section = getattr(self, kind)
+        return found
+
+    @property
+    def shard(self) -> Shard | None:
+        """The shard of the run's schedule (a ramp's, a replay's); None: all of it,
+        or a command without a schedule of its own."""
+        for section in (self.ramp, self.replay):
+            if section is not None:
+                return section.shard
+        return None
 
     def check_tiers(self, kind: str) -> None:
         """Several SLO tiers are a capacity search's: any other command (``kind``)
@@ -284,11 +281,6 @@ class LoadConfig:
             raise ConfigError(
                 f"--slo: several SLO tiers ({names}) are for capacity; {kind} takes one"
             )
-
-
-#: Each command with flags of its own: its section's type, held in the field of
-#: :class:`LoadConfig` named as the command.
-SECTIONS: dict[Kind, type[DataclassInstance]] = {"control": ControlArgs}
 
 
 def parse_extra_body(text: str) -> dict[str, Any]:
@@ -333,9 +325,11 @@ Settings = TypeVar("Settings", bound="DataclassInstance")
 
 def settings_of(kind: type[Settings], config: LoadConfig) -> Settings:
     """The part of ``config`` a driver reads: its command's section itself where
-    ``kind`` is a section (:data:`SECTIONS`), else a dataclass whose fields are named
-    and typed as :class:`LoadConfig`'s (``tests/unit/loadgen/drivers/test_drive.py``
-    holds them to that), filled from the same-named fields, already validated."""
+    ``kind`` is a section (:data:`SECTIONS`: every driver's own settings), else a
+    view of the shared flags every driver gets (``Sending``, ``SignalSource``), a
+    dataclass whose fields are named and typed as :class:`LoadConfig`'s
+    (``tests/unit/loadgen/drivers/test_drive.py`` holds them to that), filled from
+    the same-named fields, already validated."""
     for name, section in SECTIONS.items():
         if section is kind:
             value = getattr(config, name)

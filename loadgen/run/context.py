@@ -4,10 +4,11 @@ A driver (:mod:`servemon.loadgen.drivers.ramp`, :mod:`servemon.loadgen.drivers.s
 :mod:`servemon.loadgen.drivers.capacity`, ...) is an async function
 ``drive(run, found)``. It gets a :class:`Drive`, the parts of the run it may use: its
 own settings (its command's section of
-:class:`~servemon.loadgen.run.config.LoadConfig`, or a small dataclass the driver
-declares beside itself: the few fields of the config it reads, filled by
-:func:`~servemon.loadgen.run.config.settings_of`), how every driver sends
-(:class:`Sending`), where the server's signals come from (:class:`SignalSource`), a
+:class:`~servemon.loadgen.run.config.LoadConfig`, itself:
+:mod:`servemon.loadgen.run.sections`), how every driver sends (:class:`Sending`) and
+where the server's signals come from (:class:`SignalSource`), both views of the
+flags the commands share (:func:`~servemon.loadgen.run.config.settings_of`), the
+run's SLO, a
 :class:`~servemon.loadgen.run.sender.Sender` to send measured requests with (and its
 hooks, to listen to them), the server's signals (one typed
 :class:`~servemon.loadgen.record.reading.Reading` per sample, from either sampler), the
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
+from servemon.core.slo import SloTier
 from servemon.loadgen.record.reading import Reading, reading_of
 from servemon.loadgen.record.record import RunDirectory
 from servemon.loadgen.record.runrecord import CapacityResult, ControlResult
@@ -142,6 +144,8 @@ class Sending:
     seed: int
     #: Seconds the requests in flight get when sending stops (``--grace``).
     grace: float
+    #: Seconds a request may take (``--timeout``; a closed loop's own limit).
+    timeout: float
     max_inflight: int
     late: Literal["send", "skip"]
     late_tolerance: float
@@ -178,6 +182,8 @@ class Drive(Generic[S]):
     sending: Sending
     source: SignalSource
     sender: Sender
+    #: The run's SLO (``--slo``): one, or several named tiers (capacity).
+    slo: tuple[SloTier, ...]
     #: The server's signals, newest last (either sampler's, read once).
     signals: deque[Reading]
     board: Board
@@ -246,6 +252,7 @@ class RunContext:
             sending=settings_of(Sending, self.config),
             source=settings_of(SignalSource, self.config),
             sender=self.sender,
+            slo=self.config.slo,
             signals=self.readings,
             board=self.board,
             stop=self.stopper,

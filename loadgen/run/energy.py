@@ -45,6 +45,7 @@ from servemon.loadgen.record.runrecord import StageResult
 from servemon.loadgen.record.sections import EnergyRecord
 from servemon.loadgen.record.summary import Summary
 from servemon.loadgen.record.tally import with_energy
+from servemon.loadgen.run.choices import EnergyChoice
 from servemon.loadgen.run.firstread import FirstRead
 from servemon.loadgen.run.promsource import PrometheusSampler
 from servemon.loadgen.run.stages import StageRecord
@@ -157,7 +158,7 @@ class EnergySampler:
 
 
 async def open_energy(
-    choice: str,
+    choice: EnergyChoice,
     *,
     session: aiohttp.ClientSession,
     target_is_local: bool,
@@ -173,10 +174,10 @@ async def open_energy(
 
     A source other than NVML that fails that first read is tried again during the
     run (:attr:`EnergySampler.late`) where no other option works now."""
-    if choice == "off":
+    if choice.source == "off":
         return None, "energy: not measured (--energy off)"
     tried: list[str] = []
-    if choice == "auto":
+    if choice.source == "auto":
         options = (["prometheus"] if prometheus else []) + (
             ["nvml"] if target_is_local else []
         )
@@ -186,7 +187,7 @@ async def open_energy(
                 "is no --prometheus; give --energy URL of its exporter's /metrics)"
             )
     else:
-        options = [choice]
+        options = [str(choice)]  # nvml, or the exporter's URL
     waiting: EnergySampler | None = None
     for option in options:
         try:

@@ -1,6 +1,6 @@
 """A load run's config as users write it: flat keys, the flags' names with
 underscores, in a YAML file and on the command line, for a config that keeps a
-command's own flags in its section (:data:`~servemon.loadgen.run.config.SECTIONS`).
+command's own flags in its section (:data:`~servemon.loadgen.run.sections.SECTIONS`).
 
 :func:`config_of` is the one place flat keys become a config, and
 :func:`config_text` the one place a config becomes flat keys again (what
@@ -18,7 +18,8 @@ import pydantic
 
 from servemon.core.errors import ConfigError
 from servemon.core.fields import load, merge
-from servemon.loadgen.run.config import SECTIONS, Kind, LoadConfig
+from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.sections import SECTIONS, Kind, refusal
 from servemon.loadgen.send.arrivals import stages_text
 
 if TYPE_CHECKING:
@@ -35,9 +36,9 @@ def config_of(kind: Kind, *layers: tuple[str, Mapping[str, Any]]) -> LoadConfig:
     defaults, then each layer (its source, as an error names it, and its keys)
     over the one below; a ``None`` is "not given". A key of ``kind``'s section
     goes into it, any other to the top level; a key of another command's section
-    is a one-line error naming the flag and the command that takes it."""
-    own = SECTIONS.get(kind)
-    mine = set() if own is None else {f.name for f in dataclasses.fields(own)}
+    is a one-line error naming the flag and the commands that take it."""
+    own = SECTIONS[kind]
+    mine = _names(own)
     config, section, source = LoadConfig(), dict[str, Any](), "config"
     for source, flat in layers:
         top = {}
@@ -45,13 +46,12 @@ def config_of(kind: Kind, *layers: tuple[str, Mapping[str, Any]]) -> LoadConfig:
             if value is None:
                 continue
             if key in mine:
-                assert own is not None
                 section[key] = _checked(own, key, value, source)
             else:
                 _refuse_others(kind, key, source)
                 top[key] = value
         config = merge(config, top, source)
-    if own is not None and _complete(own, section):
+    if _complete(own, section):
         config = merge(config, {kind: load(own, section, source)}, source)
     config.check_section(kind)  # a required flag not given: one line naming it
     return config
@@ -63,10 +63,6 @@ def _complete(section: type[DataclassInstance], given: Mapping[str, Any]) -> boo
         for f in dataclasses.fields(section)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     )
-
-
-def _flag(key: str) -> str:
-    return key.replace("_", "-")
 
 
 def _checked(section: type, key: str, value: Any, source: str) -> Any:
@@ -85,12 +81,8 @@ def _refuse_others(kind: Kind, key: str, source: str) -> None:
         raise ConfigError(f"{source}: {key}: unknown field")
     if key in _TOP:
         return
-    owners = [k for k, c in SECTIONS.items() if key in _names(c)]
-    if owners:
-        raise ConfigError(
-            f"{source}: --{_flag(key)}: only servemon {' and '.join(owners)} "
-            f"takes it, not {kind}"
-        )
+    if any(key in _names(c) for c in SECTIONS.values()):
+        raise ConfigError(f"{source}: {refusal(key, kind)}")
 
 
 def _names(cls: type[DataclassInstance]) -> set[str]:
@@ -110,16 +102,14 @@ def config_text(config: LoadConfig) -> dict[str, Any]:
                 data[f.name] = getattr(section, f.name)
             else:
                 data.setdefault(f.name, None)
-    hold = data["hold"]
-    data["stages"] = None if config.stages is None else stages_text(config.stages)
+    stages, start_at = data["stages"], config.start_at
+    data["stages"] = None if stages is None else stages_text(stages)
     tiers = [str(t) for t in config.slo]
     data["slo"] = None if not tiers else tiers[0] if len(tiers) == 1 else tiers
-    data["arrival"] = str(config.arrival)
-    data["workload"] = str(config.workload)
-    data["hold"] = None if hold is None else str(hold)
     data["select"] = ",".join(config.select) or None
-    data["shard"] = None if config.shard is None else str(config.shard)
-    data["start_at"] = None if config.start_at is None else config.start_at.isoformat()
+    data["start_at"] = None if start_at is None else start_at.isoformat()
+    for key in ("arrival", "workload", "energy", "model", "hold", "shard"):
+        data[key] = None if data[key] is None else str(data[key])
     for key in ("header", "parallel", "number", "sim_args"):
         data[key] = None if data[key] is None else list(data[key])
     return data

@@ -16,42 +16,42 @@ from servemon.core.wire.webconfig import WebConfig, load_web_config
 from servemon.loadgen.record.runrecord import parallel_label, rate_label
 from servemon.loadgen.run.config import (
     PROMETHEUS_ONLY,
+    CapacityArgs,
+    ControlArgs,
     Kind,
     LoadConfig,
+    RampArgs,
+    ReplayArgs,
+    SweepArgs,
     config_headers,
 )
 from servemon.loadgen.run.flat import config_text
+from servemon.loadgen.run.sections import MIN_REQUESTS, Section
 from servemon.loadgen.run.stages import StageRecord
 from servemon.loadgen.run.target import is_loopback
-from servemon.loadgen.send.arrivals import linear_stages, parse_stages
+from servemon.loadgen.send.arrivals import Stage, linear_stages, parse_stages
 from servemon.loadgen.send.cpulatency import check_cpu_latency
-from servemon.loadgen.workloads.modelmix import ModelMix, parse_model
 from servemon.loadgen.workloads.replayplan import ReplayPlan, replay_plan
 from servemon.loadgen.workloads.tracefile import TraceEntry
 
 __all__ = [
     "DEFAULT_PARALLEL",
     "DEFAULT_STAGES",
-    "DEFAULT_STEP_S",
     "LOOPBACK_RPS_MAX",
-    "MIN_REQUESTS",
     "RAMP_RPS_STEP",
     "RAMP_STEP_S",
     "Kind",
     "Plan",
-    "capacity_step_s",
     "check_rate_bound",
     "make_plan",
     "recorded_config",
     "redact_argv",
     "replay_plan_of",
-    "step_seconds",
+    "sweep_levels",
 ]
 
 DEFAULT_STAGES = "1:10,2:10,4:10"
 DEFAULT_PARALLEL = (1, 2, 4, 8)
-#: A capacity search's step length when ``--step-seconds`` is not given.
-DEFAULT_STEP_S = 20.0
 #: A linear ramp's step (``--rps-start``/``--rps-end``): its rate increment and
 #: length when ``--rps-step`` and ``--step-seconds`` are not given.
 RAMP_RPS_STEP = 1.0
@@ -72,8 +72,6 @@ class Plan:
     kind: Kind
     stages: list[StageRecord]
     replay: ReplayPlan | None = None
-    #: ``--model a=0.7,b=0.3``: the mix (None: one model, or the target's).
-    mix: ModelMix | None = None
     #: ``--header-file`` and ``--header``'s (``SERVEMON_API_KEY`` is the run's).
     headers: Mapping[str, Secret] = field(default_factory=dict)
     #: ``--web-config-file``, read and checked.
@@ -82,45 +80,30 @@ class Plan:
 
 def make_plan(kind: Kind, config: LoadConfig) -> Plan:
     """Check a load command's settings and plan it. Every check that needs no
-    target and that the config's types do not already make (stages, SLO, arrival,
-    shard, start time and workload are parsed when the config is built): how the
-    settings fit together, and the files they name (a trace or prompt file, read
-    whole to check every line, once). Run before anything is started, so a bad flag
-    costs nothing; call it off the loop (it reads files)."""
-    config.check_section(kind)
-    _refuse_repeats(kind, config.repeats)  # before a replay reads its trace
-    replay = _replay_of(config) if kind == "replay" else None
-    stages = _repeated(_stages(kind, config, replay), config.repeats)
-    _check(kind, config)
-    mix = parse_model(config.model) if config.model else None
+    target and that the config's types do not already make (the flags' grammars
+    are parsed, each command's own flags are its section, and a section checks its
+    own fields when the config is built): how the settings fit together, and the
+    files they name (a trace or prompt file, read whole to check every line, once).
+    Run before anything is started, so a bad flag costs nothing; call it off the
+    loop (it reads files)."""
+    section = config.section(kind)
+    replay = _replay_of(config, section) if isinstance(section, ReplayArgs) else None
+    stages = _stages(config, section, replay)
+    if isinstance(section, RampArgs | SweepArgs):
+        stages = _repeated(stages, section.repeats)
+    _check(kind, config, section)
     web_config = (
         load_web_config(Path(config.web_config_file))
         if config.web_config_file is not None
         else None
     )
-    return Plan(kind, stages, replay, mix, config_headers(config), web_config)
+    return Plan(kind, stages, replay, config_headers(config), web_config)
 
 
-def _check(kind: Kind, config: LoadConfig) -> None:
+def _check(kind: Kind, config: LoadConfig, section: Section) -> None:
     config.check_tiers(kind)
-    if kind == "capacity":
-        if not config.slo:
-            raise ConfigError(
-                "--slo: capacity needs an SLO, e.g. --slo 'ttft_p95<=0.5'"
-            )
-        if config.settle >= step_seconds(config.step_seconds):
-            raise ConfigError(
-                f"--settle {config.settle:g}: must be shorter than the step"
-            )
-        low = min(config.rps_min, config.rps_max or 1e9)
-        first = capacity_step_s(config.step_seconds, config.settle, low)
-        if first > config.max_duration:
-            raise ConfigError(
-                f"--max-duration {config.max_duration:g}: the first step, at "
-                f"--rps-min {config.rps_min:g} req/s, takes {first:.0f} s "
-                f"({MIN_REQUESTS} judged requests after --settle "
-                f"{config.settle:g}); raise --max-duration or --rps-min"
-            )
+    if isinstance(section, CapacityArgs):
+        _check_capacity(config, section)
     if config.cancel_fraction > 0 and (
         config.cancel_after is None and config.cancel_after_tokens is None
     ):
@@ -128,36 +111,35 @@ def _check(kind: Kind, config: LoadConfig) -> None:
             "--cancel-fraction: give --cancel-after or --cancel-after-tokens"
         )
     config.workload.check()
-    check_energy(config.energy)
     if config.gpu_hour_cost is not None and config.node_hour_cost is not None:
         raise ConfigError(
             "--node-hour-cost: give one price, per GPU (--gpu-hour-cost) or per node"
         )
-    if kind == "sweep" and config.over_context == "skip":
+    if isinstance(section, SweepArgs) and config.over_context == "skip":
         raise ConfigError(
             "--over-context skip: a closed loop has no schedule to leave a request "
             "out of; use truncate or send"
         )
-    _check_sessions(kind, config)
+    _check_sessions(kind, config, section)
     _check_signals(config)
     if config.cpu_dma_latency is not None:
         check_cpu_latency(config.cpu_dma_latency)
 
 
-#: What ``--repeats`` cannot repeat, and why (one line each).
-_NOT_REPEATED = {
-    "capacity": "a capacity search picks its next step from the last one; ramp "
-    "or sweep the levels around the capacity it found with --repeats",
-    "control": "a controller holds one setpoint for --duration; run it again "
-    "for another sample",
-    "replay": "a trace's prompts are the trace's, so a second pass would find "
-    "them in the prefix cache; replay it again with another --seed and compare",
-}
-
-
-def _refuse_repeats(kind: Kind, repeats: int) -> None:
-    if repeats > 1 and kind in _NOT_REPEATED:
-        raise ConfigError(f"--repeats {repeats}: not for {kind}: {_NOT_REPEATED[kind]}")
+def _check_capacity(config: LoadConfig, search: CapacityArgs) -> None:
+    """A capacity search has an SLO, and its first step fits ``--max-duration``
+    (the section itself has checked ``--settle`` against the step)."""
+    if not config.slo:
+        raise ConfigError("--slo: capacity needs an SLO, e.g. --slo 'ttft_p95<=0.5'")
+    low = min(search.rps_min, config.rps_max or 1e9)
+    first = search.step_at(low)
+    if first > search.max_duration:
+        raise ConfigError(
+            f"--max-duration {search.max_duration:g}: the first step, at "
+            f"--rps-min {search.rps_min:g} req/s, takes {first:.0f} s "
+            f"({MIN_REQUESTS} judged requests after --settle "
+            f"{search.settle:g}); raise --max-duration or --rps-min"
+        )
 
 
 def _repeated(stages: list[StageRecord], repeats: int) -> list[StageRecord]:
@@ -172,60 +154,24 @@ def _repeated(stages: list[StageRecord], repeats: int) -> list[StageRecord]:
     ]
 
 
-def check_energy(value: str) -> None:
-    """``--energy`` (:mod:`.energy`): auto, off, nvml or an http(s) URL."""
-    if value in ("auto", "off", "nvml") or value.startswith(("http://", "https://")):
-        return
-    raise ConfigError(
-        f"--energy {value!r}: expected auto, off, nvml or the http(s) URL of an "
-        "exporter's /metrics"
-    )
-
-
-#: A capacity step lasts long enough for about this many judged requests.
-MIN_REQUESTS = 10
-
-
-def capacity_step_s(step_s: float | None, settle: float, rate: float) -> float:
-    """A capacity step's length at ``rate``: the step, or longer at a low rate,
-    for :data:`MIN_REQUESTS` judged requests after the settle time (``--settle``)."""
-    return max(step_seconds(step_s), settle + MIN_REQUESTS / rate)
-
-
-def step_seconds(step_s: float | None) -> float:
-    """A capacity step's length (``--step-seconds``, else the default)."""
-    return step_s if step_s is not None else DEFAULT_STEP_S
-
-
 def _stages(
-    kind: Kind, config: LoadConfig, replay: ReplayPlan | None
+    config: LoadConfig, section: Section, replay: ReplayPlan | None
 ) -> list[StageRecord]:
-    if kind == "capacity":
-        return []
-    if config.control is not None:
-        control = config.control
-        return [StageRecord(0, f"hold {control.hold}", None, None, control.duration)]
+    if isinstance(section, CapacityArgs):
+        return []  # the search adds its steps as it goes
+    if isinstance(section, ControlArgs):
+        return [StageRecord(0, f"hold {section.hold}", None, None, section.duration)]
     if replay is not None:
         return [StageRecord(0, "trace", replay.rate, None, replay.duration_s)]
-    if kind == "ramp":
-        if config.stages is not None:
-            stages = list(config.stages)
-        elif config.rps_start is not None:
-            stages = linear_stages(
-                config.rps_start,
-                config.rps_end if config.rps_end is not None else config.rps_start,
-                config.rps_step if config.rps_step is not None else RAMP_RPS_STEP,
-                config.step_seconds if config.step_seconds is not None else RAMP_STEP_S,
-            )
-        else:
-            stages = parse_stages(DEFAULT_STAGES)
+    if isinstance(section, RampArgs):
         unit = "rps" if config.workload.sessions is None else "sessions/s"
         return [
             StageRecord(s.index, rate_label(s.rate, unit), s.rate, None, s.duration_s)
-            for s in stages
+            for s in _ramp_stages(section)
         ]
-    levels = sweep_levels(config)
-    numbers = list(config.number)
+    assert isinstance(section, SweepArgs)
+    levels = sweep_levels(section, config)
+    numbers = list(section.number)
     if len(numbers) == 1:
         numbers *= len(levels)
     if len(numbers) != len(levels):
@@ -240,18 +186,32 @@ def _stages(
     ]
 
 
-def sweep_levels(config: LoadConfig) -> tuple[int, ...]:
+def _ramp_stages(ramp: RampArgs) -> list[Stage]:
+    """A ramp's stages: ``--stages``, a linear ramp, else :data:`DEFAULT_STAGES`."""
+    if ramp.stages is not None:
+        return list(ramp.stages)
+    if ramp.rps_start is not None:
+        return linear_stages(
+            ramp.rps_start,
+            ramp.rps_end if ramp.rps_end is not None else ramp.rps_start,
+            ramp.rps_step if ramp.rps_step is not None else RAMP_RPS_STEP,
+            ramp.step_seconds if ramp.step_seconds is not None else RAMP_STEP_S,
+        )
+    return parse_stages(DEFAULT_STAGES)
+
+
+def sweep_levels(sweep: SweepArgs, config: LoadConfig) -> tuple[int, ...]:
     """A sweep's levels: ``--parallel``, else a sessions workload's ``users=N``,
     else 1 2 4 8."""
     spec = config.workload.sessions
     users = None if spec is None else spec.users
-    if config.parallel is not None:
-        if users is not None and config.parallel != (users,):
+    if sweep.parallel is not None:
+        if users is not None and sweep.parallel != (users,):
             raise ConfigError(
                 f"--parallel and the workload's users={users} both set the users: "
                 "give one"
             )
-        return config.parallel
+        return sweep.parallel
     return DEFAULT_PARALLEL if users is None else (users,)
 
 
@@ -280,40 +240,40 @@ def _check_signals(config: LoadConfig) -> None:
         raise ConfigError(f"--rps-max {config.rps_max:g}: below --rps-min")
 
 
-def _check_sessions(kind: Kind, config: LoadConfig) -> None:
+def _check_sessions(kind: Kind, config: LoadConfig, section: Section) -> None:
     spec = config.workload.sessions
     if spec is None:
         return
-    if spec.users is not None and kind != "sweep":
+    sweep = section if isinstance(section, SweepArgs) else None
+    if spec.users is not None and sweep is None:
         raise ConfigError(
             f"--workload: sessions: users={spec.users} is N users in a closed loop: "
             "run it with servemon sweep (or drop users= to start sessions at the "
             f"{kind}'s rates)"
         )
-    if kind == "sweep" and config.warmup:
+    if sweep is not None and sweep.warmup:
         raise ConfigError("--warmup: not with a sessions workload (turns are whole)")
 
 
-def _replay_of(config: LoadConfig) -> ReplayPlan:
+def _replay_of(config: LoadConfig, args: ReplayArgs) -> ReplayPlan:
     """The sends of ``servemon replay``: the workload's trace, scaled and windowed."""
     if config.workload.trace_path is None:
         raise ConfigError(
             f"--workload {config.workload}: replay sends a trace (trace:PATH)"
         )
-    return replay_plan_of(config, config.workload.trace_entries())
+    return replay_plan_of(args, config.workload.trace_entries())
 
 
-def replay_plan_of(config: LoadConfig, entries: Sequence[TraceEntry]) -> ReplayPlan:
-    """The sends of a replay of ``entries`` with ``config``'s scaling and window."""
-    if config.trace_to is not None and config.trace_to <= (config.trace_from or 0):
-        raise ConfigError(f"--to {config.trace_to:g}: must be after --from")
+def replay_plan_of(args: ReplayArgs, entries: Sequence[TraceEntry]) -> ReplayPlan:
+    """The sends of a replay of ``entries`` with its section's scaling and window
+    (the section has checked that the window is one)."""
     return replay_plan(
         entries,
-        time_scale=config.time_scale,
-        rate_scale=config.rate_scale,
-        start_s=config.trace_from,
-        end_s=config.trace_to,
-        loops=config.loops,
+        time_scale=args.time_scale,
+        rate_scale=args.rate_scale,
+        start_s=args.trace_from,
+        end_s=args.trace_to,
+        loops=args.loops,
     )
 
 

@@ -24,6 +24,7 @@ from servemon.loadgen.record.sections import (
     Json,
     TargetRecord,
 )
+from servemon.loadgen.run.choices import ModelChoice
 
 __all__ = [
     "TargetFacts",
@@ -67,16 +68,15 @@ class TargetFacts:
 async def survey(
     session: aiohttp.ClientSession,
     base: str,
-    model: str | None,
-    mix: Sequence[str] | None,
+    chosen: ModelChoice | None,
     headers: Mapping[str, str],
 ) -> TargetFacts:
-    """Find out about the target at ``base``: the model (``model``, else the
-    first it lists; every model of a ``mix``, each checked served), its version,
+    """Find out about the target at ``base``: the model (``--model``, else the
+    first it lists; every model of a mix, each checked served), its version,
     and this machine's GPUs."""
-    model, listing = await discover_model(
-        session, base, None if mix else model, headers
-    )
+    mix = None if chosen is None or chosen.mix is None else chosen.mix.names
+    name = None if chosen is None else chosen.name
+    model, listing = await discover_model(session, base, name, headers)
     if mix is not None:
         check_served(base, listing, mix)
         model = ",".join(mix)

@@ -26,12 +26,12 @@ from servemon.loadgen.run.flat import config_of
 from servemon.loadgen.run.plan import (
     DEFAULT_PARALLEL,
     DEFAULT_STAGES,
-    DEFAULT_STEP_S,
     LOOPBACK_RPS_MAX,
     RAMP_RPS_STEP,
     RAMP_STEP_S,
     Kind,
 )
+from servemon.loadgen.run.sections import DEFAULT_STEP_S
 
 __all__ = [
     "capacity",

@@ -37,7 +37,8 @@ from servemon.load import run_command
 from servemon.loadgen.record.runrecord import RunResult
 from servemon.loadgen.record.summary import summarize
 from servemon.loadgen.run.clientwatch import LAG_LOST_S
-from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.config import Kind, LoadConfig
+from servemon.loadgen.run.flat import config_of
 from servemon.simulator.profiles import load_profile
 from tests.support.margins import Margin
 from tests.support.runs import requests_of, run
@@ -52,9 +53,11 @@ SLO = f"ttft_p95<={SLO_S:g}"
 RPS_MIN, STEP_S, SETTLE_S, PRECISION = 4.0, 2.0, 0.5, 0.1
 
 
-def config_for(target: str, tmp_path: Path, **fields: Any) -> LoadConfig:
-    """A capacity search (or a ramp) with short steps, constant arrivals and quick
-    server samples, on a free live-metrics port."""
+def config_for(
+    target: str, tmp_path: Path, kind: Kind = "capacity", **fields: Any
+) -> LoadConfig:
+    """A capacity search (or a ramp: ``kind``) with short steps, constant arrivals
+    and quick server samples, on a free live-metrics port."""
     base: dict[str, Any] = {
         "target": target,
         "out": str(tmp_path / "runs"),
@@ -66,13 +69,16 @@ def config_for(target: str, tmp_path: Path, **fields: Any) -> LoadConfig:
         "slo": SLO,
         "arrival": "constant",
         "sample_interval": 0.25,
-        "rps_min": RPS_MIN,
-        "step_seconds": STEP_S,
-        "settle": SETTLE_S,
-        "precision": PRECISION,
-        "max_duration": 60.0,
     }
-    return LoadConfig(**{**base, **fields})
+    if kind == "capacity":
+        base |= {
+            "rps_min": RPS_MIN,
+            "step_seconds": STEP_S,
+            "settle": SETTLE_S,
+            "precision": PRECISION,
+            "max_duration": 60.0,
+        }
+    return config_of(kind, ("test", {**base, **fields}))
 
 
 def read_json(path: Path) -> Any:
@@ -137,10 +143,12 @@ async def test_capacity_holds_at_0_8x_and_breaks_at_1_3x(
         assert capacity is not None, found
 
         below = await run(
-            "ramp", config_for(server.url, tmp_path, stages=f"{0.8 * capacity:.4g}:3")
+            "ramp",
+            config_for(server.url, tmp_path, "ramp", stages=f"{0.8 * capacity:.4g}:3"),
         )
         above = await run(
-            "ramp", config_for(server.url, tmp_path, stages=f"{1.3 * capacity:.4g}:3")
+            "ramp",
+            config_for(server.url, tmp_path, "ramp", stages=f"{1.3 * capacity:.4g}:3"),
         )
 
     # The search: doubling from --rps-min to the first breach, then bisecting down

@@ -24,6 +24,7 @@ from scipy import stats
 
 from servemon.loadgen.record.runrecord import RunResult
 from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.flat import config_of
 from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.runner import Stopper, run_load
@@ -46,7 +47,7 @@ def config_for(target: str, tmp_path: Path, **fields: Any) -> LoadConfig:
         "stages": f"{RATE:g}:{PLANNED_S:g}",
         "sample_interval": 0.25,
     }
-    return LoadConfig(**{**base, **fields})
+    return config_of("ramp", ("test", {**base, **fields}))
 
 
 async def run(config: LoadConfig) -> RunResult:

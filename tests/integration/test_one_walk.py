@@ -21,6 +21,7 @@ from servemon.cli import cli
 from servemon.core.signals import parse_selector
 from servemon.core.slo import parse_slo
 from servemon.core.wire.webconfig import load_web_config
+from servemon.loadgen.run import choices
 from servemon.loadgen.run import config as run_config
 from servemon.loadgen.run import plan as run_plan
 from servemon.loadgen.send import arrivals
@@ -39,6 +40,8 @@ ONCE = {
         arrivals.parse_stages,
         arrivals.parse_start_at,
         modelmix.parse_model,
+        choices.parse_energy,
+        choices.parse_model_choice,
         parse_slo,
         parse_selector,
         load_web_config,
@@ -113,6 +116,7 @@ def test_a_ramp_parses_each_flag_plans_and_reads_each_file_once(
         f"workload: file:{prompts},output=4\n"
         "slo: ttft_p95<=5\n"
         "stages: '4:1,8:1'\n"
+        "energy: 'off'\n"
         f"header_file: {headers}\n"
         f"web_config_file: {web}\n"
     )
@@ -143,7 +147,8 @@ def test_a_ramp_parses_each_flag_plans_and_reads_each_file_once(
     assert steps["make_plan"] == 1, entered.calls
     again = {key: n for key, n in entered.calls.items() if n > 1}
     assert not again, f"parsed again: {again}"
-    for step in ("parse_workload", "parse_stages", "parse_slo", "header_lines"):
+    parsed = ("parse_workload", "parse_stages", "parse_slo", "header_lines")
+    for step in (*parsed, "parse_energy"):
         assert steps[step] >= 1, (step, entered.calls)
     assert steps["load_web_config"] == 1, entered.calls
     # And every file the command names read once.

@@ -24,7 +24,7 @@ from aiohttp import web
 from rich.console import Console
 
 from servemon.loadgen.record.columns import HIT_MARGIN, prefix_lines
-from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.flat import config_of
 from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.run.prefixcache import PrefixTarget, find_prefix_target
 from servemon.loadgen.run.progress import Progress
@@ -116,17 +116,18 @@ async def test_a_ramp_reads_the_engine_warms_the_groups_and_meets_the_rate(
     start_sim: Any, http: aiohttp.ClientSession, scrape: Any, tmp_path: Path
 ) -> None:
     async with start_sim(eos_probability=0.0) as server:
-        config = LoadConfig(
-            target=server.url,
-            out=str(tmp_path / "runs"),
-            metrics_port=0,
-            timeout=20.0,
-            grace=1.0,
-            workload="prefix:hit=0.5,prompt=512,groups=4,output=2",
-            stages="100:3",
-            arrival="constant",
-            max_requests=REQUESTS,
-        )
+        flags = {
+            "target": server.url,
+            "out": str(tmp_path / "runs"),
+            "metrics_port": 0,
+            "timeout": 20.0,
+            "grace": 1.0,
+            "workload": "prefix:hit=0.5,prompt=512,groups=4,output=2",
+            "stages": "100:3",
+            "arrival": "constant",
+            "max_requests": REQUESTS,
+        }
+        config = config_of("ramp", ("test", flags))
         result = await run_load(
             make_plan("ramp", config),
             config,

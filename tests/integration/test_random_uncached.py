@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from servemon.loadgen.record.runrecord import RunResult
-from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.config import Kind
+from servemon.loadgen.run.flat import config_of
 from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.run.progress import Progress
 from servemon.loadgen.runner import Stopper, run_load
@@ -27,17 +28,17 @@ from servemon.loadgen.runner import Stopper, run_load
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 
-async def run(kind: str, server: Any, tmp_path: Path, **fields: Any) -> RunResult:
-    config = LoadConfig(
-        target=server.url,
-        out=str(tmp_path / "runs"),
-        metrics_port=0,
-        timeout=20.0,
-        grace=1.0,
-        **fields,
-    )
+async def run(kind: Kind, server: Any, tmp_path: Path, **fields: Any) -> RunResult:
+    base = {
+        "target": server.url,
+        "out": str(tmp_path / "runs"),
+        "metrics_port": 0,
+        "timeout": 20.0,
+        "grace": 1.0,
+    }
+    config = config_of(kind, ("test", {**base, **fields}))
     return await run_load(
-        make_plan(kind, config),  # type: ignore[arg-type]
+        make_plan(kind, config),
         config,
         server.url,
         argv=["servemon", kind, "(test)"],

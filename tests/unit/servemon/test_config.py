@@ -165,9 +165,9 @@ def test_layers_are_defaults_then_yaml_then_flags(tmp_path: Path) -> None:
     [
         (
             LoadConfig,
-            "seed: 3\nheader: ['X: 1']\nparallel: [1, 2]\n",
-            {"seed": None, "header": (), "sim_args": (), "parallel": (4,)},
-            lambda c: (c.seed, c.header, c.parallel) == (3, ("X: 1",), (4,)),
+            "seed: 3\nheader: ['X: 1']\nsim_args: ['--a']\n",
+            {"seed": None, "header": (), "sim_args": ("--b",)},
+            lambda c: (c.seed, c.header, c.sim_args) == (3, ("X: 1",), ("--b",)),
         ),
         (
             ExporterConfig,

@@ -1,8 +1,8 @@
 """A driver reads its own settings, not the whole run's: its command's section of
-:class:`~servemon.loadgen.run.config.LoadConfig` (``servemon control``'s
-:class:`~servemon.loadgen.run.sections.ControlArgs`), or a dataclass of the config's
-fields it declares beside itself, filled by
-:func:`~servemon.loadgen.run.config.settings_of`."""
+:class:`~servemon.loadgen.run.config.LoadConfig` itself (``servemon control``'s
+:class:`~servemon.loadgen.run.sections.ControlArgs`, a ramp's
+:class:`~servemon.loadgen.run.sections.RampArgs`, ...), and two views of the flags the
+commands share, filled by :func:`~servemon.loadgen.run.config.settings_of`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from servemon.core.errors import ConfigError
 from servemon.loadgen.run.config import (
     SECTIONS,
     ControlArgs,
@@ -59,7 +60,6 @@ def test_the_settings_a_driver_gets_are_the_run_configs_values() -> None:
                 "hold": "kv_cache_usage=0.5",
                 "pace": True,
                 "rps_max": 40.0,
-                "shard": "1/3",
                 "start_at": "2030-01-01T00:00:00Z",
                 "seed": 7,
                 "late": "skip",
@@ -72,12 +72,18 @@ def test_the_settings_a_driver_gets_are_the_run_configs_values() -> None:
     assert isinstance(control.hold, Hold)
     assert (control.hold.signal, control.hold.setpoint) == ("kv_cache_usage", 0.5)
     assert control.pace is True
-    ramp = settings_of(DRIVERS["ramp"].settings, config)
-    assert ramp.shard == Shard(1, 3)
     start = datetime(2030, 1, 1, tzinfo=UTC)
     assert settings_of(Sending, config) == Sending(
-        7, 5.0, 1000, "skip", 1.0, start, 40.0
+        7, 5.0, 600.0, 1000, "skip", 1.0, start, 40.0
     )
+    # A ramp's driver gets its section, shard and all; no other command has one.
+    ramp = config_of("ramp", ("flags", {"shard": "1/3", "stages": "2:5"}))
+    section = settings_of(DRIVERS["ramp"].settings, ramp)
+    assert section is ramp.ramp
+    assert (section.shard, ramp.shard) == (Shard(1, 3), Shard(1, 3))
+    assert config.shard is None
+    with pytest.raises(ConfigError, match=r"^flags: --shard: only servemon ramp and"):
+        config_of("control", ("flags", {"hold": "waiting=8", "shard": "1/3"}))
     assert settings_of(SignalSource, config) == SignalSource(None, 1.0, None, 30.0)
     # Each driver's settings are its own few, not the run's sixty.
     assert all(len(fields(k)) < len(fields(LoadConfig)) // 3 for k in SETTINGS)

@@ -16,7 +16,7 @@ from servemon.core.slo import SloTier, parse_slo, parse_tiers
 from servemon.loadgen.drivers.tiersearch import TierSearch
 from servemon.loadgen.record.findings import CapacityResult, TierResult
 from servemon.loadgen.run.config import LoadConfig
-from servemon.loadgen.run.flat import config_text
+from servemon.loadgen.run.flat import config_of, config_text
 from servemon.loadgen.run.plan import make_plan
 
 
@@ -133,9 +133,10 @@ def test_a_bad_tier_is_one_line_naming_the_flag_and_the_tier(
 
 def test_several_tiers_are_for_capacity_only() -> None:
     tiers = ("a=ttft_p95<=1", "b=e2e_p95<=20")
-    make_plan("capacity", LoadConfig(slo=tiers, step_seconds=3.0, settle=1.0))  # type: ignore[arg-type]
+    flags = {"slo": tiers, "step_seconds": 3.0, "settle": 1.0}
+    make_plan("capacity", config_of("capacity", ("flags", flags)))
     with pytest.raises(ConfigError, match=r"^--slo: several SLO tiers \(a, b\)"):
-        make_plan("ramp", LoadConfig(slo=tiers))  # type: ignore[arg-type]
+        make_plan("ramp", config_of("ramp", ("flags", {"slo": tiers})))
 
 
 def test_a_record_without_tiers_reads_and_writes_as_before() -> None:

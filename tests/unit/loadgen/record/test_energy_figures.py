@@ -14,8 +14,9 @@ import pytest
 from servemon.core.errors import ConfigError
 from servemon.loadgen.record.energy import ENERGY_KEYS, Energy, EnergyCounters
 from servemon.loadgen.record.summary import Summary
-from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.choices import parse_energy
 from servemon.loadgen.run.energy import EnergyReading, EnergySampler, open_energy
+from servemon.loadgen.run.flat import config_of
 from servemon.loadgen.run.plan import make_plan
 from servemon.monitor.fakegpu import FakeGpuReader
 
@@ -228,7 +229,7 @@ def test_a_bad_energy_flag_is_one_line_naming_it(
     fields: dict[str, Any], flag: str
 ) -> None:
     with pytest.raises(ConfigError) as info:
-        make_plan("ramp", LoadConfig(**fields))
+        make_plan("ramp", config_of("ramp", ("flags", fields)))
     message = str(info.value)
     assert message.startswith(flag)
     assert "\n" not in message
@@ -275,7 +276,7 @@ async def test_a_counter_that_stands_still_for_an_interval_is_a_new_reading() ->
 async def _nvml_energy(reader: FakeGpuReader) -> tuple[EnergySampler | None, str]:
     async with aiohttp.ClientSession() as session:
         return await open_energy(
-            "nvml",
+            parse_energy("nvml"),
             session=session,
             target_is_local=True,
             prometheus=None,

@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 
 from servemon.core.errors import ConfigError
-from servemon.loadgen.run.config import LoadConfig
-from servemon.loadgen.run.plan import MIN_REQUESTS, capacity_step_s, make_plan
+from servemon.loadgen.run.config import CapacityArgs, LoadConfig
+from servemon.loadgen.run.flat import config_of
+from servemon.loadgen.run.plan import make_plan
+from servemon.loadgen.run.sections import MIN_REQUESTS
 
 
 def config(**changes: object) -> LoadConfig:
@@ -17,13 +19,21 @@ def config(**changes: object) -> LoadConfig:
         "step_seconds": 3.0,
         "settle": 1.0,
     }
-    return LoadConfig(**{**base, **changes})  # type: ignore[arg-type]
+    return config_of("capacity", ("test", {**base, **changes}))
 
 
 def test_a_low_rate_step_lasts_long_enough_for_its_judged_requests() -> None:
-    c = config()
-    assert capacity_step_s(c.step_seconds, c.settle, 100.0) == 3.0
-    assert capacity_step_s(c.step_seconds, c.settle, 0.5) == 1.0 + MIN_REQUESTS / 0.5
+    c = config().capacity
+    assert isinstance(c, CapacityArgs)
+    assert c.step_at(100.0) == 3.0
+    assert c.step_at(0.5) == 1.0 + MIN_REQUESTS / 0.5
+
+
+def test_a_settle_as_long_as_the_step_is_refused_where_the_config_is_built() -> None:
+    with pytest.raises(
+        ConfigError, match=r"^--settle 3: must be shorter than the step$"
+    ):
+        config(settle=3.0)
 
 
 def test_a_first_step_longer_than_max_duration_is_refused_before_the_run() -> None:

@@ -203,7 +203,7 @@ def test_hold_signal_is_a_literal_of_what_control_holds() -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_run_json_keeps_its_flat_keys(kind: Kind) -> None:
-    hold = {"hold": "waiting=8"} if kind in SECTIONS else {}
+    hold = {"hold": "waiting=8"} if kind == "control" else {}
     config = config_of(kind, ("flags", hold))
     assert set(recorded_config(config)) == RECORDED_KEYS
     # ... and reads back as the same config.
@@ -217,4 +217,58 @@ def test_a_control_run_records_its_section_flat() -> None:
     assert (data["rps_min"], data["pace"], data["duration"]) == (2.0, True, 30.0)
     assert "control" not in data
     ramp = config_text(config_of("ramp", ("flags", {})))
-    assert (ramp["hold"], ramp["duration"], ramp["rps_min"]) == (None, None, 0.5)
+    # Another command's flags are None: control's here, capacity's rps_min too.
+    assert (ramp["hold"], ramp["duration"], ramp["rps_min"]) == (None, None, None)
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "value", "owners"),
+    [
+        ("sweep", "stages", "2:5", "ramp"),
+        ("ramp", "parallel", "[1, 2]", "sweep"),
+        ("control", "settle", 1, "capacity"),
+        ("ramp", "time_scale", 2, "replay"),
+        ("capacity", "shard", "0/2", "ramp and replay"),
+        ("sweep", "rps_start", 2, "ramp and control"),
+        ("ramp", "rps_min", 2, "capacity and control"),
+    ],
+)
+def test_every_commands_section_refuses_the_others_flags(
+    tmp_path: Path, kind: Kind, key: str, value: object, owners: str
+) -> None:
+    source, data = _yaml(tmp_path, f"{key}: {value}\n")
+    with pytest.raises(ConfigError) as caught:
+        config_of(kind, (source, data))
+    takes = "takes" if " and " not in owners else "take"
+    flag = key.replace("_", "-")
+    assert str(caught.value) == (
+        f"{source}: --{flag}: only servemon {owners} {takes} it, not {kind}"
+    )
+
+
+def test_each_command_gets_its_own_section_and_only_it() -> None:
+    for kind in KINDS:
+        hold = {"hold": "waiting=8"} if kind == "control" else {}
+        config = config_of(kind, ("flags", hold))
+        given = {name for name in SECTIONS if getattr(config, name) is not None}
+        assert given == {kind}
+        assert isinstance(config.section(kind), SECTIONS[kind])
+
+
+def test_energy_and_model_are_parsed_once_where_the_config_is_built() -> None:
+    config = config_of(
+        "ramp",
+        ("flags", {"energy": "http://127.0.0.1:9/metrics", "model": "a=3,b=1"}),
+    )
+    assert (config.energy.source, config.energy.url) == (
+        "exporter",
+        "http://127.0.0.1:9/metrics",
+    )
+    assert config.model is not None
+    assert config.model.mix is not None
+    assert config.model.mix.names == ("a", "b")
+    data = config_text(config)
+    assert (data["energy"], data["model"]) == ("http://127.0.0.1:9/metrics", "a=3,b=1")
+    assert str(config_of("ramp", ("flags", {})).energy) == "auto"
+    with pytest.raises(ConfigError, match=r"^--energy 'ftp://x': expected auto"):
+        config_of("ramp", ("flags", {"energy": "ftp://x"}))

@@ -15,6 +15,7 @@ from aiohttp import web
 from servemon.embedded import free_port
 from servemon.loadgen.record.energy import EnergyCounters
 from servemon.loadgen.record.sections import EnergyRecord
+from servemon.loadgen.run.choices import parse_energy
 from servemon.loadgen.run.energy import (
     EnergyReading,
     EnergySampler,
@@ -146,7 +147,7 @@ async def test_an_exporter_not_up_at_the_start_is_tried_again(
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     sampler, said = await open_energy(
-        url,
+        parse_energy(url),
         session=session,
         target_is_local=False,
         prometheus=None,
@@ -186,7 +187,7 @@ async def test_a_source_there_at_the_start_is_not_late(
     lines: list[Mapping[str, Any]] = []
     try:
         sampler, said = await open_energy(
-            f"http://127.0.0.1:{port}/metrics",
+            parse_energy(f"http://127.0.0.1:{port}/metrics"),
             session=session,
             target_is_local=False,
             prometheus=None,

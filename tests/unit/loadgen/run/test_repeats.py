@@ -49,8 +49,13 @@ def timing(i: int, stage: int, itl: float = 0.1) -> RequestTiming:
 # -- the plan ---------------------------------------------------------------------
 
 
+def flat(kind: Kind, **keys: object) -> LoadConfig:
+    """``kind``'s config from flat keys, as the flags give them."""
+    return config_of(kind, ("flags", keys))
+
+
 def test_a_ramp_runs_each_stage_n_times_in_a_row_under_its_own_label() -> None:
-    stages = make_plan("ramp", LoadConfig(stages="4:8,8:5", repeats=3)).stages
+    stages = make_plan("ramp", flat("ramp", stages="4:8,8:5", repeats=3)).stages
     assert [s.index for s in stages] == [0, 1, 2, 3, 4, 5]
     assert [s.label for s in stages] == ["4 rps"] * 3 + ["8 rps"] * 3
     assert [s.repeat for s in stages] == [1, 2, 3, 1, 2, 3]
@@ -59,7 +64,7 @@ def test_a_ramp_runs_each_stage_n_times_in_a_row_under_its_own_label() -> None:
 
 
 def test_without_repeats_no_stage_is_numbered_as_a_repeat() -> None:
-    stages = make_plan("ramp", LoadConfig(stages="4:8,8:5")).stages
+    stages = make_plan("ramp", flat("ramp", stages="4:8,8:5")).stages
     assert [(s.index, s.repeat) for s in stages] == [(0, None), (1, None)]
 
 
@@ -70,7 +75,7 @@ def test_without_repeats_no_stage_is_numbered_as_a_repeat() -> None:
 def test_a_sweeps_number_is_its_levels_for_every_repeat(
     number: tuple[int, ...], expected: list[int]
 ) -> None:
-    config = LoadConfig(parallel=(1, 4), number=number, repeats=2)
+    config = flat("sweep", parallel=(1, 4), number=number, repeats=2)
     stages = make_plan("sweep", config).stages
     assert [(s.label, s.parallel, s.repeat) for s in stages] == [
         ("parallel 1", 1, 1),
@@ -78,11 +83,13 @@ def test_a_sweeps_number_is_its_levels_for_every_repeat(
         ("parallel 4", 4, 1),
         ("parallel 4", 4, 2),
     ]
-    assert stage_numbers(config.number, config.repeats, len(stages)) == expected
+    assert config.sweep is not None
+    sweep = config.sweep
+    assert stage_numbers(sweep.number, sweep.repeats, len(stages)) == expected
 
 
 def test_a_sweeps_numbers_must_still_fit_its_levels() -> None:
-    config = LoadConfig(parallel=(1, 4), number=(10, 20, 30), repeats=2)
+    config = flat("sweep", parallel=(1, 4), number=(10, 20, 30), repeats=2)
     with pytest.raises(ConfigError, match="3 values for 2 --parallel levels"):
         make_plan("sweep", config)
 
@@ -97,12 +104,15 @@ def test_a_sweeps_numbers_must_still_fit_its_levels() -> None:
     ],
 )
 def test_commands_that_cannot_repeat_refuse_in_one_line(kind: Kind, why: str) -> None:
+    # --repeats is a ramp's and a sweep's (their sections'): the others refuse
+    # it where the config is built, each saying why.
     hold = {"hold": "waiting=8"} if kind == "control" else {}
-    config = config_of(kind, ("flags", {"repeats": 3, "slo": "ttft_p95<=0.5", **hold}))
     with pytest.raises(ConfigError) as caught:
-        make_plan(kind, config)
+        config_of(kind, ("flags", {"repeats": 3, "slo": "ttft_p95<=0.5", **hold}))
     text = str(caught.value)
-    assert text.startswith(f"--repeats 3: not for {kind}: ")
+    assert text.startswith(
+        f"flags: --repeats: only servemon ramp and sweep take it, not {kind}: "
+    )
     assert why in text
     assert "\n" not in text
 

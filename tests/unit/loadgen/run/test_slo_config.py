@@ -91,7 +91,7 @@ def test_load_config_errors_name_the_field() -> None:
         merge(LoadConfig(), {"no_such": 1}, "cfg.yaml")
     with pytest.raises(ConfigError, match="--extra-body: expected a JSON object"):
         parse_extra_body("[1]")
-    assert merge(LoadConfig(), {"parallel": [1, 3]}, "x").parallel == (1, 3)
+    assert merge(LoadConfig(), {"sim_args": ["--a"]}, "x").sim_args == ("--a",)
 
 
 def test_secrets_never_print_and_are_redacted_in_records() -> None:

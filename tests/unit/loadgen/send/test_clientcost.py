@@ -8,6 +8,7 @@ from servemon.core.errors import ConfigError
 from servemon.core.fields import load
 from servemon.load import auto_workers
 from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.flat import config_of
 from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.send.clientcost import CORE_BUDGET, request_cpu_s, workers_for
 
@@ -27,20 +28,22 @@ def test_more_chunks_and_higher_rates_need_more_workers_up_to_the_cpus() -> None
 
 
 def test_auto_takes_the_peak_stage_and_the_workloads_output_budget() -> None:
-    config = load(
-        LoadConfig,
-        {
-            "stages": "5:10,900:10,20:10",
-            "workers": "auto",
-            "workload": "random:prompt=16,output=256",
-        },
-        "flags",
+    config = config_of(
+        "ramp",
+        (
+            "flags",
+            {
+                "stages": "5:10,900:10,20:10",
+                "workers": "auto",
+                "workload": "random:prompt=16,output=256",
+            },
+        ),
     )
     choice = auto_workers(config, make_plan("ramp", config))
     assert choice.peak_rate == 900
     assert choice.cpu_per_request_s == request_cpu_s(256)
-    flat = load(
-        LoadConfig, {"stages": "900:10", "workers": "auto", "stream": False}, "flags"
+    flat = config_of(
+        "ramp", ("flags", {"stages": "900:10", "workers": "auto", "stream": False})
     )
     unstreamed = auto_workers(flat, make_plan("ramp", flat))
     assert unstreamed.cpu_per_request_s == request_cpu_s(1)

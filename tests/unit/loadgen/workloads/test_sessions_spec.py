@@ -10,6 +10,7 @@ import json
 import random
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -31,6 +32,9 @@ from servemon.loadgen.workloads.sessions import (
     parse_think,
 )
 from servemon.loadgen.workloads.workload import build_workload, parse_workload
+
+if TYPE_CHECKING:
+    from servemon.loadgen.run.plan import Kind, Plan
 
 
 class WordCounter:
@@ -288,17 +292,20 @@ def test_a_model_that_does_not_reason_has_its_answer_at_its_first_token() -> Non
 
 
 def test_the_users_of_a_sweep_come_from_one_place() -> None:
-    from servemon.loadgen.run.config import LoadConfig
+    from servemon.loadgen.run.flat import config_of
     from servemon.loadgen.run.plan import make_plan
 
-    config = LoadConfig(workload="sessions:users=6")
-    assert [s.label for s in make_plan("sweep", config).stages] == ["6 users"]
+    def plan(kind: Kind, **flags: object) -> Plan:
+        return make_plan(kind, config_of(kind, ("flags", flags)))
+
+    six = "sessions:users=6"
+    assert [s.label for s in plan("sweep", workload=six).stages] == ["6 users"]
     with pytest.raises(ConfigError, match="both set the users"):
-        make_plan("sweep", LoadConfig(workload="sessions:users=6", parallel=(2,)))
+        plan("sweep", workload=six, parallel=(2,))
     with pytest.raises(ConfigError, match="run it with servemon sweep"):
-        make_plan("ramp", config)
+        plan("ramp", workload=six)
     with pytest.raises(ConfigError, match="--warmup"):
-        make_plan("sweep", LoadConfig(workload="sessions:", warmup=2))
-    ramp = make_plan("ramp", LoadConfig(workload="sessions:", stages="2:5"))  # type: ignore[arg-type]
+        plan("sweep", workload="sessions:", warmup=2)
+    ramp = plan("ramp", workload="sessions:", stages="2:5")
     assert [s.label for s in ramp.stages] == ["2 sessions/s"]
     assert parse_sessions("", 128).users is None

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from servemon.core.errors import ConfigError
-from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.run.flat import config_of
 from servemon.loadgen.run.plan import make_plan
 from servemon.loadgen.workloads.replayplan import replay_plan
 from servemon.loadgen.workloads.tokens import EstimateCounter
@@ -312,7 +312,8 @@ async def test_a_replay_reads_its_trace_file_once(tmp_path: Path) -> None:
         {"timestamp": 500 * i, "input_length": 64, "output_length": 4} for i in range(6)
     ]
     path.write_text(mooncake(*rows))
-    config = LoadConfig(workload=f"trace:{path}", time_scale=0.5)  # type: ignore[arg-type]
+    flags = {"workload": f"trace:{path}", "time_scale": 0.5}
+    config = config_of("replay", ("flags", flags))
     plan = make_plan("replay", config)
     assert plan.replay is not None
     assert [at for _, at in plan.replay.sends] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25]

@@ -589,16 +589,23 @@ def test_the_workload_is_parsed_once_where_the_config_is_built() -> None:
 def test_the_selector_and_the_model_mix_are_parsed_once() -> None:
     """``--select`` is parsed where the config is built (its matchers, a comma
     inside quotes kept, joined back for the record); ``--model``'s mix once, when
-    the run is planned."""
+    the config is built (:class:`~servemon.loadgen.run.choices.ModelChoice`)."""
     text = '{model="a,b", target=~"pool-a.*"}'
     config = LoadConfig(select=text, prometheus="http://127.0.0.1:9")  # type: ignore[arg-type]
     assert config.select == ('model="a,b"', 'target=~"pool-a.*"')
     recorded = config_text(config)["select"]
     assert LoadConfig(select=recorded).select == config.select  # type: ignore[arg-type]
-    plan = make_plan("ramp", LoadConfig(model="a=0.7,b=0.3"))
-    assert plan.mix is not None
-    assert plan.mix.names == ("a", "b")
-    assert make_plan("ramp", LoadConfig(model="a")).mix is None
+    mixed = LoadConfig(model="a=0.7,b=0.3")  # type: ignore[arg-type]
+    assert mixed.model is not None
+    assert mixed.model.mix is not None
+    assert (mixed.model.mix.names, mixed.model.name) == (("a", "b"), None)
+    assert config_text(mixed)["model"] == "a=0.7,b=0.3"
+    one = config_of("ramp", ("flags", {"model": "a"}))
+    assert one.model is not None
+    assert (one.model.mix, one.model.name) == (None, "a")
+    assert config_of("ramp", ("run.json", config_text(one))) == one
+    with pytest.raises(ConfigError, match=r"^--model: expected NAME=WEIGHT"):
+        config_of("ramp", ("flags", {"model": "a=1,b"}))
 
 
 def test_parsed_settings_survive_every_config_layer(tmp_path: Path) -> None:
@@ -616,7 +623,7 @@ def test_parsed_settings_survive_every_config_layer(tmp_path: Path) -> None:
     assert layered.workload.options["output"] == OutputBudget(4, 4)
     assert layered.control is not None
     assert layered.control.hold.setpoint == 3.0
-    plain = layer_config(LoadConfig, None, {"stages": "2:5"})
+    plain = layer_config(LoadConfig, None, {"seed": 5})
     assert isinstance(plain.workload.options["output"], OutputBudget)
 
 
@@ -626,7 +633,7 @@ async def test_a_prompt_file_is_read_once(tmp_path: Path) -> None:
     the file can be gone by the time the prompts are built."""
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "one two three"}\n{"prompt": "four five"}\n')
-    config = LoadConfig(workload=f"file:{path}")  # type: ignore[arg-type]
+    config = config_of("ramp", ("flags", {"workload": f"file:{path}"}))
     make_plan("ramp", config)
     path.unlink()
     workload = await build_workload(config.workload, counter=LongWordsCounter(), seed=1)
