@@ -33,7 +33,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from servemon.embedded import free_port
 from tests.e2e.engines.conftest import VLLM_BLOCK_SIZE, VLLM_MODEL, Engine, VllmModel
 from tests.e2e.engines.test_real_engines import (
+    SEED_LEVELS,
+    SEED_REQUESTS,
     SEED_SWEEP,
+    SEED_WARMUP,
     SEED_WORKLOAD,
     assert_all_ok,
     assert_measured_honestly,
@@ -116,7 +119,7 @@ def test_vllm_seed_sweep_is_all_ok_with_the_servers_facts_per_request(
     )
     after = wait_idle(vllm_server.url)
     rows = requests_of(real)
-    assert len(rows) == 64
+    assert len(rows) == SEED_REQUESTS
     assert_all_ok(rows, vllm_server)
     assert_measured_honestly(rows)
     # vLLM sends [DONE], and the role-only chunk first (TTFT is after it).
@@ -136,14 +139,16 @@ def test_vllm_seed_sweep_is_all_ok_with_the_servers_facts_per_request(
     # `random` stays uncached on the real engine: every prompt is distinct from
     # its first tokens on, so no 128-token block is ever a hit.
     assert sum(row["cached_tokens"] for row in rows) == 0
-    # The 64 measured and each level's 8 of warm-up were all the server saw, and it
-    # counted at least the tokens the client was sent.
-    assert delta(before, after, "vllm:request_success_total") == 64 + 4 * 8
+    # The measured and each level's warm-up were all the server saw, and it counted
+    # at least the tokens the client was sent.
+    assert delta(before, after, "vllm:request_success_total") == (
+        SEED_REQUESTS + len(SEED_LEVELS) * SEED_WARMUP
+    )
     assert delta(before, after, "vllm:generation_tokens_total") >= sum(
         row["output_tokens"] for row in rows
     )
     summary = json.loads((real / "summary.json").read_text())
-    assert summary["overall"]["outcomes"] == {"ok": 64}
+    assert summary["overall"]["outcomes"] == {"ok": SEED_REQUESTS}
 
 
 # --- the prefix cache, as vLLM keeps it ------------------------------------------
