@@ -29,8 +29,8 @@ ENGINES = "tests/e2e/engines/"
 #: fresh clone's JUnit XML; ``scripts/margins`` reads the same files). Any group
 #: not named follows in collection order.
 LONGEST = (
-    "engines",
     "tests/e2e/test_control_cold_start.py",
+    "engines",
     "tests/e2e/test_fleet.py",
     "tests/e2e/test_cli.py",
     "tests/integration/test_control.py",
