@@ -206,7 +206,7 @@ def test_a_sweep_runs_each_levels_number_on_every_repeat(tmp_path: Path) -> None
         sim = SimConfig(host="127.0.0.1", port=0, profile="tiny")
         async with SimServer(sim) as server:
             config = config_for(
-                server, tmp_path, parallel=(1, 2), number=(3, 5), repeats=2
+                server, tmp_path, "sweep", parallel=(1, 2), number=(3, 5), repeats=2
             )
             return await run("sweep", config)
 

@@ -288,6 +288,7 @@ async def test_sweep_never_exceeds_parallel_and_does_not_count_warmup(
             config_for(
                 server,
                 tmp_path,
+                "sweep",
                 parallel=levels,
                 number=(number,),
                 warmup=warmup,

@@ -72,6 +72,7 @@ def test_a_replay_sends_the_traces_times_and_its_prefix_sharing(
                 config_for(
                     server,
                     tmp_path,
+                    "replay",
                     workload=f"trace:{trace}",
                     rate_scale=RATE_SCALE,
                     timeout=30.0,
@@ -123,6 +124,7 @@ def test_shards_of_a_replay_send_the_whole_trace_between_them(tmp_path: Path) ->
                 config_for(
                     server,
                     tmp_path / shard.replace("/", "-"),
+                    "replay",
                     workload=f"trace:{trace}",
                     shard=shard,
                 ),
@@ -163,7 +165,7 @@ def test_a_published_trace_replays_as_downloaded(
         async with SimServer(config) as server:
             return await run(
                 "replay",
-                config_for(server, tmp_path, workload=spec, rate_scale=scale),
+                config_for(server, tmp_path, "replay", workload=spec, rate_scale=scale),
             )
 
     result = asyncio.run(asyncio.wait_for(go(), 60))

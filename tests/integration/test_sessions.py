@@ -39,7 +39,8 @@ def _sessions(
             enable_prefix_caching=caching,
         )
         async with SimServer(config) as server:
-            return await run(kind, config_for(server, tmp_path, timeout=30.0, **fields))
+            config = config_for(server, tmp_path, kind, timeout=30.0, **fields)
+            return await run(kind, config)
 
     return asyncio.run(asyncio.wait_for(go(), 90))
 
