@@ -42,6 +42,10 @@ from servemon.simulator.tokenizer import WordTokenizer
 
 __all__ = ["Engine", "EngineArgs", "Request"]
 
+#: The most of a step's time that a late start of it is taken from (a share of
+#: the step): the engine's clock runs on through wake-ups late by that much.
+MAX_CATCH_UP = 0.5
+
 
 class Engine:
     """Schedules requests step by step; :meth:`run` drives it on the event loop."""
@@ -186,22 +190,30 @@ class Engine:
     async def run(self) -> None:
         """Step forever; idle without work. Cancel to stop."""
         loop = asyncio.get_running_loop()
+        due: float | None = None  # when the last step ended on the engine's clock
         while True:
             if not self.running and not self.waiting:
+                due = None
                 self._work.clear()
                 await self._work.wait()
                 continue
-            start = loop.time()
+            now = loop.time()
             plan = self.schedule()
             if not plan:
                 # Nothing fits right now (should not happen: requests that can never
                 # fit are refused at the door). Wait for an abort or a new request.
+                due = None
                 self._work.clear()
                 await self._work.wait()
                 continue
             duration = self.step_seconds(plan)
-            delay = start + duration - loop.time()
-            await asyncio.sleep(max(0.0, delay))
+            # Back to back, a step starts when the last one was due to end, not
+            # when the loop woke to end it: a wake-up late by up to half a step
+            # (a loaded machine) is taken from this step, so that the engine
+            # keeps its profile's pace. Later than that, the engine fell behind.
+            start = now if due is None else max(due, now - duration * MAX_CATCH_UP)
+            due = start + duration
+            await asyncio.sleep(max(0.0, due - loop.time()))
             self.apply(plan, time.monotonic())
 
     def step_seconds(self, plan: Sequence[tuple[Request, int]]) -> float:
