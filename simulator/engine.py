@@ -42,8 +42,9 @@ from servemon.simulator.tokenizer import WordTokenizer
 
 __all__ = ["Engine", "EngineArgs", "Request"]
 
-#: The most of a step's time that a late start of it is taken from (a share of
-#: the step): the engine's clock runs on through wake-ups late by that much.
+#: The latest a step may start, as a share of it, and still be timed from when
+#: the last one was due to end: the engine's clock runs on through wake-ups late
+#: by that much, and starts again from the wake-up past it.
 MAX_CATCH_UP = 0.5
 
 
@@ -210,9 +211,12 @@ class Engine:
             # Back to back, a step starts when the last one was due to end, not
             # when the loop woke to end it: a wake-up late by up to half a step
             # (a loaded machine) is taken from this step, so that the engine
-            # keeps its profile's pace. Later than that, the engine fell behind.
-            start = now if due is None else max(due, now - duration * MAX_CATCH_UP)
-            due = start + duration
+            # keeps its profile's pace. Later than that the machine held the
+            # process, and the step starts now: an engine that caught up then
+            # would ask the starved process for more steps a second than it has.
+            if due is None or now - due > duration * MAX_CATCH_UP:
+                due = now
+            due += duration
             await asyncio.sleep(max(0.0, due - loop.time()))
             self.apply(plan, time.monotonic())
 
