@@ -210,7 +210,7 @@ def test_a_slower_simulator_is_called_slower_with_the_true_ratio_inside(
     assert d.low is not None
     assert d.high is not None
     request.node.user_properties += [(f"pace {n}", p) for n, p in runs.paces]
-    margin("interval low", d.low, above=1, why=verdict_text(d))
+    margin("interval low", d.low, above=1, why=f"{verdict_text(d)}, paces {runs.paces}")
     assert d.verdict == "slower", verdict_text(d)
     assert d.low <= TRUE_RATIO, verdict_text(d)
     assert d.high >= TRUE_LOW, verdict_text(d)
