@@ -42,6 +42,11 @@ from servemon.simulator.tokenizer import WordTokenizer
 
 __all__ = ["Engine", "EngineArgs", "Request"]
 
+#: The latest a step may start, as a share of it, and still be timed from when
+#: the last one was due to end: the engine's clock runs on through wake-ups late
+#: by that much, and starts again from the wake-up past it.
+MAX_CATCH_UP = 0.5
+
 
 class Engine:
     """Schedules requests step by step; :meth:`run` drives it on the event loop."""
@@ -186,22 +191,33 @@ class Engine:
     async def run(self) -> None:
         """Step forever; idle without work. Cancel to stop."""
         loop = asyncio.get_running_loop()
+        due: float | None = None  # when the last step ended on the engine's clock
         while True:
             if not self.running and not self.waiting:
+                due = None
                 self._work.clear()
                 await self._work.wait()
                 continue
-            start = loop.time()
+            now = loop.time()
             plan = self.schedule()
             if not plan:
                 # Nothing fits right now (should not happen: requests that can never
                 # fit are refused at the door). Wait for an abort or a new request.
+                due = None
                 self._work.clear()
                 await self._work.wait()
                 continue
             duration = self.step_seconds(plan)
-            delay = start + duration - loop.time()
-            await asyncio.sleep(max(0.0, delay))
+            # Back to back, a step starts when the last one was due to end, not
+            # when the loop woke to end it: a wake-up late by up to half a step
+            # (a loaded machine) is taken from this step, so that the engine
+            # keeps its profile's pace. Later than that the machine held the
+            # process, and the step starts now: an engine that caught up then
+            # would ask the starved process for more steps a second than it has.
+            if due is None or now - due > duration * MAX_CATCH_UP:
+                due = now
+            due += duration
+            await asyncio.sleep(max(0.0, due - loop.time()))
             self.apply(plan, time.monotonic())
 
     def step_seconds(self, plan: Sequence[tuple[Request, int]]) -> float:

@@ -47,6 +47,7 @@ from servemon.loadgen.reports.report import write_report
 from servemon.loadgen.reports.significance import Difference
 from servemon.simulator.config import SimConfig
 from servemon.simulator.server import SimServer
+from tests.support.margins import Margin
 from tests.support.runs import config_for, requests_of, run
 
 pytestmark = pytest.mark.integration
@@ -87,6 +88,34 @@ WHOLE = ("output tok/s", "requests/s", "TTFT mean ms", "TPOT mean ms", "E2E mean
 DRIFT = 0.02
 
 
+#: The profile's step at speed 1, and how far over its step a stage's TPOT mean
+#: may be before the run is taken as stalled by the machine (:func:`pace`).
+STEP_S = 0.040
+STALL_OVER = 0.05
+#: Runs of a repeated configuration at most, a stalled one thrown away.
+TRIES = 2
+
+
+def pace(result: RunResult, step_s: float) -> float:
+    """The highest TPOT mean of a stage of ``result`` over the profile's step.
+
+    The simulator keeps its profile's pace through wake-ups late by up to half a
+    step (:data:`servemon.simulator.engine.MAX_CATCH_UP`), so a stage's TPOT mean
+    is its step and the client's share: 1.001-1.036 steps beside two busy loops.
+    Over :data:`STALL_OVER` the machine took the process for longer than a step
+    (1.06-8 steps, seen only with another suite's vLLM tests on the same cores):
+    not what a second run of the configuration gives, and ``compare`` would be
+    right to call it different. Such a run is run again (:data:`TRIES`); a
+    broken ``compare`` is still judged on the runs that kept the pace."""
+    means = [
+        tpot.mean
+        for stage in result.record.stages
+        if stage.summary and (tpot := stage.summary.figure("tpot")) is not None
+    ]
+    assert means, "no stage has a TPOT"
+    return max(means) / step_s
+
+
 @dataclass(frozen=True, slots=True)
 class Runs:
     same_a: RunResult
@@ -94,15 +123,18 @@ class Runs:
     slower: RunResult
     single_a: RunResult
     single_b: RunResult
+    #: Each run's tries: (name, TPOT mean over the step).
+    paces: list[tuple[str, float]]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     tmp = tmp_path_factory.mktemp("verdicts")
+    paces: list[tuple[str, float]] = []  # each try's TPOT mean over its step
     profile = tmp / "tiny-40ms.yaml"
     profile.write_text(PROFILE, encoding="utf-8")
 
-    async def one(name: str, seed: int, *, speed: float, repeats: int) -> RunResult:
+    async def once(name: str, seed: int, *, speed: float, repeats: int) -> RunResult:
         sim = SimConfig(host="127.0.0.1", port=0, profile=str(profile), speed=speed)
         async with SimServer(sim) as server:
             config = config_for(
@@ -116,6 +148,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
             )
             return await run("ramp", config)
 
+    async def one(name: str, seed: int, *, speed: float, repeats: int) -> RunResult:
+        for attempt in range(1, TRIES + 1 if repeats > 1 else 2):
+            result = await once(f"{name}-{attempt}", seed, speed=speed, repeats=repeats)
+            paces.append((name, pace(result, STEP_S / speed)))
+            if paces[-1][1] <= 1 + STALL_OVER:
+                break
+        return result
+
     async def go() -> Runs:
         return Runs(
             await one("same-a", 1, speed=1.0, repeats=3),
@@ -123,6 +163,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
             await one("slower", 3, speed=0.8, repeats=3),
             await one("single-a", 1, speed=1.0, repeats=1),
             await one("single-b", 2, speed=1.0, repeats=1),
+            paces,
         )
 
     return asyncio.run(go())
@@ -149,7 +190,8 @@ def test_the_same_configuration_twice_is_called_no_different(runs: Runs) -> None
     found = c.differences[0]
     whole = [d for (_, figure), d in found.items() if figure in WHOLE]
     assert len(whole) == len(WHOLE) * len(LEVELS)
-    assert all(_alike(d) for d in whole), differences(c)
+    off = {(d.level, d.figure): verdict_text(d) for d in whole if not _alike(d)}
+    assert not off, off
     assert {d.basis for d in whole} == {"repeats"}
     assert "resting on repeats" in verdict_notes(c)[0]
 
@@ -157,13 +199,19 @@ def test_the_same_configuration_twice_is_called_no_different(runs: Runs) -> None
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("figure", ["TPOT mean ms", "E2E mean s"])
 def test_a_slower_simulator_is_called_slower_with_the_true_ratio_inside(
-    runs: Runs, level: str, figure: str
+    runs: Runs,
+    level: str,
+    figure: str,
+    request: pytest.FixtureRequest,
+    margin: Margin,
 ) -> None:
     c = compare([runs.same_a.path, runs.slower.path])
     d = c.differences[0][(level, figure)]
-    assert d.verdict == "slower", verdict_text(d)
     assert d.low is not None
     assert d.high is not None
+    request.node.user_properties += [(f"pace {n}", p) for n, p in runs.paces]
+    margin("interval low", d.low, above=1, why=f"{verdict_text(d)}, paces {runs.paces}")
+    assert d.verdict == "slower", verdict_text(d)
     assert d.low <= TRUE_RATIO, verdict_text(d)
     assert d.high >= TRUE_LOW, verdict_text(d)
 

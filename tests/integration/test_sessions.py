@@ -26,6 +26,9 @@ pytestmark = pytest.mark.integration
 #: whole prompt to prefill, a later turn only its new message when the cache holds
 #: the rest.
 SPEC = "sessions:turns=4,think=0.2,first=2048,user=32,output=16"
+#: Turn 2's TTFT p50 with the cache over without it: 0.30-0.43 measured; a cache
+#: that is not used, or used without being on, makes it about 1.
+TURN_2_BOUND = 0.7
 
 
 def _sessions(
@@ -91,27 +94,32 @@ def test_later_turns_find_their_history_in_the_prefix_cache(
     assert first.cached_fraction < 0.05  # every opening message is new
     assert second.cached_fraction is not None
     assert second.cached_fraction > 0.9
-    ttft_1, ttft_2 = first.figure("ttft"), second.figure("ttft")
-    assert ttft_1 is not None
-    assert ttft_2 is not None
-    # What the cache buys the second turn.
-    margin("TTFT p50, turn 2 / turn 1", ttft_2.p50 / ttft_1.p50, below=0.8)
+    cached_2 = second.figure("ttft")
+    assert cached_2 is not None
 
-    # Without a prefix cache the same conversations get slower turn by turn.
+    # The same conversations without a prefix cache: the second turn prefills its
+    # whole history again. What the cache buys it is held against that turn, not
+    # against turn 1: the two are alike without a cache (2,106 prompt tokens
+    # against 2,052), and a turn's TTFT moves with the other sessions' prefills it
+    # shares steps with (uncached turn 2 / turn 1: 0.91-1.33 in 15 runs under load).
     uncached = _sessions(tmp_path / "off", caching=False, workload=SPEC, stages="1:6")
     plain = uncached.record.by_turn
     assert plain is not None
     assert plain["2"].cached_fraction == 0
-    plain_1, plain_2 = plain["1"].figure("ttft"), plain["2"].figure("ttft")
-    assert plain_1 is not None
+    plain_2 = plain["2"].figure("ttft")
     assert plain_2 is not None
-    margin("uncached TTFT p50, turn 2 / turn 1", plain_2.p50 / plain_1.p50, above=1)
+    margin(
+        "turn 2 TTFT p50, cached / uncached",
+        cached_2.p50 / plain_2.p50,
+        below=TURN_2_BOUND,
+        why=f"cached {cached_2.p50:.3f} s, uncached {plain_2.p50:.3f} s",
+    )
 
     # The report draws TTFT by turn.
     page = write_report(cached.path).read_text(encoding="utf-8")
     section = page[page.index("id='by-turn'") :]
     assert "<svg" in section[: section.index("<h2", 10)]
-    assert "turn 4" in section
+    assert f"turn {max(map(int, summary.by_turn))}" in section
 
 
 def test_users_run_sessions_back_to_back_up_to_the_number_of_turns(
