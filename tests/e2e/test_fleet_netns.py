@@ -40,9 +40,8 @@ from typing import Any
 
 import pytest
 
-from servemon.loadgen.send.arrivals import Arrival, Stage, schedule
 from tests.support.alerting import prometheus_file
-from tests.support.fleet import COORDINATOR, clock_env
+from tests.support.fleet import COORDINATOR, clock_env, sent_one_schedule
 from tests.support.margins import Margin
 from tests.support.netns import Namespace, Network, Process, network
 from tests.support.nginx import NGINX, nginx_file
@@ -302,18 +301,7 @@ def test_a_ramp_from_four_machines(stack: Stack, margin: Margin) -> None:
         timeout_s=90,
     )
     # Together the four machines sent the one seeded schedule.
-    info = read_json(run / "run.json")
-    records = read_jsonl(run / "requests.jsonl")
-    plan, offset = [], 0.0
-    for index, (rate, secs) in enumerate(STAGES):
-        plan.append(Stage(index, rate, secs, offset))
-        offset += secs
-    expected = [due.offset_s for due in schedule(plan, Arrival(), SEED)]
-    start = info["clock_origin"]["monotonic_s"] + info["stages"][0]["start_s"]
-    sent = sorted(r["scheduled_s"] - start for r in records)
-    assert len(sent) == len(expected)
-    assert max(abs(a - b) for a, b in zip(sent, expected, strict=True)) < 1e-6
-    assert {r["outcome"] for r in records} == {"ok"}
+    sent_one_schedule(run, STAGES, SEED)
 
 
 @pytest.mark.timeout(180)

@@ -24,8 +24,12 @@ from typing import Any
 import pytest
 
 from servemon.embedded import free_port
-from servemon.loadgen.send.arrivals import Arrival, Stage, schedule
-from tests.support.fleet import COORDINATOR, RecordingProxy, clock_env
+from tests.support.fleet import (
+    COORDINATOR,
+    RecordingProxy,
+    clock_env,
+    sent_one_schedule,
+)
 from tests.support.margins import Margin
 from tests.support.rundirs import only_run, poll, read_json, read_jsonl
 
@@ -130,17 +134,7 @@ def test_four_workers_with_skewed_clocks_send_one_schedule(
         assert worker["records"] == worker["credits"] > 0
 
     # Together they sent exactly the schedule one process draws from the seed.
-    records = read_jsonl(run / "requests.jsonl")
-    plan, offset = [], 0.0
-    for index, (rate, secs) in enumerate(STAGES):
-        plan.append(Stage(index, rate, secs, offset))
-        offset += secs
-    expected = [due.offset_s for due in schedule(plan, Arrival(), SEED)]
-    start = info["clock_origin"]["monotonic_s"] + info["stages"][0]["start_s"]
-    sent = sorted(r["scheduled_s"] - start for r in records)
-    assert len(sent) == len(expected)
-    assert max(abs(a - b) for a, b in zip(sent, expected, strict=True)) < 1e-6
-    assert {r["outcome"] for r in records} == {"ok"}
+    records = sent_one_schedule(run, STAGES, SEED)
     assert len({r["id"] for r in records}) == len(records)
     # Every worker took a share (round the live workers in turn), and each record
     # names its worker.

@@ -10,12 +10,23 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-__all__ = ["COORDINATOR", "FAKETIME_LIB", "RecordingProxy", "clock_env"]
+from servemon.loadgen.send.arrivals import Arrival, Stage, schedule
+from tests.support.rundirs import read_json, read_jsonl
+
+__all__ = [
+    "COORDINATOR",
+    "FAKETIME_LIB",
+    "RecordingProxy",
+    "clock_env",
+    "sent_one_schedule",
+]
 
 #: The line a coordinating load command prints once it takes workers.
 COORDINATOR = re.compile(r"workers to join at (https?://\S+)")
@@ -124,3 +135,24 @@ class RecordingProxy:
                 await response.write(chunk)
             await response.write_eof()
             return response
+
+
+def sent_one_schedule(
+    run: Path, stages: Sequence[tuple[float, float]], seed: int
+) -> list[dict[str, Any]]:
+    """Assert that a fleet's run sent the schedule one process draws for ``stages``
+    ((rate, seconds) each) and ``seed``: every scheduled time, in the coordinator's
+    frame, within 1 us of it, each one ok. Its ``requests.jsonl`` records."""
+    info = read_json(run / "run.json")
+    records = read_jsonl(run / "requests.jsonl")
+    plan, offset = [], 0.0
+    for index, (rate, secs) in enumerate(stages):
+        plan.append(Stage(index, rate, secs, offset))
+        offset += secs
+    expected = [due.offset_s for due in schedule(plan, Arrival(), seed)]
+    start = info["clock_origin"]["monotonic_s"] + info["stages"][0]["start_s"]
+    sent = sorted(r["scheduled_s"] - start for r in records)
+    assert len(sent) == len(expected)
+    assert max(abs(a - b) for a, b in zip(sent, expected, strict=True)) < 1e-6
+    assert {r["outcome"] for r in records} == {"ok"}
+    return records
