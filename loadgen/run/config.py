@@ -171,6 +171,9 @@ class LoadConfig:
     header_file: str | None = None
     timeout: Positive = 600.0
     out: str = "runs"
+    #: Write ``report.html`` at the end (``--no-report``: ``servemon report DIR``
+    #: writes it later, from the same files).
+    report: bool = True
     metrics_port: Annotated[int, Ge(0), Le(65535)] = 9401
     metrics_host: str = "127.0.0.1"
     #: exporter-toolkit's web config for the live client /metrics

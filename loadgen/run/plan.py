@@ -320,8 +320,10 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
 
 
 def recorded_config(config: LoadConfig) -> dict[str, Any]:
-    """The config as run.json keeps it: flags' own text, header values redacted."""
+    """The config as run.json keeps it: flags' own text, header values redacted,
+    and nothing of what was done after the run (``--no-report``)."""
     data = config_text(config)
+    del data["report"]
     data["header"] = [
         f"{h.partition(':')[0].strip()}: <redacted>" for h in config.header
     ]

@@ -139,8 +139,7 @@ def seed(**how: Any) -> Decorator:
 
 
 def out(**how: Any) -> Decorator:
-    """``--out``: where run directories go (``demo``, ``merge``, the load
-    commands). The value is a ``str``."""
+    """``--out`` (a ``str``): where run directories go (demo, merge, load commands)."""
     return _option(
         "--out", type=click.Path(), help="Parent of the run directory.", **how
     )
@@ -308,11 +307,7 @@ def load_options() -> Callable[[F], F]:
             shown="host:port of --target, as the exporter names it",
         ),
         _option("--model", help="Model to ask for.", shown="the first of /v1/models"),
-        _option(
-            "--api",
-            type=click.Choice(["chat", "completions"]),
-            help="Which API.",
-        ),
+        _option("--api", type=click.Choice(["chat", "completions"]), help="Which API."),
         _option(
             "--stream/--no-stream",
             default=None,
@@ -360,6 +355,11 @@ def load_options() -> Callable[[F], F]:
         ),
         _option("--timeout", type=float, help="Seconds a request may take."),
         out(),
+        _option(
+            "--report/--no-report",
+            default=None,
+            help="Write report.html at the end (or later: servemon report RUN_DIR).",
+        ),
         _option(
             "--metrics-host",
             help="Address of the live client /metrics (0.0.0.0 inside a pod).",

@@ -18,6 +18,10 @@ from pathlib import Path
 import pytest
 
 SERVEMON = [sys.executable, "-m", "servemon"]
+#: The commands that end a run with ``report.html``: the fixture asks them for none
+#: (``--no-report``) unless the test is marked ``report`` (the plots cost a short
+#: run about 1.5 s of CPU, some 100 s of the suite's on 2 cores; docs/testing.md).
+LOAD_COMMANDS = frozenset({"ramp", "sweep", "replay", "capacity", "control"})
 
 #: (pid, start time in clock ticks since boot): one process, whatever reuses its id.
 ProcId = tuple[int, int]
@@ -126,7 +130,8 @@ def servemon(
 ) -> Iterator[Callable[..., ServemonProcess]]:
     """``servemon("ramp", "--stages", "1:1", env={...})`` starts the console script
     in ``tmp_path``; ``env`` is added to this process's environment. Every process
-    started, and every child of it seen, is killed when the test ends.
+    started, and every child of it seen, is killed when the test ends. A load
+    command writes ``report.html`` only in a test marked ``report``.
 
     Each runs in a session of its own, except in the real vLLM's tests
     (``-m vllm``), where it stays in pytest's session, as that vLLM does
@@ -140,8 +145,11 @@ def servemon(
         pytest.skip("needs /proc (Linux)")
     started: list[ServemonProcess] = []
     own_session = request.node.get_closest_marker("vllm") is None
+    reports = request.node.get_closest_marker("report") is not None
 
     def start(*args: str, env: Mapping[str, str] | None = None) -> ServemonProcess:
+        if args and args[0] in LOAD_COMMANDS and not reports:
+            args = (args[0], "--no-report", *args[1:])
         proc = ServemonProcess(
             args, tmp_path, {**os.environ, **(env or {})}, own_session=own_session
         )

@@ -340,6 +340,7 @@ def test_a_servemon_error_from_any_command_is_one_line_and_exit_2(
     assert named.format(tmp=tmp_path) in lines[0]
 
 
+@pytest.mark.report
 def test_ctrl_c_twice_stops_a_ramp_and_report_reads_what_it_left(
     servemon: Any, tmp_path: Path, margin: Margin
 ) -> None:
@@ -381,6 +382,7 @@ def test_ctrl_c_twice_stops_a_ramp_and_report_reads_what_it_left(
     assert summary["overall"]["requests"] == len(records)
 
 
+@pytest.mark.report
 def test_ctrl_c_stops_a_control_run_and_keeps_its_ticks(
     servemon: Any, tmp_path: Path
 ) -> None:

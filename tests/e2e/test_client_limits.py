@@ -19,6 +19,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.report
 def test_an_overloaded_client_warns_live_and_the_record_and_report_say_so(
     servemon: Callable[..., Any], tmp_path: Path
 ) -> None:

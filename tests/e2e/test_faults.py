@@ -82,6 +82,7 @@ RAMP = ("--workload", "random:prompt=16,output=4", "--metrics-port", "0")
 # -- target hung: accepts, never answers -----------------------------------------------
 
 
+@pytest.mark.report
 def test_a_hung_target_times_requests_out_and_the_run_stops(
     servemon: Start, tmp_path: Path
 ) -> None:
@@ -132,6 +133,7 @@ def test_a_target_hung_from_the_start_is_one_line(
 # -- a gateway answering 502 with an HTML page -----------------------------------------
 
 
+@pytest.mark.report
 def test_a_gateways_html_502_is_one_clean_line_and_the_error_rate_stops_the_run(
     servemon: Start, tmp_path: Path
 ) -> None:
@@ -221,6 +223,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
+@pytest.mark.report
 def test_a_full_disk_stops_the_run_with_one_line_and_keeps_every_record_whole(
     servemon: Start, small_disk: Path, tmp_path: Path
 ) -> None:
@@ -275,6 +278,7 @@ def control_ticks(out: Path) -> list[dict[str, Any]]:
     return []
 
 
+@pytest.mark.report
 def test_control_holds_its_rate_while_prometheus_is_blind_then_stops(
     servemon: Start, tmp_path: Path
 ) -> None:
@@ -338,6 +342,7 @@ def test_control_holds_its_rate_while_prometheus_is_blind_then_stops(
     assert {r["outcome"] for r in records(run_dir)} <= {"ok", "cancelled"}
 
 
+@pytest.mark.report
 def test_capacity_never_judges_a_step_good_when_prometheus_is_down(
     servemon: Start, tmp_path: Path
 ) -> None:

@@ -125,6 +125,9 @@ def test_ramp_without_target_starts_the_simulator_and_writes_the_run(
     assert_no_traceback(cli.stderr)
     for name in RUN_FILES:
         assert (run_dir / name).stat().st_size > 0, name
+    # The fixture asked for no report (--no-report): none drawn, the way to it said.
+    assert f"report: not written (--no-report; servemon report {run_dir})" in stdout
+    assert not (run_dir / "report.html").exists()
 
     run_json = read_json(run_dir / "run.json")
     assert run_json["status"] == "completed"
@@ -285,6 +288,7 @@ def test_kill_9_of_a_control_run_keeps_what_it_held_in_the_rebuilt_summary(
     assert "<h2 id='control'>Control</h2>" in page
 
 
+@pytest.mark.report
 def test_no_secret_reaches_the_run_directory_or_the_output(
     servemon: Callable[..., Any], tmp_path: Path
 ) -> None:

@@ -28,6 +28,7 @@ def servemon(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.report
 def test_a_synthetic_trace_replays_against_the_built_in_simulator(
     tmp_path: Path,
 ) -> None:
