@@ -241,12 +241,21 @@ class Hooks:
 
     def finished_lines(self, raw: bytes, lines: list[Line]) -> None:
         """Measured requests finished, as ``requests.jsonl`` lines (``raw``, and
-        parsed): the run folds them at once; any other sink gets each as a
-        timing."""
+        parsed): the run folds them at once; a sink with a ``take_lines`` method
+        is given the lines (checked by the run's fold first), any other each
+        request as a timing."""
         batch = self.batch
         assert batch is not None
         batch.lines(raw, lines)
-        others = [sink for sink in self.sinks if sink != batch.sink]
+        others: list[Sink] = []
+        for sink in self.sinks:
+            if sink == batch.sink:
+                continue
+            take_lines = getattr(sink, "take_lines", None)
+            if take_lines is not None:  # it takes the lines as they are
+                take_lines(lines)
+            else:
+                others.append(sink)
         if others:
             for line in lines:
                 timing = timing_from_line(line)

@@ -218,3 +218,22 @@ def test_a_line_that_does_not_read_fails_the_batch_before_anything(
     missing = {k: v for k, v in LINES[2].items() if k != "end_s"}
     with pytest.raises(BatchError):
         group_lines([missing])
+
+
+def test_a_capacity_step_judges_a_batch_as_its_requests_one_by_one() -> None:
+    from servemon.loadgen.drivers.capacity import _Step
+    from servemon.loadgen.run.stages import StageRecord
+
+    def step() -> _Step:
+        record = StageRecord(1, "1 req/s", 1.0, None, 10.0, start_s=100.0)
+        return _Step(record, list(SLO), settle_s=0.2)
+
+    one, many = step(), step()
+    for t in TIMINGS:
+        one(t)
+    many.take_lines(LINES[:20])
+    many.take_lines(LINES[20:])
+    assert 0 < one.judged.requests < one.every.requests
+    _same(asdict(one.summary()), asdict(many.summary()))
+    _same(asdict(one.every.summary()), asdict(many.every.summary()))
+    assert list(one.lags) == list(many.lags)
