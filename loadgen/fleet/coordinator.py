@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import socket
 import time
@@ -47,6 +48,7 @@ from servemon.loadgen.fleet.members import (
     FleetPlan,
     Member,
     joined_line,
+    post,
     unsent,
     wire_options,
 )
@@ -155,7 +157,7 @@ class Fleet:
         plan; a one-line error when they do not come in ``--fleet-wait``."""
         timeout_s = self.settings.wait_s
         self._plan = plan
-        for member in self._live:
+        for member in list(self._members):  # measured before the plan was made
             if member.ready.is_set():
                 await self._hand_plan(member)
         try:
@@ -390,13 +392,7 @@ class Fleet:
         for member in self._live:
             if member.outbox:
                 credits, member.outbox = member.outbox, []
-                self.post(member, encode({"k": "go", "c": credits}))
-
-    def post(self, member: Member, data: bytes) -> None:
-        """Send ``data`` to ``member`` without waiting (a broken link: its reader's)."""
-        task = asyncio.ensure_future(member.ws.send_bytes(data))
-        self._sends.add(task)
-        task.add_done_callback(self._sends.discard)
+                post(self._sends, member, encode({"k": "go", "c": credits}))
 
     def open_loop(
         self, sender: Sender, **options: Unpack[LoopOptions]
@@ -405,8 +401,9 @@ class Fleet:
         if not sender.hooks.batchable():
             return None
         if self.slicer is None or self.slicer.hooks is not sender.hooks:
+            sending = functools.partial(post, self._sends)
             self.slicer = Slicer(
-                self._live, self._turn, self.post, self.ahead_s, sender.hooks
+                self._live, self._turn, sending, self.ahead_s, sender.hooks
             )
         return SliceLoop(self.slicer, sender, **options)
 

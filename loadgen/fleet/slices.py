@@ -242,15 +242,15 @@ class SliceLoop:
         stage = -1
         try:
             for due in schedule:
+                if due.stage != stage:
+                    stage = due.stage
+                    if self._on_stage is not None:
+                        self._on_stage(stage)
                 at = start_s + due.offset_s
                 wait = at - self._ahead - time.monotonic()
                 if wait > 0:
                     self._hand_out()
                     await asyncio.sleep(max(wait, SLICE_S))
-                if due.stage != stage:
-                    stage = due.stage
-                    if self._on_stage is not None:
-                        self._on_stage(stage)
                 if due.index == WAKE:
                     continue
                 if self.in_flight >= self._max:

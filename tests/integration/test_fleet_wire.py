@@ -297,3 +297,33 @@ async def test_a_slice_goes_out_as_one_message_and_comes_back_as_lines(
         playing.cancel()
         await asyncio.gather(playing, return_exceptions=True)
         await ws.close()
+
+
+async def test_a_worker_measured_before_the_plan_is_made_gets_it(
+    fleet: Fleet, http: aiohttp.ClientSession
+) -> None:
+    # `--workers N` starts its workers as the coordinator listens; on a busy
+    # machine their clocks were measured before the run's plan was made, and
+    # the run waited out --fleet-wait for workers that had come.
+    assert fleet.url is not None
+    ws = await http.ws_connect(
+        fleet.url + PATH, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    worker = PlayedWorker(ws)
+    await worker.send({"k": "hello", "name": "early", "anchor_s": 0.0})
+    playing = asyncio.create_task(worker.run())
+    try:
+        for _ in range(200):
+            members = fleet.record(fleet.origin_s).workers
+            if members and members[0].clock_samples >= 12:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # measured, and no plan yet
+        plan = FleetPlan("http://127.0.0.1:1/v1", {}, LoadConfig())
+        await asyncio.wait_for(fleet.gather(plan), 5)
+        assert worker.plan is not None
+        assert worker.plan["index"] == 0
+    finally:
+        playing.cancel()
+        await asyncio.gather(playing, return_exceptions=True)
+        await ws.close()
