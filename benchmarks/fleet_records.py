@@ -54,13 +54,15 @@ import orjson
 from _common import SERVEMON, sim_process
 
 from servemon.core.fields import Secret
-from servemon.loadgen.fleet.wire import PATH, bearer, decode, encode
+from servemon.loadgen.fleet.wire import PATH, bearer, decode, encode, recs_message
+from servemon.loadgen.fleet.worker import LINES_S
 from servemon.loadgen.record.line import request_line
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
 TOKEN = "fleet-benchmark-token-0123456789"
 COORDINATOR = re.compile(r"workers to join at (https?://\S+)")
 BATCH = 512
+
 TIMES: tuple[str, ...] = ("scheduled_s", "sent_s", "headers_s", "first_chunk_s")
 TIMES += ("first_content_s", "end_s", "first_answer_s")
 
@@ -95,7 +97,9 @@ class FakeWorker:
         self.ws = ws
         self.line = line
         self.times = [k for k in TIMES if isinstance(line.get(k), float)]
-        self.credits: deque[tuple[float, float, str, int, bool]] = deque()
+        self.credits: deque[tuple[float, float, str, int, float]] = deque()
+        self.index: int | None = None
+        self.sent_at = 0.0
         self.wake = asyncio.Event()
         self.stopping = False
         self.least_ahead_s = float("inf")
@@ -111,14 +115,17 @@ class FakeWorker:
             if kind == "ping":
                 pong = {"k": "pong", "n": message.get("n"), "t": time.monotonic()}
                 await self.ws.send_bytes(encode(pong))
-            elif kind == "go":
+            elif kind == "plan":
+                self.index = message.get("index")
+            elif kind == "due":
                 now = time.monotonic()
-                for c in message["c"]:
-                    due = float(c["t"])
+                shift = float(message["d"])
+                for request_id, stage, at, _body, _options in message["c"]:
+                    due = float(at)
                     self.least_ahead_s = min(self.least_ahead_s, due - now)
                     self.late += due < now
                     sent = max(due, now)
-                    self.credits.append((due, sent, c["i"], c["s"], bool(c["ft"])))
+                    self.credits.append((due, sent, request_id, stage, shift))
                 self.wake.set()
             elif kind == "stop":
                 self.stopping = True
@@ -131,29 +138,29 @@ class FakeWorker:
             now = time.monotonic()
             if self.stopping and not self.credits:
                 break
-            if front is None or front > now:
+            ready = self.sent_at + LINES_S  # batched as a worker batches
+            if front is None or max(front, ready) > now:
                 self.wake.clear()
-                wait = 0.05 if front is None else front - now
+                wait = 0.05 if front is None else max(front, ready) - now
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), wait)
                 continue
-            lines: list[dict[str, Any]] = []
-            firsts: list[tuple[str, float]] = []
-            while self.credits and self.credits[0][1] <= now and len(lines) < BATCH:
-                due, sent, request_id, stage, ft = self.credits.popleft()
+            lines = bytearray()
+            count = 0
+            while self.credits and self.credits[0][1] <= now and count < BATCH:
+                due, sent, request_id, stage, shift = self.credits.popleft()
                 line = dict(self.line)
                 line["id"], line["stage"] = request_id, stage
                 for key in self.times:
-                    line[key] += sent
-                line["scheduled_s"] = due
+                    line[key] += sent + shift
+                line["scheduled_s"] = due + shift
                 line["dispatch_lag_s"] = sent - due
-                lines.append(line)
-                if ft:
-                    firsts.append((request_id, sent + 0.002))
-            if firsts:
-                await self.ws.send_bytes(encode({"k": "ft", "r": firsts}))
-            await self.ws.send_bytes(encode({"k": "rec", "r": lines}))
-            self.answered += len(lines)
+                line["worker"] = self.index
+                lines += orjson.dumps(line) + b"\n"
+                count += 1
+            self.sent_at = now
+            await self.ws.send_bytes(recs_message(count, bytes(lines)))
+            self.answered += count
         await self.ws.send_bytes(
             encode({"k": "bye", "sent": self.answered, "recorded": self.answered})
         )

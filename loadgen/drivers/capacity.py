@@ -42,6 +42,7 @@ from collections.abc import Iterable, Sequence
 from servemon.core.slo import SloTerm, SloTier
 from servemon.loadgen.drivers.openloop import open_loop
 from servemon.loadgen.drivers.tiersearch import TierSearch
+from servemon.loadgen.record.line import Line
 from servemon.loadgen.record.reading import Reading
 from servemon.loadgen.record.runrecord import (
     CapacityResult,
@@ -50,6 +51,7 @@ from servemon.loadgen.record.runrecord import (
     rate_label,
 )
 from servemon.loadgen.record.summary import Summarizer, Summary
+from servemon.loadgen.run.batch import group_lines, summarize_lines
 from servemon.loadgen.run.clientwatch import (
     LAG_LOST_S,
     LAG_WINDOW,
@@ -85,6 +87,22 @@ class _Step:
         start = self.record.start_s
         if start is not None and timing.scheduled_s >= start + self.settle_s:
             self.judged.add(timing)
+
+    def take_lines(self, lines: list[Line]) -> None:
+        """Several finished requests as ``requests.jsonl`` lines (a fleet's batch,
+        :meth:`~servemon.loadgen.run.sender.Hooks.finished_lines`): the same sums
+        as one timing at a time."""
+        own = [line for line in lines if line["stage"] == self.record.index]
+        if not own:
+            return
+        self.lags.extend(line["dispatch_lag_s"] for line in own)
+        for group in group_lines(own):
+            summarize_lines(self.every, group)
+        start = self.record.start_s
+        if start is not None:
+            after = [x for x in own if x["scheduled_s"] >= start + self.settle_s]
+            for group in group_lines(after):
+                summarize_lines(self.judged, group)
 
     def summary(self) -> Summary:
         """What the step is judged on (all its requests if none came after the

@@ -20,18 +20,14 @@ from datetime import UTC, datetime
 from servemon.core.wire.http import encode_json
 from servemon.loadgen.drivers.conversation import run_session
 from servemon.loadgen.run.context import Drive, Driven
+from servemon.loadgen.run.sender import Dispatcher, Ready
 from servemon.loadgen.send.arrivals import Due, Shard, Stage
 from servemon.loadgen.send.arrivals import schedule as make_schedule
-from servemon.loadgen.send.client import RequestOptions
 from servemon.loadgen.send.dispatch import OpenLoop
 from servemon.loadgen.send.stopping import grace, until_stopped
 from servemon.loadgen.workloads.sessions import SessionWorkload
 
 __all__ = ["open_loop", "wait_for_start"]
-
-#: A request made ready ahead of its time: its body, its send options (the body
-#: encoded among them), its prompt tokens.
-Ready = tuple[dict[str, object], RequestOptions, int | None]
 
 
 async def wait_for_start(run: Drive[object], found: Driven) -> float | None:
@@ -101,7 +97,7 @@ async def open_loop(
     #: Sessions of each stage cut short by the schedule's end.
     cut: Counter[int] = Counter()
 
-    def prepare(due: Due) -> Ready | str | None:
+    def prepare(due: Due) -> Ready:
         """The body (and its JSON: a long prompt's encoding is off the send's
         critical path), options and prompt tokens of request ``due``, built before
         its time."""
@@ -117,7 +113,7 @@ async def open_loop(
         options["encoded"] = encode_json(body)
         return body, options, prompt.prompt_tokens
 
-    async def send(due: Due, at: float, ready: Ready | str | None) -> None:
+    async def send(due: Due, at: float, ready: Ready) -> None:
         index = first_index + due.index
         if ready is None:
             ended = await run_session(
@@ -127,8 +123,7 @@ async def open_loop(
                 cut[due.stage] += 1
             return
         if isinstance(ready, str):  # not to be sent: why (over_context)
-            unsent[due.stage] += 1
-            board.not_sent(due.stage, ready)
+            not_sent(due, ready)
             return
         body, options, prompt_tokens = ready
         await sender.send(
@@ -140,17 +135,38 @@ async def open_loop(
             **options,
         )
 
-    loop = OpenLoop(
-        send,
-        max_inflight=c.max_inflight,
-        prepare=prepare,
-        late=c.late,
-        late_tolerance_s=c.late_tolerance,
-        on_stage=on_stage,
-        on_skip=on_skip,
-        on_hold=on_hold,
-        ahead_s=sender.ahead_s,
-    )
+    def not_sent(due: Due, why: str) -> None:
+        unsent[due.stage] += 1
+        board.not_sent(due.stage, why)
+
+    loop: Dispatcher | None = None
+    if sender.transport is not None and not sessions:
+        # A fleet's fast path: the schedule handed out in slices, the records
+        # taken back in batches (servemon.loadgen.fleet.slices).
+        loop = sender.transport.open_loop(
+            sender,
+            prepare=prepare,
+            not_sent=not_sent,
+            first_index=first_index,
+            max_inflight=c.max_inflight,
+            late=c.late,
+            late_tolerance_s=c.late_tolerance,
+            on_stage=on_stage,
+            on_skip=on_skip,
+            on_hold=on_hold,
+        )
+    if loop is None:
+        loop = OpenLoop(
+            send,
+            max_inflight=c.max_inflight,
+            prepare=prepare,
+            late=c.late,
+            late_tolerance_s=c.late_tolerance,
+            on_stage=on_stage,
+            on_skip=on_skip,
+            on_hold=on_hold,
+            ahead_s=sender.ahead_s,
+        )
     board.follow(loop)
     due = (
         make_schedule(plan, run.arrival, seed, limit=limit, shard=shard)
@@ -200,6 +216,6 @@ async def open_loop(
     return stop.requested.is_set()
 
 
-async def _all_done(loop: OpenLoop) -> None:
+async def _all_done(loop: Dispatcher) -> None:
     while loop.tasks:
         await asyncio.wait(set(loop.tasks))

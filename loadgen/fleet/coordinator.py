@@ -9,13 +9,14 @@ capacity step's and control tick's rate, the SLO judgement, the guard rails and 
 run directory.
 
 The run's drivers send as they always do, through the run's
-:class:`~servemon.loadgen.run.sender.Sender`; its transport here is a :class:`Fleet`,
-which turns each send into a credit for one worker, ahead of its time
-(:data:`AHEAD_S`), with the time converted onto that worker's clock. The record that
-comes back is moved into this process's frame and goes to the run's hooks as a
-local request's would: one ``requests.jsonl``, one live ``/metrics``, exact
-percentiles. Requests go round the live workers in turn; a session's turns stay on
-the worker of its first.
+:class:`~servemon.loadgen.run.sender.Sender`; its transport here is a :class:`Fleet`.
+An open-loop schedule goes out in slices (:mod:`.slices`: many requests a message,
+their records back many a message, folded into the run a batch at once); anything
+else (a sweep's closed loop, a conversation's turns) as one credit a send. Either
+way a request reaches its worker ahead of its time (:data:`AHEAD_S`), its time on
+that worker's clock, and its record comes back in this process's frame: one
+``requests.jsonl``, one live ``/metrics``, exact percentiles. Requests go round the
+live workers in turn; a session's turns stay on the worker of its first.
 
 A worker that goes silent (:data:`LOSS_S`) or away is lost: the requests it had are
 recorded as cancelled, the share it sent stops at that time (said on screen and in
@@ -28,12 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Unpack
 
 import aiohttp
 import orjson
@@ -46,13 +48,16 @@ from servemon.loadgen.fleet.members import (
     FleetPlan,
     Member,
     joined_line,
+    post,
     unsent,
     wire_options,
 )
 from servemon.loadgen.fleet.settings import FleetSettings
+from servemon.loadgen.fleet.slices import SliceLoop, Slicer
 from servemon.loadgen.fleet.wire import (
     MAX_MESSAGE,
     PATH,
+    RECS,
     WireError,
     decode,
     encode,
@@ -60,6 +65,7 @@ from servemon.loadgen.fleet.wire import (
 )
 from servemon.loadgen.record.fleet import FleetRecord
 from servemon.loadgen.record.line import timing_from_line
+from servemon.loadgen.run.sender import LoopOptions, Sender
 from servemon.loadgen.send.client import RequestOptions
 from servemon.loadgen.send.timing import RequestTiming
 
@@ -105,6 +111,8 @@ class Fleet:
         self._enough = asyncio.Event()
         self._flushing = False
         self._sends: set[asyncio.Future[None]] = set()
+        #: Sliced credits' side, once an open-loop schedule uses them.
+        self.slicer: Slicer | None = None
         #: Told when a worker is lost and the run should stop (the runner's abort).
         self.on_abort: Callable[[str], None] = lambda _reason: None
         self.origin_s = time.monotonic()
@@ -149,7 +157,7 @@ class Fleet:
         plan; a one-line error when they do not come in ``--fleet-wait``."""
         timeout_s = self.settings.wait_s
         self._plan = plan
-        for member in self._live:
+        for member in list(self._members):  # measured before the plan was made
             if member.ready.is_set():
                 await self._hand_plan(member)
         try:
@@ -229,7 +237,9 @@ class Fleet:
         assert self._plan is not None
         if member.working_s is not None or member.stopped_s is not None:
             return
-        await member.ws.send_bytes(encode(self._plan.message()))
+        await member.ws.send_bytes(
+            encode({**self._plan.message(), "index": member.index})
+        )
         member.working_s = time.monotonic()
         self._live.append(member)
         if len(self._live) >= self.expect:
@@ -239,6 +249,9 @@ class Fleet:
         async for msg in member.ws:
             member.heard_s = time.monotonic()
             if msg.type != aiohttp.WSMsgType.BINARY:
+                continue
+            if msg.data.startswith(RECS) and self.slicer is not None:
+                self.slicer.taken(member, msg.data)
                 continue
             try:
                 self._take(member, decode(msg.data))
@@ -284,6 +297,8 @@ class Fleet:
             if not future.done():
                 future.set_result(None)
         member.pending.clear()
+        if self.slicer is not None:
+            self.slicer.lost(member)
         at = member.stopped_s - self.origin_s
         self._say(
             f"servemon: worker {member.index} ({member.name}) stopped at {at:.1f} s: "
@@ -377,11 +392,20 @@ class Fleet:
         for member in self._live:
             if member.outbox:
                 credits, member.outbox = member.outbox, []
-                task = asyncio.ensure_future(
-                    member.ws.send_bytes(encode({"k": "go", "c": credits}))
-                )
-                self._sends.add(task)
-                task.add_done_callback(self._sends.discard)
+                post(self._sends, member, encode({"k": "go", "c": credits}))
+
+    def open_loop(
+        self, sender: Sender, **options: Unpack[LoopOptions]
+    ) -> SliceLoop | None:
+        """An open-loop schedule's fast path (:mod:`.slices`); None: one a send."""
+        if not sender.hooks.batchable():
+            return None
+        if self.slicer is None or self.slicer.hooks is not sender.hooks:
+            sending = functools.partial(post, self._sends)
+            self.slicer = Slicer(
+                self._live, self._turn, sending, self.ahead_s, sender.hooks
+            )
+        return SliceLoop(self.slicer, sender, **options)
 
     # -- the end -----------------------------------------------------------------
 

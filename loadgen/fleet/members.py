@@ -5,6 +5,7 @@ a worker never answered for."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -18,7 +19,7 @@ from servemon.loadgen.run.config import LoadConfig
 from servemon.loadgen.send.client import RequestOptions
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
-__all__ = ["FleetPlan", "Member", "joined_line", "unsent", "wire_options"]
+__all__ = ["FleetPlan", "Member", "joined_line", "post", "unsent", "wire_options"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,21 @@ def joined_line(member: Member) -> str:
         else f"clock {est.offset_s * 1e3:+.3f} ms ± {est.uncertainty_s * 1e3:.3f} ms"
     )
     return f"servemon: worker {member.index} ({member.name}, {member.address}): {clock}"
+
+
+def post(sends: set[asyncio.Future[None]], member: Member, data: bytes) -> None:
+    """Send ``data`` to ``member`` without waiting; ``sends`` holds the sends
+    until they are done. A broken connection is its reader's to find: the send's
+    error is taken here, never left for the loop to warn of."""
+    task = asyncio.ensure_future(member.ws.send_bytes(data))
+    sends.add(task)
+    task.add_done_callback(functools.partial(_sent, sends))
+
+
+def _sent(sends: set[asyncio.Future[None]], task: asyncio.Future[None]) -> None:
+    sends.discard(task)
+    if not task.cancelled():
+        task.exception()
 
 
 def wire_options(options: RequestOptions) -> dict[str, object]:

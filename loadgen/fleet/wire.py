@@ -6,12 +6,17 @@ whose ``k`` names its kind:
 
 - worker → coordinator: ``hello`` (name, host, pid, its clock's frame), ``pong``
   (an answer to a ping, with the worker's monotonic time), ``rec`` (finished
-  requests, as ``requests.jsonl`` lines on the worker's clock, batched), ``ft``
+  requests, as ``requests.jsonl`` lines on the worker's clock, batched), ``recs``
+  (the records of sliced credits: a line of JSON, then the ``requests.jsonl``
+  lines themselves, already in the coordinator's frame, :func:`recs_message`), ``ft``
   (first tokens, where the coordinator asked for them), ``bye`` (the worker's last
   word: what it sent and recorded).
 - coordinator → worker: ``plan`` (the target URL, the request headers, the client's
   limits), ``ping`` (the clock, and the coordinator's heartbeat), ``go`` (credits:
-  requests to send, each at a time on the worker's own clock), ``cancel``
+  requests to send, each at a time on the worker's own clock), ``due`` (a slice
+  of the schedule: credits as ``[id, stage, time, body, options]``, and the
+  offset they were converted with, which their records come back moved by),
+  ``cancel``
   (requests to give up), ``stop`` (no more sends; finish, then say ``bye``).
 
 The token travels in the upgrade request's ``Authorization: Bearer`` header; the
@@ -30,21 +35,27 @@ import orjson
 
 from servemon.core.errors import ConfigError
 from servemon.core.fields import Secret
+from servemon.loadgen.record.line import Line
 
 __all__ = [
     "MAX_MESSAGE",
     "PATH",
+    "RECS",
     "TOKEN_ENV",
     "WireError",
     "bearer",
     "decode",
     "encode",
+    "read_recs",
     "read_token",
+    "recs_message",
     "token_matches",
 ]
 
 #: The coordinator's WebSocket path.
 PATH = "/fleet"
+#: How a ``recs`` frame begins (:func:`recs_message`).
+RECS = b'{"k":"recs"'
 #: Where the shared token is read from when no ``--fleet-token-file`` is given.
 TOKEN_ENV = "SERVEMON_FLEET_TOKEN"
 #: The largest message either side reads (a batch of credits with long prompts):
@@ -61,7 +72,7 @@ def encode(message: Mapping[str, Any]) -> bytes:
     return orjson.dumps(message)
 
 
-def decode(data: bytes | str) -> dict[str, Any]:
+def decode(data: bytes | str) -> Line:
     """One frame's message; :class:`WireError` for anything else."""
     try:
         message = orjson.loads(data)
@@ -70,6 +81,30 @@ def decode(data: bytes | str) -> dict[str, Any]:
     if not isinstance(message, dict) or not isinstance(message.get("k"), str):
         raise WireError("not a message (an object with a kind 'k')")
     return message
+
+
+def recs_message(count: int, lines: bytes) -> bytes:
+    """A ``recs`` frame: its header (the kind, how many lines), a newline, then
+    ``lines``, each a ``requests.jsonl`` line with its newline (a JSON line holds no
+    raw newline, so the header ends at the first)."""
+    return orjson.dumps({"k": "recs", "n": count}) + b"\n" + lines
+
+
+def read_recs(data: bytes) -> tuple[bytes, list[Line]]:
+    """A ``recs`` frame's lines, as they came and as objects (one parse for the
+    batch); :class:`WireError` for anything else."""
+    _head, _, lines = data.partition(b"\n")
+    if not lines:
+        return b"", []
+    if not lines.endswith(b"\n"):
+        raise WireError("a recs frame whose lines do not end in a newline")
+    try:
+        parsed = orjson.loads(b"[" + lines[:-1].replace(b"\n", b",") + b"]")
+    except orjson.JSONDecodeError as exc:
+        raise WireError(f"recs lines are not JSON: {exc}") from None
+    if not all(isinstance(line, dict) for line in parsed):
+        raise WireError("a recs line that is not an object")
+    return lines, parsed
 
 
 def read_token(token_file: str | None, env: Mapping[str, str] = os.environ) -> Secret:

@@ -27,7 +27,7 @@ import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -45,6 +45,7 @@ from servemon.loadgen.fleet.wire import (
     bearer,
     decode,
     encode,
+    recs_message,
 )
 from servemon.loadgen.record.line import request_line, timing_from_line
 from servemon.loadgen.send.client import (
@@ -57,7 +58,7 @@ from servemon.loadgen.send.client import (
 from servemon.loadgen.send.dispatch import KernelTimer, Pacer
 from servemon.loadgen.send.timing import RequestTiming
 
-__all__ = ["RETRY_S", "SILENCE_S", "WorkerEnd", "run_worker"]
+__all__ = ["LINES_S", "RETRY_S", "SILENCE_S", "WorkerEnd", "run_worker"]
 
 #: Silence from the coordinator after which a worker stops sending.
 SILENCE_S = 1.0
@@ -65,6 +66,10 @@ SILENCE_S = 1.0
 RETRY_S = 1.0
 #: The most records one ``rec`` message carries.
 BATCH = 512
+#: How long a sliced credit's record waits for others to go back with it (one
+#: ``recs`` message per worker every 20 ms, not one a record: the coordinator's
+#: cost is per message as much as per record).
+LINES_S = 0.02
 
 
 @dataclass(slots=True)
@@ -91,8 +96,14 @@ class _Worker:
     url: str = ""
     headers: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 600.0
+    #: This worker's index in the fleet (the plan says; its lines carry it).
+    index: int | None = None
     tasks: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     outbox: list[dict[str, object]] = field(default_factory=list)
+    #: Records of sliced credits (``due``), as ``requests.jsonl`` lines already
+    #: in the coordinator's frame, and how many.
+    lines: bytearray = field(default_factory=bytearray)
+    counted: int = 0
     first_tokens: list[tuple[str, float]] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     stopping: bool = False
@@ -108,6 +119,19 @@ class _Worker:
             moved = timing_from_line(line, shift_s=self.delta_s or 0.0)
             self.spool.write(orjson.dumps(request_line(moved)).decode() + "\n")
 
+    def queue_line(self, timing: RequestTiming, shift_s: float) -> None:
+        """A sliced credit's record, moved into the coordinator's frame with the
+        offset its credit went out with, as the line the run writes."""
+        moved = timing_from_line(request_line(timing), shift_s=shift_s)
+        line = request_line(replace(moved, worker=self.index))
+        data = orjson.dumps(line) + b"\n"
+        if not self.lines:  # the first of a batch: the batch goes in LINES_S
+            asyncio.get_running_loop().call_later(LINES_S, self.wake.set)
+        self.lines += data
+        self.counted += 1
+        if self.spool is not None:
+            self.spool.write(data.decode())
+
     async def flush(self) -> None:
         """Send what finishes, in batches, as it finishes."""
         while True:
@@ -117,6 +141,11 @@ class _Worker:
 
     async def send_all(self) -> None:
         """Send every record and first token not sent yet."""
+        if self.lines:
+            lines, count = bytes(self.lines), self.counted
+            self.lines.clear()
+            self.counted = 0
+            await self.ws.send_bytes(recs_message(count, lines))
         while self.outbox or self.first_tokens:
             if self.first_tokens:
                 firsts, self.first_tokens = self.first_tokens, []
@@ -283,6 +312,11 @@ async def _receive(worker: _Worker, say: Callable[[str], None]) -> None:
         elif kind == "go":
             for credit in message.get("c") or ():
                 _take_credit(worker, credit)
+        elif kind == "due":
+            shift = float(message.get("d") or 0.0)
+            for i, s, t, b, o in message.get("c") or ():
+                due = {"i": i, "s": s, "t": t, "b": b, "o": o, "shift": shift}
+                _take_credit(worker, due)
         elif kind == "cancel":
             for request_id in message.get("i") or ():
                 task = worker.tasks.get(request_id)
@@ -298,6 +332,8 @@ async def _receive(worker: _Worker, say: Callable[[str], None]) -> None:
 
 async def _take_plan(worker: _Worker, plan: dict[str, Any]) -> None:
     worker.url = str(plan["url"])
+    if isinstance(plan.get("index"), int):
+        worker.index = plan["index"]
     worker.headers = {str(k): str(v) for k, v in (plan.get("headers") or {}).items()}
     worker.timeout_s = float(plan.get("timeout_s") or 600.0)
     settings = ClientSettings(
@@ -362,7 +398,10 @@ async def _send(worker: _Worker, credit: dict[str, Any], request_id: str) -> Non
         **options,
     )
     worker.end.recorded += 1
-    worker.queue(timing)
+    if "shift" in credit:
+        worker.queue_line(timing, float(credit["shift"]))
+    else:
+        worker.queue(timing)
 
 
 async def _finish(worker: _Worker, grace: float) -> None:

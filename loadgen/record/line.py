@@ -16,7 +16,10 @@ from typing import Any
 
 from servemon.loadgen.send.timing import Outcome, RequestTiming, TokenSource
 
-__all__ = ["LINE", "Key", "keys", "request_line", "timing_from_line"]
+__all__ = ["LINE", "Key", "Line", "keys", "request_line", "timing_from_line"]
+
+#: A line as read back: its keys and their JSON values.
+Line = dict[str, Any]
 
 
 def _same(value: Any) -> Any:

@@ -158,6 +158,11 @@ class RunDirectory:
         """Append one finished request, handed to the OS before this returns."""
         self._append(self._requests, encode_line(request_line(timing)))
 
+    def append_request_lines(self, lines: bytes) -> None:
+        """Append finished requests' lines as they are (each with its newline),
+        handed to the OS before this returns."""
+        self._append(self._requests, lines)
+
     def append_server_sample(self, sample: Mapping[str, object]) -> None:
         """Append one sample of the target's metrics."""
         line = json.dumps(sample, separators=(",", ":")) + "\n"

@@ -137,6 +137,12 @@ class ClientWatch:
             self._lags.append(timing.dispatch_lag)
             self._fresh += 1
 
+    def observe_lags(self, lags: Sequence[float]) -> None:
+        """Requests finished, a batch at once: their dispatch lags."""
+        if self._open_loop:
+            self._lags.extend(lags)
+            self._fresh += len(lags)
+
     def stage_limits(self, stage: int) -> list[ClientLimit]:
         """What tripped during ``stage``, in the order it first did."""
         return list(self.limits.get(stage, {}).values())

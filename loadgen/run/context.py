@@ -36,16 +36,16 @@ from servemon.loadgen.record.reading import Reading, reading_of
 from servemon.loadgen.record.record import RunDirectory
 from servemon.loadgen.record.runrecord import CapacityResult, ControlResult
 from servemon.loadgen.record.tally import Tally
+from servemon.loadgen.run.batch import RunBatch
 from servemon.loadgen.run.clientwatch import CHECK_S, ClientWatch, Verdict
 from servemon.loadgen.run.config import LoadConfig, Settings, settings_of
 from servemon.loadgen.run.guard import GuardRail
 from servemon.loadgen.run.live import ControlGauges, LiveMetrics
 from servemon.loadgen.run.plan import Kind
-from servemon.loadgen.run.progress import Progress
+from servemon.loadgen.run.progress import InFlight, Progress
 from servemon.loadgen.run.sender import Sender
 from servemon.loadgen.run.stages import StageRecord
 from servemon.loadgen.send.arrivals import Arrival
-from servemon.loadgen.send.dispatch import OpenLoop
 from servemon.loadgen.send.stopping import Stopper
 from servemon.loadgen.send.timing import RequestTiming
 from servemon.loadgen.workloads.replayplan import ReplayPlan
@@ -118,7 +118,7 @@ class Board:
         """Measured requests of ``stage`` finished so far."""
         return self.tally.finished(stage)
 
-    def follow(self, loop: OpenLoop) -> None:
+    def follow(self, loop: InFlight) -> None:
         """Show what ``loop`` has in flight."""
         self.progress.open_loop = loop
 
@@ -243,6 +243,17 @@ class RunContext:
         self.sender.hooks.sinks.insert(0, self._finished)
         self.board = Board(
             self.stages, self.live, self.progress, self.tally, self.rundir
+        )
+        self.sender.hooks.batch = RunBatch(
+            rundir=self.rundir,
+            live=self.live,
+            tally=self.tally,
+            progress=self.progress,
+            watch=self.watch,
+            guard=self.guard,
+            abort=self.abort,
+            sink=self._finished,
+            starter=self._started,
         )
 
     def drive(self, settings: type[Settings], arrival: Arrival) -> Drive[Settings]:

@@ -40,9 +40,13 @@ class GuardRail:
 
     def observe(self, timing: RequestTiming) -> str | None:
         """Account for one finished request; a reason to stop, or None."""
-        now = timing.end_s
-        dead = timing.outcome in _DEAD
-        bad = failed(timing.outcome)
+        return self.observe_end(timing.outcome, timing.sent_s, timing.end_s)
+
+    def observe_end(self, outcome: Outcome, sent_s: float, now: float) -> str | None:
+        """Account for one finished request by its outcome, send and end; a
+        reason to stop, or None."""
+        dead = outcome in _DEAD
+        bad = failed(outcome)
         self._recent.append((now, bad, dead))
         self._failed += bad
         self._dead += dead
@@ -52,7 +56,7 @@ class GuardRail:
             self._dead -= old_dead
         if dead:
             if self._dead_since is None:
-                self._dead_since = timing.sent_s
+                self._dead_since = sent_s
         else:
             self._dead_since = None
         dead_for = now - self._dead_since if self._dead_since is not None else 0.0

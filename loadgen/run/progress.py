@@ -21,11 +21,16 @@ from servemon.loadgen.record.figures import exact_quantile
 from servemon.loadgen.run.stages import StageRecord
 from servemon.loadgen.send.timing import Outcome, RequestTiming
 
-__all__ = ["Progress"]
+__all__ = ["InFlight", "Progress"]
 
 
-class _InFlight(Protocol):
-    in_flight: int
+class InFlight(Protocol):
+    """What sends a schedule, as the display follows it."""
+
+    @property
+    def in_flight(self) -> int:
+        """Requests started and not finished."""
+        ...
 
 
 class Progress:
@@ -34,7 +39,7 @@ class Progress:
     def __init__(self, console: Console, *, live: bool | None = None) -> None:
         self.console = console
         self.live_mode = console.is_terminal if live is None else live
-        self.open_loop: _InFlight | None = None
+        self.open_loop: InFlight | None = None
         self._stages: Sequence[StageRecord] = ()
         self._current = -1
         self._sent_times: deque[float] = deque(maxlen=10_000)
@@ -85,6 +90,25 @@ class Progress:
         self._errors += failed(timing.outcome)
         if timing.outcome is Outcome.OK and timing.ttft is not None:
             self._ttfts.append(timing.ttft)
+
+    def requests_done(
+        self,
+        stage: int,
+        sent: Sequence[float],
+        ok: int,
+        failures: int,
+        ttfts: Sequence[float],
+    ) -> None:
+        """Requests of ``stage`` finished, a batch at once: their send times, how
+        many were ok and failed, the ok ones' TTFTs."""
+        self._done += len(sent)
+        self._sent_times.extend(sent)
+        counts = self._per_stage.setdefault(stage, [0, 0, 0])
+        counts[0] += len(sent)
+        counts[1] += ok
+        counts[2] += failures
+        self._errors += failures
+        self._ttfts.extend(ttfts)
 
     def stop(self) -> None:
         """The run ended."""

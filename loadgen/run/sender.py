@@ -17,27 +17,35 @@ its record in this process's clock; drivers and hooks cannot tell the two apart.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol, Unpack
+from typing import Literal, Protocol, Required, TypedDict, Unpack
 
 import aiohttp
 
+from servemon.loadgen.record.line import Line, timing_from_line
 from servemon.loadgen.run.config import LoadConfig
+from servemon.loadgen.send.arrivals import Due
 from servemon.loadgen.send.client import RequestOptions, RequestTags, send_request
+from servemon.loadgen.send.dispatch import DispatchCounts
 from servemon.loadgen.send.timing import RequestTiming
 from servemon.loadgen.workloads.modelmix import ModelMix
 from servemon.loadgen.workloads.traceprompts import TraceWorkload
 from servemon.loadgen.workloads.workload import Prompt, Workload, request_body
 
 __all__ = [
+    "Batch",
+    "Dispatcher",
     "FirstToken",
     "Hooks",
+    "LoopOptions",
+    "Ready",
     "Sender",
     "Sink",
     "Starter",
@@ -46,6 +54,10 @@ __all__ = [
     "model_picker",
 ]
 
+#: A request made ready ahead of its time: its body, its send options (the body
+#: encoded among them), its prompt tokens; or why it is not sent; None: a
+#: conversation, which makes its own.
+Ready = tuple[dict[str, object], RequestOptions, int | None] | str | None
 #: Something that takes each finished request.
 Sink = Callable[[RequestTiming], None]
 #: Something told of each measured request as it goes out: (request id, monotonic
@@ -54,6 +66,68 @@ Starter = Callable[[str, float, int | None], None]
 #: Something told as a measured request's first token arrives (request id,
 #: monotonic time).
 FirstToken = Callable[[str, float], None]
+
+
+class Batch(Protocol):
+    """The run's own bookkeeping, taking records a batch at a time (a fleet's
+    sliced credits, :mod:`servemon.loadgen.fleet.slices`): it stands for one sink
+    and one starter of :class:`Hooks`."""
+
+    @property
+    def sink(self) -> Sink:
+        """The sink it stands for."""
+        ...
+
+    @property
+    def starter(self) -> Starter:
+        """The starter it stands for."""
+        ...
+
+    def handed(self, count: int) -> None:
+        """``count`` measured requests handed out to go out (their starts)."""
+        ...
+
+    def lines(self, raw: bytes, lines: list[Line]) -> None:
+        """Finished requests: their ``requests.jsonl`` lines as they came and as
+        objects."""
+        ...
+
+
+class LoopOptions(TypedDict, total=False):
+    """What a dispatcher of an open-loop schedule is given
+    (:class:`~servemon.loadgen.send.dispatch.OpenLoop`'s, and
+    :meth:`Transport.open_loop`'s)."""
+
+    #: Makes request ``due`` ready ahead of its time: its body, options and prompt
+    #: tokens, or why it is not sent.
+    prepare: Required[Callable[[Due], Ready]]
+    #: Told of a request that was due and is not sent, and why.
+    not_sent: Required[Callable[[Due, str], None]]
+    #: The schedule's first request index (its ids count from it).
+    first_index: Required[int]
+    max_inflight: Required[int]
+    late: Required[Literal["send", "skip"]]
+    late_tolerance_s: Required[float]
+    on_stage: Callable[[int], None]
+    on_skip: Callable[[Due], None]
+    on_hold: Callable[[Due], None]
+
+
+class Dispatcher(Protocol):
+    """What sends an open-loop schedule, as a driver follows it."""
+
+    @property
+    def in_flight(self) -> int:
+        """Requests started (or handed out) and not finished."""
+        ...
+
+    #: What the requests in flight wait on (a stop's grace period waits on them).
+    tasks: set[asyncio.Task[None]]
+    counts: DispatchCounts
+
+    async def run(self, schedule: Iterable[Due], start_s: float) -> None:
+        """Send every due request; ``start_s`` is the monotonic time of offset 0."""
+        ...
 
 
 class Transport(Protocol):
@@ -76,6 +150,13 @@ class Transport(Protocol):
         """Send one request at ``scheduled_s`` (this process's monotonic clock;
         None: at once, a closed loop's), call ``started`` as it goes out; its
         record, on this process's clock."""
+        ...
+
+    def open_loop(
+        self, sender: Sender, **options: Unpack[LoopOptions]
+    ) -> Dispatcher | None:
+        """What sends an open-loop schedule in batches (None: request by request,
+        through :meth:`send`)."""
         ...
 
 
@@ -106,6 +187,8 @@ class Hooks:
     starters: list[Starter] = field(default_factory=list)
     #: Told as a measured request's first token arrives (streams only).
     first_tokens: list[FirstToken] = field(default_factory=list)
+    #: The run's own bookkeeping of a batch of records, where it takes them so.
+    batch: Batch | None = None
 
     @contextmanager
     def sink(self, sink: Sink) -> Iterator[None]:
@@ -141,6 +224,43 @@ class Hooks:
         """A measured request finished: every sink gets it."""
         for sink in self.sinks:
             sink(timing)
+
+    def batchable(self) -> bool:
+        """Whether requests may be taken a batch at a time: the run takes batches
+        and no one else listens to each request as it goes out or as its first
+        token arrives (a sink beside it is given each request as a timing)."""
+        batch = self.batch
+        if batch is None or self.first_tokens:
+            return False
+        return all(starter == batch.starter for starter in self.starters)
+
+    def handed(self, count: int) -> None:
+        """``count`` measured requests handed out to go out (:meth:`batchable`)."""
+        if self.batch is not None:
+            self.batch.handed(count)
+
+    def finished_lines(self, raw: bytes, lines: list[Line]) -> None:
+        """Measured requests finished, as ``requests.jsonl`` lines (``raw``, and
+        parsed): the run folds them at once; a sink with a ``take_lines`` method
+        is given the lines (checked by the run's fold first), any other each
+        request as a timing."""
+        batch = self.batch
+        assert batch is not None
+        batch.lines(raw, lines)
+        others: list[Sink] = []
+        for sink in self.sinks:
+            if sink == batch.sink:
+                continue
+            take_lines = getattr(sink, "take_lines", None)
+            if take_lines is not None:  # it takes the lines as they are
+                take_lines(lines)
+            else:
+                others.append(sink)
+        if others:
+            for line in lines:
+                timing = timing_from_line(line)
+                for sink in others:
+                    sink(timing)
 
 
 @dataclass(slots=True, kw_only=True)
