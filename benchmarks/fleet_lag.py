@@ -16,8 +16,13 @@ mode. Last, per round,
 ``servemon compare SINGLE FLEET`` (the stage's repeats give the spread between
 runs) and its verdicts on the TTFT, ITL and E2E figures.
 
+With ``--pin`` the simulator runs on CPU 0 and every client process (the one
+process, or the coordinator and its workers) on CPU 1: the target then has a core
+of its own in both modes, as it has a machine of its own in a real fleet, and
+the fleet's extra client processes cannot slow it.
+
     PYTHONPATH=$PWD:$PWD/benchmarks .venv/bin/python benchmarks/fleet_lag.py \\
-        [--rate 100] [--secs 12] [--repeats 3] [--rounds 3] [--workers 4]
+        [--rate 100] [--secs 12] [--repeats 3] [--rounds 3] [--workers 4] [--pin]
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import re
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +110,8 @@ def ramp(
         "--out",
         str(out),
     ]
+    if args.pin:
+        command = ["taskset", "-c", "1", *command]
     env = {**os.environ, "SERVEMON_FLEET_TOKEN": TOKEN}
     workers: list[subprocess.Popen[str]] = []
     if fleet:
@@ -126,9 +134,13 @@ def ramp(
                 break
         if url is None:
             raise RuntimeError(f"no coordinator URL: {proc.stderr}")
+        # The rest of its output is read, so that a full pipe never blocks it.
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
         spool = out / "spool"
         spool.mkdir(parents=True)
         join = [str(SERVEMON), "worker", "--join", url, "--spool", str(spool)]
+        if args.pin:
+            join = ["taskset", "-c", "1", *join]
         workers = [
             subprocess.Popen(
                 [*join, "--name", f"w{i}"],
@@ -190,6 +202,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--workload", default="random:prompt=16,output=16")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the simulator on CPU 0, every client process on CPU 1",
+    )
     args = parser.parse_args()
     runs: list[Run] = []
     print(
@@ -198,7 +215,10 @@ def main() -> None:
     )
     print("times in ms; CPU s: the client processes' user + system, start included")
     print(HEADER)
-    with tempfile.TemporaryDirectory() as tmp, sim_process("--profile", "tiny") as url:
+    if args.pin:
+        print("pinned: the simulator on CPU 0, every client process on CPU 1")
+    target = sim_process("--profile", "tiny", cpu=0 if args.pin else None)
+    with tempfile.TemporaryDirectory() as tmp, target as url:
         root = Path(tmp)
         for n in range(1, args.rounds + 1):
             order = ("single", "fleet") if n % 2 else ("fleet", "single")
