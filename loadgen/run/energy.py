@@ -313,7 +313,11 @@ def _exporter_reader(
             if resp.status != 200:
                 raise EnergyUnavailable(f"HTTP {resp.status}")
             text = (await read_body(resp)).decode("utf-8", "replace")
-        return await asyncio.to_thread(_sum_exposition, text)
+        got = time.monotonic()
+        joules, gpus, age = await asyncio.to_thread(_sum_exposition, text)
+        # Its age when the caller stamps it: the parse's wait for a thread (tens
+        # of ms on a busy machine) is not the counter's.
+        return joules, gpus, age + (time.monotonic() - got)
 
     return read
 
