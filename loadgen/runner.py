@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -353,8 +354,10 @@ async def _execute(
         raise
     finally:
         tasks = [t for t in (sampling, watching, metering) if t is not None]
-        if energy is not None:  # the last stage's end, read before it is summed
-            await energy.sample_once()
+        if energy is not None and status == "interrupted":
+            await energy.sample_once()  # Ctrl-C: one last reading, no wait
+        elif energy is not None:  # the last stage's end, read before it is summed
+            await energy.read_past(time.monotonic(), 3 * energy.interval_s)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

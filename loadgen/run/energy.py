@@ -119,6 +119,20 @@ class EnergySampler:
         if starts_late and self.on_late_start is not None:
             self.on_late_start(self)
 
+    async def read_past(self, end_s: float, within_s: float) -> None:
+        """Read until a reading's time is at or after ``end_s`` (the run's end),
+        for at most ``within_s``. A reading is as old as its source's sample (an
+        exporter's snapshot; Prometheus's last scrape of it, up to its scrape
+        interval and the snapshot's age): one read at the end may lie further back
+        than the windows' slack, and the last stage would have no energy."""
+        deadline = time.monotonic() + within_s
+        while True:
+            await self.sample_once()
+            times = self.counters.times
+            if (times and times[-1] >= end_s) or time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(min(0.25, self.interval_s / 4))
+
     def _failed(self, why: str) -> None:
         self.why = why
         self.first.tried(time.monotonic(), ok=False)

@@ -4,7 +4,9 @@ and no stage that started before its first reading gets an energy figure."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -15,6 +17,7 @@ from aiohttp import web
 from servemon.embedded import free_port
 from servemon.loadgen.record.energy import EnergyCounters
 from servemon.loadgen.record.sections import EnergyRecord
+from servemon.loadgen.run import energy
 from servemon.loadgen.run.choices import parse_energy
 from servemon.loadgen.run.energy import (
     EnergyReading,
@@ -233,3 +236,37 @@ async def test_the_server_sampler_says_when_its_first_scrape_worked(
         await runner.cleanup()
     assert sampler.first.tries == 2
     assert sampler.first.at is not None
+
+
+@pytest.mark.asyncio
+async def test_the_end_is_read_until_a_reading_is_past_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A source whose samples are 1.5 s old (Prometheus's last scrape and the
+    exporter's snapshot): the run's last read lies before its end, so the sampler
+    reads on until one is past it, and no longer."""
+    clock = {"now": 100.0}
+    reads: list[float] = []
+
+    async def read() -> EnergyReading:
+        reads.append(clock["now"])
+        clock["now"] += 1.0  # each read (and the wait before the next) moves it on
+        return 600.0 * clock["now"], 2, 1.5
+
+    monkeypatch.setattr(energy, "time", SimpleNamespace(monotonic=lambda: clock["now"]))
+    s = EnergySampler(read, "test", lambda _: None, interval_s=0.04)
+    await s.read_past(101.0, within_s=10.0)
+    # Readings stamped 99.5 and 100.5 (short of 101), then 101.5: three, no more.
+    assert reads == [100.0, 101.0, 102.0]
+    assert s.counters.times == [99.5, 100.5, 101.5]
+
+
+@pytest.mark.asyncio
+async def test_a_source_that_stops_answering_is_read_at_the_end_for_a_bound() -> None:
+    async def read() -> EnergyReading:
+        raise aiohttp.ClientConnectionError("gone")
+
+    s = EnergySampler(read, "test", lambda _: None, interval_s=0.04)
+    await s.read_past(time.monotonic() + 60, within_s=0.2)
+    assert s.first.tries >= 2
+    assert s.counters.times == []
