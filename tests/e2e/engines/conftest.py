@@ -5,7 +5,8 @@
 first); without them the tier is skipped, except under CI, where it fails. vLLM's
 tests (``test_vllm*.py``) also carry the ``vllm`` marker, so that ``-m vllm`` runs
 them alone and ``-m "engines and not vllm"`` the others; the tier's two vLLMs start
-together once per test session (about 40 s). The models
+together once per test session, or ahead of it (``scripts/test``: adopted through
+``SERVEMON_VLLM_STARTED``, :mod:`tests.e2e.engines.vllm_servers`). The models
 come from ``make_models.py`` (random weights, a few MB, nothing downloaded). Each
 server runs as its own process on a free loopback port, is polled until it answers
 ``/health`` (with a deadline, never a sleep), and is killed at the end of the module
@@ -18,7 +19,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -26,13 +26,25 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.e2e.engines.vllm_servers import (
+    SHAPES,
+    VLLM_BLOCKS,
+    VLLM_ENV,
+    VLLM_MAX_NUM_SEQS,
+    VLLM_PYTHON,
+    engine_env,
+    free_port,
+    make_model,
+)
+from tests.e2e.engines.vllm_servers import vllm_argv as servers_argv
 
 ROOT = Path(__file__).resolve().parents[3]
 VENV = ROOT / ".venv-engines"
 PYTHON = VENV / "bin" / "python"
-VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 START_TIMEOUT_S = 180.0
 #: vLLM compiles and warms its model before it answers /health: 1.5 to 2.5 minutes
 #: on 2 busy cores were seen.
@@ -68,7 +80,7 @@ class Engine:
 
     name: str
     url: str
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | Adopted
     log: Path
 
     def log_tail(self) -> str:
@@ -100,13 +112,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
     return Models(hf=Path(paths["hf"]), gguf=Path(paths["gguf"]))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/health", timeout=2) as resp:
@@ -134,12 +139,7 @@ def spawn_engine(
             stdin=subprocess.DEVNULL,
             start_new_session=own_session,
             process_group=None if own_session else 0,
-            env={
-                **os.environ,
-                "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1",
-                **(env or {}),
-            },
+            env=engine_env(env),
         )
     return Engine(name, f"http://127.0.0.1:{port}", proc, log)
 
@@ -287,21 +287,6 @@ def llama_server_with_key(models: Models, tmp_path: Path) -> Iterator[Engine]:
 
 # --- vLLM --------------------------------------------------------------------------
 
-#: The model name vLLM serves (and the exporter's ``model`` label).
-VLLM_MODEL = "servemon-tiny"
-#: KV cache blocks vLLM is pinned to. Its CPU build pages the cache in blocks of 128
-#: tokens (``cache_config_info``'s ``block_size``): 64 blocks hold 8,192 tokens, room
-#: for the seed sweep's 8 requests in flight and small enough that a load of long
-#: prompts overflows it (preemptions, usage near 1, a queue).
-VLLM_BLOCKS = 64
-VLLM_BLOCK_SIZE = 128
-VLLM_MAX_NUM_SEQS = 16
-#: The second vLLM, for holding KV usage: half of 1,024 blocks is about 130
-#: requests of 256 + 300 tokens (few enough that how many happen to be in flight is
-#: not most of the signal), with slots to spare.
-VLLM_LARGE_BLOCKS = 1024
-VLLM_LARGE_MAX_NUM_SEQS = 256
-
 
 @dataclass(frozen=True)
 class VllmModel:
@@ -312,20 +297,28 @@ class VllmModel:
         return self.hf / "tokenizer.json"
 
 
+#: ``scripts/test`` started the tier's servers ahead of pytest when this names
+#: their manifest (:mod:`tests.e2e.engines.vllm_servers`).
+STARTED_ENV = "SERVEMON_VLLM_STARTED"
+
+
+def _started() -> dict[str, Any] | None:
+    """The manifest of servers started ahead of pytest, if any."""
+    path = os.environ.get(STARTED_ENV)
+    if not path:
+        return None
+    manifest: dict[str, Any] = json.loads(Path(path).read_text())
+    return manifest
+
+
 @pytest.fixture(scope="session")
 def vllm_model(tmp_path_factory: pytest.TempPathFactory) -> VllmModel:
-    """The tiny model in vLLM's shape (head size 64), made with vLLM's interpreter."""
+    """The tiny model in vLLM's shape (head size 64), made with vLLM's interpreter
+    (or the one the servers started ahead of pytest serve)."""
     _need_engines(VLLM_PYTHON, "scripts/vllm")
-    out = tmp_path_factory.mktemp("vllm-model")
-    script = Path(__file__).with_name("make_models.py")
-    subprocess.run(
-        [str(VLLM_PYTHON), str(script), str(out), "--vllm"],
-        check=True,
-        capture_output=True,
-        timeout=300,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    return VllmModel(hf=Path(json.loads((out / "models.json").read_text())["hf"]))
+    if (started := _started()) is not None:
+        return VllmModel(hf=Path(started["model"]))
+    return VllmModel(hf=make_model(tmp_path_factory.mktemp("vllm-model")))
 
 
 def vllm_argv(
@@ -334,49 +327,76 @@ def vllm_argv(
     blocks: int = VLLM_BLOCKS,
     max_num_seqs: int = VLLM_MAX_NUM_SEQS,
 ) -> list[str]:
-    """vLLM's OpenAI server as the tests run it: prefix caching on, the cache pinned
-    small, cached tokens and per-request metrics in every answer."""
-    return [
-        str(VLLM_PYTHON),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        *("--model", str(model.hf), "--served-model-name", VLLM_MODEL),
-        *("--host", "127.0.0.1", "--port", str(port)),
-        *("--max-model-len", "4096", "--dtype", "float32"),
-        "--enable-prefix-caching",
-        "--enable-prompt-tokens-details",
-        "--enable-per-request-metrics",
-        *("--num-gpu-blocks-override", str(blocks)),
-        *("--max-num-seqs", str(max_num_seqs)),
-        "--disable-uvicorn-access-log",
-    ]
+    """:func:`~tests.e2e.engines.vllm_servers.vllm_argv` for ``model``."""
+    return servers_argv(model.hf, port, blocks, max_num_seqs)
 
 
-#: vLLM's environment in the tests: the cache's room (GiB; the block count is pinned
-#: by ``--num-gpu-blocks-override``) and a quiet log.
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+class Adopted:
+    """A server this session did not start (``scripts/test`` did, ahead of it):
+    what :class:`Engine` needs of a ``Popen``. Its exit status went to whoever
+    reaped it, so an exit reads as -1."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                self.returncode = -1
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = time.monotonic() + (30.0 if timeout is None else timeout)
+        while (code := self.poll()) is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 30.0)
+            time.sleep(0.05)  # a poll interval under a deadline
+        return code
+
+
+def _adopt(started: dict[str, Any], model: VllmModel) -> dict[str, Engine]:
+    """The servers of the manifest, checked to be what this session would start."""
+    engines: dict[str, Engine] = {}
+    for size, (blocks, max_num_seqs) in SHAPES.items():
+        entry = started["engines"][size]
+        port = int(entry["port"])
+        wanted = vllm_argv(model, port, blocks, max_num_seqs)
+        assert entry["argv"] == wanted, (
+            f"{STARTED_ENV}: the {size} vLLM was started as {entry['argv']}, "
+            f"not as the tests start it: {wanted}"
+        )
+        proc = Adopted(int(entry["pid"]))
+        engines[size] = Engine(
+            "vllm", f"http://127.0.0.1:{port}", proc, Path(entry["log"])
+        )
+    return engines
 
 
 @pytest.fixture(scope="session")
 def vllm_engines(
     vllm_model: VllmModel, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Engine]]:
-    """The tier's two vLLMs, started together and killed at the end of the session:
-    ``small`` (:data:`VLLM_BLOCKS`, :data:`VLLM_MAX_NUM_SEQS`) for every test but
-    one, ``large`` (:data:`VLLM_LARGE_BLOCKS`) for holding KV usage. Two starts at
-    once took 38 s on the 2-core machine, one alone 32 s (2026-12-05), and an idle
-    vLLM takes about 1 % of a core; in one run of the tier each way the tier took
-    374 s (the KV test 30 s shorter, the first test, which waits for the start, 20 s
-    longer), so the gain is within the tier's spread. Each is in pytest's session,
-    with the servemon runs of its tests: the CPU is shared between sessions first
-    (tests/e2e/conftest.py, ``servemon``)."""
-    shapes = {
-        "small": (VLLM_BLOCKS, VLLM_MAX_NUM_SEQS),
-        "large": (VLLM_LARGE_BLOCKS, VLLM_LARGE_MAX_NUM_SEQS),
-    }
+    """The tier's two vLLMs (:data:`~tests.e2e.engines.vllm_servers.SHAPES`),
+    started together and killed at the end of the session: ``small`` for every
+    test but one, ``large`` for holding KV usage. ``scripts/test`` starts them
+    ahead of pytest (:mod:`tests.e2e.engines.vllm_servers`): this adopts those.
+    Two starts at once took 38 s on the 2-core machine, one alone 32 s
+    (2026-12-05); in a fresh clone the first test waited about 70 s at one core busy
+    (2026-12-06). An idle vLLM takes about 1 % of a core. Each is in pytest's
+    session, with the servemon runs of its tests: the CPU is shared between
+    sessions first (tests/e2e/conftest.py, ``servemon``)."""
     with contextlib.ExitStack() as started:
-        engines: dict[str, Engine] = {}
-        for size, (blocks, max_num_seqs) in shapes.items():
+        if (manifest := _started()) is not None:
+            engines = _adopt(manifest, vllm_model)
+            for engine in engines.values():
+                started.callback(kill_engine, engine)
+            yield engines
+            return
+        engines = {}
+        for size, (blocks, max_num_seqs) in SHAPES.items():
             port = free_port()
             folder = tmp_path_factory.mktemp(f"vllm-{size}")
             argv = vllm_argv(vllm_model, port, blocks, max_num_seqs)

@@ -31,7 +31,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from servemon.embedded import free_port
-from tests.e2e.engines.conftest import VLLM_BLOCK_SIZE, VLLM_MODEL, Engine, VllmModel
+from tests.e2e.engines.conftest import Engine, VllmModel
 from tests.e2e.engines.test_real_engines import (
     SEED_LEVELS,
     SEED_REQUESTS,
@@ -44,6 +44,7 @@ from tests.e2e.engines.test_real_engines import (
     requests_of,
     run,
 )
+from tests.e2e.engines.vllm_servers import VLLM_BLOCK_SIZE, VLLM_MODEL
 from tests.e2e.test_alerting_stack import PROMETHEUS
 from tests.support.alerting import prometheus_file
 from tests.support.margins import Margin

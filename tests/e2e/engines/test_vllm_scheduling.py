@@ -35,12 +35,12 @@ import aiohttp
 import pytest
 
 from tests.conftest import CLIENT_TIMEOUT, parse_metrics
-from tests.e2e.engines.conftest import (
+from tests.e2e.engines.conftest import Engine
+from tests.e2e.engines.vllm_servers import (
     VLLM_BLOCK_SIZE,
     VLLM_BLOCKS,
     VLLM_MAX_NUM_SEQS,
     VLLM_MODEL,
-    Engine,
 )
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.asyncio]
