@@ -15,14 +15,24 @@ milliseconds (epoll's timeout is rounded up), so with the 1 ms steps of the
 1.45, not 1.25 (and 1.30 with steps of 10.1 and 12.6 ms).
 
 Each run: 20 and 40 requests a second for 1 s, three repeats, 16 output tokens a
-request; about 6 s. The runs of one configuration differ in ``--seed`` (as
-reruns by hand would use new draws), and each run gets a fresh simulator.
+request; about 6 s; each run gets a fresh simulator. The two runs of one
+configuration share their ``--seed``, as a rerun with the default seed does: two
+seeds are two draws of arrivals, and a stage's TTFT mean is a function of its draw
+(each request waits for the step under way), reproduced to 0.5 ms from run to run.
+Over seven seeds (2026-12-06), seed 5's three repeats at 20 req/s came out at
+65.7, 65.7 and 66.3 ms (seed 1's: 60.3, 58.2, 60.9), so narrow a spread that
+``compare`` rightly called its TTFT mean different from seeds 1, 2 and 4 (4 of 21
+pairs); seeds 1 and 2 sat near that edge at 40 req/s ([1.003-1.141] slower in one
+fresh clone). What differs between two runs of one seed is the machine.
 
 The verdicts asserted are those on means and throughputs. A tail of one repeat
 (ITL p95 from about 300 gaps) moves with every stall of the one event loop the
 client and the in-process simulator share, on a machine shared with other work:
 in 2 of 7 runs of this file it called the same configuration different, or gave
-the slow one an interval as wide as [0.49-4.49]. How often compare calls anything
+the slow one an interval as wide as [0.49-4.49]. (A simulator in a process of its
+own is not steadier here: beside four busy loops its first stage ran 2.5 % late
+and the slow run's interval low at 20 req/s came down to 1.18-1.19, against
+1.23-1.25 in-process, 2026-12-06.) How often compare calls anything
 different, tails included, is measured over real runs with the simulator in its
 own process: ``benchmarks/compare_repeats.py`` (benchmarks/results/compare.md).
 """
@@ -92,6 +102,13 @@ DRIFT = 0.02
 #: may be before the run is taken as stalled by the machine (:func:`pace`).
 STEP_S = 0.040
 STALL_OVER = 0.05
+#: The true ratio moves up to TRUE_HIGH where the slow simulator's steps run later than
+#: the fast one's: by as much as a run keeps before it counts as stalled (STALL_OVER,
+#: with the fast one on time). A fraction of a millisecond already moves it above 1.25:
+#: in a fresh clone, steps 0.17 ms over 50 against 0.05 over 40 gave an interval of
+#: [1.2507-1.2548]. A ratio the client or ``compare`` inflates (the 1.45 of rounded
+#: sleeps above) stays outside.
+TRUE_HIGH = TRUE_RATIO * (1 + STALL_OVER)
 #: Runs of a repeated configuration at most, a stalled one thrown away.
 TRIES = 2
 
@@ -159,7 +176,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     async def go() -> Runs:
         return Runs(
             await one("same-a", 1, speed=1.0, repeats=3),
-            await one("same-b", 2, speed=1.0, repeats=3),
+            await one("same-b", 1, speed=1.0, repeats=3),
             await one("slower", 3, speed=0.8, repeats=3),
             await one("single-a", 1, speed=1.0, repeats=1),
             await one("single-b", 2, speed=1.0, repeats=1),
@@ -210,9 +227,16 @@ def test_a_slower_simulator_is_called_slower_with_the_true_ratio_inside(
     assert d.low is not None
     assert d.high is not None
     request.node.user_properties += [(f"pace {n}", p) for n, p in runs.paces]
-    margin("interval low", d.low, above=1, why=f"{verdict_text(d)}, paces {runs.paces}")
+    # Slower, and the interval meets the true ratio as far as each side's own
+    # pace moves it.
+    margin(
+        "interval low",
+        d.low,
+        above=1,
+        high=TRUE_HIGH,
+        why=f"{verdict_text(d)}, paces {runs.paces}",
+    )
     assert d.verdict == "slower", verdict_text(d)
-    assert d.low <= TRUE_RATIO, verdict_text(d)
     assert d.high >= TRUE_LOW, verdict_text(d)
 
 
