@@ -70,6 +70,8 @@ from tests.support.dashboards import (
     until_every_panel_has_data,
 )
 from tests.support.processes import (
+    READY_EXPORTER,
+    READY_SIM,
     SERVEMON,
     Child,
     logs,
@@ -116,9 +118,6 @@ MIN_REQUEST_RATE = 1.0
 #: Seconds of healthy traffic, from the first client series in Prometheus, before
 #: the healthy phase is judged.
 HEALTHY_S = 25.0
-
-READY_SIM = re.compile(r"servemon sim: serving .* on (http://127\.0\.0\.1:\d+)")
-READY_EXPORTER = re.compile(r"servemon exporter: serving (http://127\.0\.0\.1:\d+)/")
 
 
 # -- configuration ------------------------------------------------------------------

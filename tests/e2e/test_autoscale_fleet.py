@@ -67,7 +67,6 @@ import yaml
 from servemon.embedded import free_port
 from tests.support.alerting import PrometheusApi, prometheus_file
 from tests.support.autoscaling import (
-    READY_SIM,
     Decision,
     HorizontalRule,
     Replica,
@@ -79,6 +78,7 @@ from tests.support.autoscaling import (
 from tests.support.margins import Margin
 from tests.support.nginx import NGINX, nginx_argv, nginx_file
 from tests.support.processes import (
+    READY_SIM,
     SERVEMON,
     Child,
     logs,

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import shutil
 import signal
 from collections.abc import AsyncIterator, Sequence
@@ -46,6 +45,8 @@ from servemon.embedded import free_port
 from tests.support.alerting import PrometheusApi, prometheus_file
 from tests.support.margins import Margin
 from tests.support.processes import (
+    READY_EXPORTER,
+    READY_SIM,
     SERVEMON,
     Child,
     logs,
@@ -66,8 +67,6 @@ pytestmark = [
     ),
 ]
 
-READY_SIM = re.compile(r"servemon sim: serving .* on (http://127\.0\.0\.1:\d+)")
-READY_EXPORTER = re.compile(r"servemon exporter: serving (http://127\.0\.0\.1:\d+)/")
 DURATION_S = 90.0
 #: Seconds from the start by which a tick must be within ±15 % (the goal).
 REACH_S = 30.0

@@ -14,7 +14,6 @@ more than zero.
 from __future__ import annotations
 
 import contextlib
-import re
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -37,6 +36,7 @@ from tests.e2e.test_alerting_stack import (
 from tests.support.alerting import PrometheusApi, prometheus_argv, prometheus_file
 from tests.support.dashboards import until_every_panel_has_data
 from tests.support.processes import (
+    READY_SIM,
     SERVEMON,
     Child,
     logs,
@@ -56,7 +56,6 @@ pytestmark = [
 #: ``servemon demo``'s defaults (its command's options).
 DEMO_PROFILE = "qwen3-0.6b-eager"
 DEMO_MAX_NUM_SEQS = 16
-READY_SIM = re.compile(r"servemon sim: serving .* on (http://127\.0\.0\.1:\d+)")
 #: A load the demo's simulator keeps up with, half of each prompt from the prefix
 #: cache.
 LOAD = ("--stages", "4:600", "--workload", "prefix:hit=0.5,prompt=256,output=16")

@@ -36,6 +36,8 @@ from servemon.embedded import free_port
 from tests.support.alerting import PrometheusApi, prometheus_file
 from tests.support.margins import Margin
 from tests.support.processes import (
+    READY_EXPORTER,
+    READY_SIM,
     SERVEMON,
     Child,
     read_text,
@@ -58,9 +60,6 @@ PRICE = 2.0  # per GPU-hour
 OUTPUT = 8
 #: Short requests the tiny simulator answers at once.
 QUICK = ("--workload", f"random:prompt=16,output={OUTPUT}", "--metrics-port", "0")
-
-READY_SIM = re.compile(r"servemon sim: serving .* on (http://127\.0\.0\.1:\d+)")
-READY_EXPORTER = re.compile(r"servemon exporter: serving (http://127\.0\.0\.1:\d+)/")
 
 
 @dataclass

@@ -103,6 +103,8 @@ from tests.support.alerting import (
 from tests.support.margins import Margin
 from tests.support.nginx import NGINX, nginx_argv, nginx_file
 from tests.support.processes import (
+    READY_EXPORTER,
+    READY_SIM,
     SERVEMON,
     Child,
     logs,
@@ -173,9 +175,6 @@ TRANSIENT_TICKS = 4
 #: about 7, 14 and 27 requests each (the queue splits by weight).
 QUEUE_ALERT_ABOVE = 4
 SHORT_FOR = "3s"
-
-READY_SIM = re.compile(r"servemon sim: serving .* on (http://127\.0\.0\.1:\d+)")
-READY_EXPORTER = re.compile(r"servemon exporter: serving (http://127\.0\.0\.1:\d+)/")
 
 
 # -- configuration ------------------------------------------------------------------

@@ -25,7 +25,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -37,10 +36,9 @@ import aiohttp
 
 from tests.support.alerting import PrometheusApi
 from tests.support.nginx import nginx_file
-from tests.support.processes import Child, ready_url, stop
+from tests.support.processes import READY_SIM, Child, ready_url, stop
 
 __all__ = [
-    "READY_SIM",
     "Decision",
     "HorizontalRule",
     "Replica",
@@ -50,8 +48,6 @@ __all__ = [
     "read_decisions",
     "write_targets",
 ]
-
-READY_SIM = re.compile(r"servemon sim: serving .* on (http://127\.0\.0\.1:\d+)")
 
 
 @dataclass(frozen=True, slots=True)

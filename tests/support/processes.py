@@ -20,6 +20,8 @@ import aiohttp
 import pytest
 
 __all__ = [
+    "READY_EXPORTER",
+    "READY_SIM",
     "SERVEMON",
     "Child",
     "logs",
@@ -32,6 +34,9 @@ __all__ = [
 ]
 
 SERVEMON = (sys.executable, "-m", "servemon")
+#: The lines ``servemon sim`` and ``servemon exporter`` print once they serve.
+READY_SIM = re.compile(r"servemon sim: serving .* on (http://127\.0\.0\.1:\d+)")
+READY_EXPORTER = re.compile(r"servemon exporter: serving (http://127\.0\.0\.1:\d+)/")
 
 
 def read_text(path: Path) -> str:
