@@ -168,6 +168,8 @@ def _repository_code() -> list[Path]:
     for folder in ("tests", "benchmarks"):
         found += sorted((ROOT / folder).rglob("*.py"))
     for path in sorted((ROOT / "scripts").iterdir()):
+        if not path.is_file():  # __pycache__, where a script was imported
+            continue
         with path.open("rb") as file:
             first = file.readline()
         if path.suffix == ".py" or (first.startswith(b"#!") and b"python" in first):
