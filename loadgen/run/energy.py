@@ -124,12 +124,14 @@ class EnergySampler:
         for at most ``within_s``. A reading is as old as its source's sample (an
         exporter's snapshot; Prometheus's last scrape of it, up to its scrape
         interval and the snapshot's age): one read at the end may lie further back
-        than the windows' slack, and the last stage would have no energy."""
+        than the windows' slack, and the last stage would have no energy. A
+        source never read gets one try: a first reading at the end completes no
+        stage (a run with Prometheus but no energy series in it ended 3 s late)."""
         deadline = time.monotonic() + within_s
         while True:
             await self.sample_once()
             times = self.counters.times
-            if (times and times[-1] >= end_s) or time.monotonic() >= deadline:
+            if not times or times[-1] >= end_s or time.monotonic() >= deadline:
                 return
             await asyncio.sleep(min(0.25, self.interval_s / 4))
 

@@ -263,10 +263,34 @@ async def test_the_end_is_read_until_a_reading_is_past_it(
 
 @pytest.mark.asyncio
 async def test_a_source_that_stops_answering_is_read_at_the_end_for_a_bound() -> None:
+    answered: list[float] = []
+    tries = []
+
     async def read() -> EnergyReading:
-        raise aiohttp.ClientConnectionError("gone")
+        tries.append(time.monotonic())
+        if answered:
+            raise aiohttp.ClientConnectionError("gone")
+        answered.append(time.monotonic())
+        return 600.0, 2, 0.0
 
     s = EnergySampler(read, "test", lambda _: None, interval_s=0.04)
-    await s.read_past(time.monotonic() + 60, within_s=0.2)
-    assert s.first.tries >= 2
+    await s.sample_once()
+    began = time.monotonic()
+    await s.read_past(began + 60, within_s=0.2)
+    assert time.monotonic() - began >= 0.2
+    assert len(tries) >= 3
+    assert len(s.counters.times) == len(answered) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_source_never_read_gets_one_try_at_the_end() -> None:
+    """Prometheus without the energy series: a first reading at the end would
+    complete no stage, so the run does not wait for one."""
+
+    async def read() -> EnergyReading:
+        raise aiohttp.ClientConnectionError("no series")
+
+    s = EnergySampler(read, "test", lambda _: None, interval_s=1.0)
+    await s.read_past(time.monotonic() + 60, within_s=3.0)
+    assert s.first.tries == 1
     assert s.counters.times == []
