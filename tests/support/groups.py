@@ -25,26 +25,23 @@ from xdist.scheduler import LoadScopeScheduling
 #: Every test under this folder is one group (the real engines).
 ENGINES = "tests/e2e/engines/"
 
-#: The groups of the most test time on the 2-core machine, longest first (each
-#: group's tests summed from a fresh clone's JUnit XML; the figures are in
-#: docs/testing.md). Any group not named follows in collection order.
+#: The groups of the most test time on the 2-core machine, longest first (from a
+#: fresh clone's JUnit XML; ``scripts/margins`` reads the same files). Any group
+#: not named follows in collection order.
 LONGEST = (
     "tests/e2e/test_control_cold_start.py",
-    "tests/e2e/test_fleet.py",
-    "tests/e2e/test_autoscale_fleet.py",
     "engines",
+    "tests/e2e/test_fleet.py",
+    "tests/e2e/test_cli.py",
     "tests/integration/test_control.py",
     "tests/e2e/test_energy_cli.py",
-    "tests/e2e/test_cli.py",
-    "tests/e2e/test_faults.py",
-    "tests/e2e/test_fleet_netns.py",
-    "tests/e2e/test_fleet_run.py",
-    "tests/integration/test_capacity.py",
+    "tests/integration/test_compare_verdicts.py",
     "tests/e2e/test_alerting_stack.py",
+    "tests/e2e/test_fleet_netns.py",
+    "tests/e2e/test_faults.py",
     "tests/e2e/test_replay_cli.py",
-    "tests/integration/test_rules_promtool.py",
-    "tests/e2e/test_reports_browser.py",
-    "tests/e2e/test_loadgen_cli.py",
+    "tests/e2e/test_fleet_run.py",
+    "tests/e2e/test_autoscale_fleet.py",
 )
 
 
