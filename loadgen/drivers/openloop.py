@@ -203,11 +203,16 @@ async def open_loop(
             if interrupted:
                 planned_end = min(end_of_schedule, planned_end)
             record.end_s = planned_end
-    # Requests in flight: let them finish (bounded by the request timeout), or give
-    # them the grace period once a stop is asked for.
-    waited = await until_stopped(_all_done(loop), *ending)
-    if waited or interrupted:
+    # Requests in flight: let them finish (bounded by the request timeout, or by
+    # --drain), or give them the grace period once a stop is asked for.
+    if interrupted or await until_stopped(_all_done(loop, c.drain), *ending):
         await grace(set(loop.tasks), c.grace, stop.hurry)
+    elif loop.tasks:  # what --drain left in flight: cut, recorded as cancelled
+        board.say(
+            f"servemon: {c.drain:g} s after the schedule's end (--drain): "
+            "cancelling the requests still in flight"
+        )
+        await grace(set(loop.tasks), 0.0, stop.hurry)
     if sessions:  # the turns sent after the schedule's end, by sessions still going
         for stage in plan:
             record = board.stages[stage.index]
@@ -216,6 +221,11 @@ async def open_loop(
     return stop.requested.is_set()
 
 
-async def _all_done(loop: Dispatcher) -> None:
+async def _all_done(loop: Dispatcher, within_s: float | None) -> None:
+    """Wait until ``loop`` has nothing in flight, or for ``within_s`` seconds."""
+    deadline = None if within_s is None else time.monotonic() + within_s
     while loop.tasks:
-        await asyncio.wait(set(loop.tasks))
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return
+        await asyncio.wait(set(loop.tasks), timeout=left)

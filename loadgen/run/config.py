@@ -201,6 +201,9 @@ class LoadConfig:
     # every open loop (ramp, replay, capacity, control): how it sends
     arrival: ArrivalSpec = field(default_factory=Arrival)
     max_inflight: Annotated[int, Ge(1)] = 1000
+    #: Seconds the requests still in flight when the schedule ends get before they
+    #: are cancelled; None: until they finish (each bounded by ``timeout``).
+    drain: Annotated[float, Ge(0)] | None = None
     late: Literal["send", "skip"] = "send"
     late_tolerance: Annotated[float, Ge(0)] = 1.0
     #: When an open-loop schedule starts (ramp, replay, control); None: now.

@@ -147,6 +147,9 @@ class Sending:
     #: Seconds a request may take (``--timeout``; a closed loop's own limit).
     timeout: float
     max_inflight: int
+    #: Seconds the requests in flight when an open loop's schedule ends get before
+    #: they are cancelled (``--drain``); None: until they finish or time out.
+    drain: float | None
     late: Literal["send", "skip"]
     late_tolerance: float
     #: When an open-loop schedule starts (``--start-at``, shared by shards);

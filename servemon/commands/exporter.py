@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from servemon.commands import options
+from servemon.commands.defaults import fill_defaults
 from servemon.core.errors import ConfigError
 from servemon.core.fields import layer_config
 from servemon.lifecycle import run_async, stop_on_signals, stop_when_orphaned
@@ -146,4 +147,4 @@ def _fake_reader(fake: tuple[int, float | None] | None) -> FakeGpuReader | None:
     return FakeGpuReader(gpus=count, power_watts=watts)
 
 
-options.fill_defaults(exporter, ExporterConfig)
+fill_defaults(exporter, ExporterConfig)

@@ -17,6 +17,7 @@ import click
 
 from servemon import exits
 from servemon.commands import options
+from servemon.commands.defaults import fill_defaults
 from servemon.commands.fleet import fleet_options
 from servemon.core.errors import ConfigError
 from servemon.core.fields import read_yaml
@@ -111,6 +112,7 @@ def _int_list(
 )
 @options.step_seconds(shown=f"{RAMP_STEP_S:g}")
 @options.arrival()
+@options.drain()
 @options.open_loop()
 @click.option(
     "--late",
@@ -172,6 +174,7 @@ def sweep(config_file: Path | None, **flags: Any) -> None:
     help="Stop bisecting when bad/good - 1 is below this.",
 )
 @options.arrival()
+@options.drain()
 @click.option(
     "--abort-error-rate",
     type=float,
@@ -210,6 +213,7 @@ def capacity(config_file: Path | None, **flags: Any) -> None:
     "with the default output budget, instead of skipping them.",
 )
 @options.open_loop()
+@options.drain()
 @fleet_options()
 def replay(
     trace: Path, config_file: Path | None, keep_failed: bool, **flags: Any
@@ -264,6 +268,7 @@ def replay(
     "--arrival. [default: paced for kv_cache_usage only]",
 )
 @options.arrival()
+@options.drain()
 @options.prometheus()
 @fleet_options()
 def control(config_file: Path | None, **flags: Any) -> None:
@@ -280,4 +285,4 @@ _COMMANDS: dict[Kind, click.Command] = {
 }
 for _kind, _command in _COMMANDS.items():
     _own = SECTIONS.get(_kind)
-    options.fill_defaults(_command, *([] if _own is None else [_own]), LoadConfig)
+    fill_defaults(_command, *([] if _own is None else [_own]), LoadConfig)

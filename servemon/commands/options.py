@@ -5,13 +5,12 @@ only in the default, the option takes it: ``default=`` is a value click fills in
 and shows (``demo``, ``merge``); ``shown=`` names a default that the command's
 config supplies later (defaults, then ``--config``, then flags:
 :func:`servemon.core.fields.layer_config`), so that click leaves the flag ``None`` when
-it is not given. Options of one command only live in that command's module.
+it is not given (:func:`servemon.commands.defaults.fill_defaults` shows it). Options
+of one command only live in that command's module.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,8 +21,8 @@ __all__ = [
     "arrival",
     "compose",
     "config_file",
+    "drain",
     "exit_with_parent",
-    "fill_defaults",
     "load_options",
     "max_duration",
     "max_num_seqs",
@@ -64,53 +63,6 @@ def _option(
     if attrs.get("default") is not None:
         attrs.setdefault("show_default", True)
     return click.option(*decls, help=help, **attrs)
-
-
-_DEFAULT = re.compile(r"\[default: [^\]]*\]")
-
-
-def _shown(value: Any, option: click.Option) -> str:
-    """A config default as a flag writes it."""
-    if isinstance(value, bool) and option.secondary_opts:
-        return (option.opts if value else option.secondary_opts)[0]
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, tuple | list):
-        values = [_shown(v, option) for v in value]
-        return values[0] if len(set(values)) == 1 else " ".join(values)
-    return str(value)
-
-
-def fill_defaults(command: click.Command, *configs: type) -> click.Command:
-    """Show each option's default as ``configs`` (the command's own section first,
-    then the settings it shares) declare it: the one home of a default, which
-    ``--help`` only reads (a help that writes one is refused, at import). An option
-    whose field defaults to None (decided later: "the profile's", "1 or --rps-min")
-    keeps the words its help gives."""
-    fields = {f.name: (c, f) for c in reversed(configs) for f in dataclasses.fields(c)}
-    for param in command.params:
-        found = fields.get(param.name or "")
-        if not isinstance(param, click.Option) or found is None:
-            continue
-        config, field = found
-        if field.default is not dataclasses.MISSING:
-            value = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            value = field.default_factory()
-        else:
-            continue
-        if value is None or value == ():
-            continue
-        text = param.help or ""
-        if _DEFAULT.search(text):
-            raise ValueError(
-                f"{param.opts[0]}: its default is {config.__name__}.{field.name}'s; "
-                "the help must not write it"
-            )
-        param.help = f"{text} [default: {_shown(value, param)}]"
-    return command
 
 
 # -- shared by several commands ---------------------------------------------------
@@ -185,6 +137,18 @@ def open_loop() -> Callable[[F], F]:
             help="Start the schedule at this UTC time (ISO 8601), so that shards "
             "start together.",
         ),
+    )
+
+
+def drain() -> Decorator:
+    """``--drain`` (every open loop: ramp, replay, capacity, control)."""
+    return _option(
+        "--drain",
+        type=float,
+        help="Seconds the requests still in flight when the schedule ends get "
+        "before they are cancelled (recorded as cancelled; an overloaded "
+        "server's queue can take minutes to drain). Default: until they finish "
+        "or reach --timeout.",
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from servemon.commands import options
+from servemon.commands.defaults import fill_defaults
 from servemon.core.fields import layer_config
 from servemon.lifecycle import stop_on_signals, stop_when_orphaned
 from servemon.simulator.config import (
@@ -240,4 +241,4 @@ async def _serve(config: SimConfig, exit_with_parent: bool) -> None:
     click.echo("servemon sim: stopped")
 
 
-options.fill_defaults(sim, SimConfig)
+fill_defaults(sim, SimConfig)

@@ -273,6 +273,24 @@ async def test_a_completed_ramp_lets_the_requests_in_flight_finish(
     ]
 
 
+@pytest.mark.asyncio
+async def test_drain_cancels_what_is_still_in_flight_after_it(
+    start_sim: Any, tmp_path: Path
+) -> None:
+    # The same 8 requests, each stalled 3 s before its first token, and --drain 0.5:
+    # none can finish before the drain ends, so all 8 are cut and recorded.
+    async with start_sim(faults={"first_token_stall_s": 3.0}) as server:
+        result = await run(
+            "ramp",
+            config_for(server, tmp_path, stages="8:1", arrival="constant", drain=0.5),
+        )
+    assert result.status == "completed"
+    records = read_jsonl(result.path / "requests.jsonl")
+    assert Counter(r["outcome"] for r in records) == {"cancelled": 8}, records
+    summary = json.loads((result.path / "summary.json").read_text())
+    assert [s["sent"] for s in summary["stages"]] == [8]
+
+
 # -- closed loop ------------------------------------------------------------------
 
 

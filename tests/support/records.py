@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["COMMANDS", "RECORDS", "key_paths"]
+__all__ = ["ADDED", "COMMANDS", "RECORDS", "key_paths"]
 
 RECORDS = Path(__file__).resolve().parents[1] / "data" / "records-v1"
 #: How each record was made (``merged``: ``servemon merge`` of two shards of
@@ -39,6 +39,9 @@ COMMANDS = {
         "4",
     ),
 }
+#: Keys a later servemon added to every record (none removed or renamed): a
+#: user's ``jq`` line on the older keys still reads the same.
+ADDED = frozenset({"config.drain"})  # --drain, 2026-12-06
 #: Where a record's keys depend on the machine, not on servemon: the GPUs here
 #: (a list where NVML answers, else why not).
 MACHINE = ("environment.gpus",)

@@ -10,7 +10,7 @@ import click
 import pytest
 
 from servemon.cli import cli
-from servemon.commands.options import fill_defaults
+from servemon.commands.defaults import fill_defaults
 from servemon.loadgen.run.config import ControlArgs, LoadConfig
 from servemon.loadgen.run.plan import DEFAULT_STAGES
 from servemon.monitor.config import ExporterConfig

@@ -63,6 +63,7 @@ def test_the_settings_a_driver_gets_are_the_run_configs_values() -> None:
                 "start_at": "2030-01-01T00:00:00Z",
                 "seed": 7,
                 "late": "skip",
+                "drain": 2.0,
             },
         ),
     )
@@ -74,7 +75,7 @@ def test_the_settings_a_driver_gets_are_the_run_configs_values() -> None:
     assert control.pace is True
     start = datetime(2030, 1, 1, tzinfo=UTC)
     assert settings_of(Sending, config) == Sending(
-        7, 5.0, 600.0, 1000, "skip", 1.0, start, 40.0
+        7, 5.0, 600.0, 1000, 2.0, "skip", 1.0, start, 40.0
     )
     # A ramp's driver gets its section, shard and all; no other command has one.
     ramp = config_of("ramp", ("flags", {"shard": "1/3", "stages": "2:5"}))

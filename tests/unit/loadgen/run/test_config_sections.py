@@ -39,6 +39,7 @@ RECORDED_KEYS = {
     "cancel_fraction",
     "control_interval",
     "cpu_dma_latency",
+    "drain",
     "duration",
     "energy",
     "extra_body",
