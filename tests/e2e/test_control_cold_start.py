@@ -177,6 +177,9 @@ async def test_a_cold_start_reaches_the_setpoint_and_holds_it(
                 *("--target", sim, "--prometheus", prometheus),
                 *("--hold", hold, "--duration", f"{DURATION_S:g}"),
                 *("--metrics-port", "0", "--out", str(out)),
+                # The ticks end with the schedule; the queue the slowed simulator
+                # holds then took 20 s to drain.
+                *("--drain", "0"),
                 *control_args,
             ],
             tmp_path,
