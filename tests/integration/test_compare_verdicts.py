@@ -190,7 +190,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
         )
 
     # The runs' stages are timed by the simulator in this process: ahead of the
-    # other workers, a stall of theirs is not read as a slower simulator.
+    # other workers' tests in theirs.
     with ahead_of_the_suite():
         return asyncio.run(go())
 

@@ -31,7 +31,6 @@ from servemon.loadgen.send.arrivals import Arrival, Due, parse_stages, schedule
 from servemon.simulator.config import SimConfig
 from servemon.simulator.server import SimServer
 from tests.support.margins import Margin
-from tests.support.processes import ahead_of_the_suite
 from tests.support.runs import config_for, run
 
 pytestmark = pytest.mark.integration
@@ -122,14 +121,13 @@ def open_loop_run(tmp_path_factory: pytest.TempPathFactory) -> OpenLoopRun:
                 config_for(server, tmp_path, stages=f"{RATE:g}:{SECONDS:g}", seed=SEED),
             )
 
-    # The bounds are on the open loop's own timing: ahead of the other workers.
-    with ahead_of_the_suite():
-        result = asyncio.run(asyncio.wait_for(go(), SECONDS + 30))
+    result = asyncio.run(asyncio.wait_for(go(), SECONDS + 30))
     planned = list(schedule(parse_stages(f"{RATE:g}:{SECONDS:g}"), Arrival(), SEED))
     records = read_jsonl(result.path / "requests.jsonl")
     return OpenLoopRun(result, records, planned)
 
 
+@pytest.mark.alone  # its bounds are on the open loop's own timing
 def test_open_loop_sends_the_seeded_schedule_at_the_target_rate(
     open_loop_run: OpenLoopRun, request: pytest.FixtureRequest, margin: Margin
 ) -> None:
@@ -182,6 +180,7 @@ def send_gaps(records: list[dict[str, Any]], key: str) -> list[float]:
     return [b - a for a, b in itertools.pairwise(sent)]
 
 
+@pytest.mark.alone
 def test_open_loop_sends_are_a_poisson_process(open_loop_run: OpenLoopRun) -> None:
     """The schedule's gaps are exponential (a property of the seeded schedule, so
     not a matter of timing), and the real sends follow the schedule closely: then

@@ -47,10 +47,11 @@ AHEAD_NICE = -10
 
 @contextlib.contextmanager
 def ahead_of_the_suite() -> Iterator[None]:
-    """The calling thread ahead of the suite's other workers (and what they start)
-    while it measures how its own loop keeps time, where a test's bound is on the
-    load generator, not on its neighbours; as it was outside (a user without root
-    cannot raise a priority: then nothing changes)."""
+    """The calling thread ahead of the other pytest workers' own threads while it
+    runs something timed in this process. Not ahead of what tests start in
+    sessions of their own: Linux shares a core between sessions first (autogroups),
+    so a test that needs the machine is marked ``alone`` instead. Without root a
+    priority cannot be raised: then nothing changes."""
     before = os.getpriority(os.PRIO_PROCESS, 0)
     try:
         os.setpriority(os.PRIO_PROCESS, 0, AHEAD_NICE)
