@@ -258,38 +258,33 @@ async def test_a_role_only_first_chunk_is_never_the_first_token(
 
 
 @pytest.mark.asyncio
-async def test_a_completed_ramp_lets_the_requests_in_flight_finish(
-    start_sim: Any, tmp_path: Path
+@pytest.mark.parametrize(
+    ("stall_s", "drain", "outcome"),
+    [
+        # Each taking more than 0.3 s: when the last is sent, three are in flight,
+        # and they finish.
+        (0.3, None, "ok"),
+        # Each stalled 3 s, --drain 0.5: none can finish before the drain ends, so
+        # all 8 are cut and recorded.
+        (3.0, 0.5, "cancelled"),
+    ],
+    ids=["finish", "drain"],
+)
+async def test_the_requests_in_flight_at_the_end_finish_unless_drain_cuts_them(
+    start_sim: Any, tmp_path: Path, stall_s: float, drain: float | None, outcome: str
 ) -> None:
-    # 8 requests 0.125 s apart, each taking more than 0.3 s: when the last one is
-    # sent, three are still in flight.
-    async with start_sim(faults={"first_token_stall_s": 0.3}) as server:
-        result = await run(
-            "ramp", config_for(server, tmp_path, stages="8:1", arrival="constant")
-        )
-    assert result.status == "completed"
-    records = read_jsonl(result.path / "requests.jsonl")
-    assert len(records) == 8
-    assert Counter(r["outcome"] for r in records) == {"ok": 8}, [
-        (r["id"], r["outcome"], r["error"]) for r in records
-    ]
-
-
-@pytest.mark.asyncio
-async def test_drain_cancels_what_is_still_in_flight_after_it(
-    start_sim: Any, tmp_path: Path
-) -> None:
-    # The same 8 requests, each stalled 3 s before its first token, and --drain 0.5:
-    # none can finish before the drain ends, so all 8 are cut and recorded.
-    async with start_sim(faults={"first_token_stall_s": 3.0}) as server:
+    # 8 requests 0.125 s apart.
+    async with start_sim(faults={"first_token_stall_s": stall_s}) as server:
         result = await run(
             "ramp",
-            config_for(server, tmp_path, stages="8:1", arrival="constant", drain=0.5),
+            config_for(server, tmp_path, stages="8:1", arrival="constant", drain=drain),
         )
     assert result.status == "completed"
     records = read_jsonl(result.path / "requests.jsonl")
-    assert Counter(r["outcome"] for r in records) == {"cancelled": 8}, records
-    summary = json.loads((result.path / "summary.json").read_text())
+    assert Counter(r["outcome"] for r in records) == {outcome: 8}, [
+        (r["id"], r["outcome"], r["error"]) for r in records
+    ]
+    summary = read_json(result.path / "summary.json")
     assert [s["sent"] for s in summary["stages"]] == [8]
 
 
