@@ -6,14 +6,15 @@ drip, mixed with good answers (:mod:`tests.support.hostile`).
 Each request ends as an error that names why, the load generator's peak memory
 (the child's ``ru_maxrss``, read by a wrapper process that has no other child)
 stays under :data:`PEAK_RSS_BOUND`, and its loop keeps its schedule while the
-bombs inflate: the run's dispatch lag p90 stays under :data:`LAG_P90_BOUND`.
+bombs inflate: the run's median dispatch lag, less that of the same run against
+good answers beside it, stays under :data:`LAG_P50_BOUND`.
 
-Why p90 and not the p99 docs/reliability.md quotes: the run sends 42 requests, so
-its p99 is its one slowest send, which on a 2-core machine running the suite's
-five workers is the machine's scheduling (55 and 96 ms in two fresh clones on
-2026-12-05, p50 under 3 ms, the module alone right after 3 ms). A loop that a
-bomb holds is late for every send due while it inflates (half the answers here
-are hostile), which moves p90, not one send.
+Why the median and not the p99 docs/reliability.md quotes: on a busy 2-core
+machine the tail of 42 sends is the machine's scheduling, which hits the control
+run as much but not at the same moments, so a tail's difference is mostly noise.
+A loop that a bomb holds is late for every send due while it inflates, and half
+the answers here are hostile: that moves the median. The figures behind the
+bound: docs/testing.md, "Timing bounds and their margins".
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ pytestmark = pytest.mark.e2e
 
 #: The bound docs/reliability.md states for a run against a hostile server.
 PEAK_RSS_BOUND = 300 * 1024 * 1024
-#: Dispatch lag p90 while bombs inflate (2.7-29 ms in the suite, docs/reliability.md).
-LAG_P90_BOUND = 0.050
+#: Median dispatch lag over the control's beside it (a loop held 100 ms by each
+#: bomb fails it; the figures are in docs/testing.md).
+LAG_P50_BOUND = 0.015
 
 #: Runs servemon as its only child; prints the child's peak RSS (KiB) last.
 WRAPPER = (
@@ -135,9 +137,9 @@ def test_a_hostile_server_costs_bounded_memory_and_no_schedule(
         (f"lag_{q}", lag[q]) for q in ("p50", "p90", "p99")
     ] + [(f"control_lag_{q}", control_lag[q]) for q in ("p50", "p90", "p99")]
     margin(
-        "dispatch lag p90 over the control's s",
-        lag["p90"] - control_lag["p90"],
-        below=LAG_P90_BOUND,
+        "dispatch lag p50 over the control's s",
+        lag["p50"] - control_lag["p50"],
+        below=LAG_P50_BOUND,
         why=f"{lag}\ncontrol: {control_lag}",
     )
     assert peak < PEAK_RSS_BOUND, f"peak RSS {peak / 2**20:.0f} MiB"
