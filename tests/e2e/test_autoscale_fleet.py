@@ -65,7 +65,7 @@ import pytest_asyncio
 import yaml
 
 from servemon.embedded import free_port
-from tests.support.alerting import PrometheusApi, prometheus_file
+from tests.support.alerting import PrometheusApi, prometheus_argv, prometheus_file
 from tests.support.autoscaling import (
     Decision,
     HorizontalRule,
@@ -267,13 +267,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
             )
             await started(
                 "prometheus",
-                [
-                    PROMETHEUS,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                    "--log.level=warn",
-                ],
+                prometheus_argv(PROMETHEUS, config, tmp_path, prom_port),
             )
             fleet = ScaledFleet(nginx_dir, nginx, nginx_port, sd_file, sim)
             fleet.replicas.append(Replica("sim-0", first, address))

@@ -42,7 +42,7 @@ import aiohttp
 import pytest
 
 from servemon.embedded import free_port
-from tests.support.alerting import PrometheusApi, prometheus_file
+from tests.support.alerting import PrometheusApi, prometheus_argv, prometheus_file
 from tests.support.margins import Margin
 from tests.support.processes import (
     READY_EXPORTER,
@@ -130,13 +130,7 @@ async def stack(
             )
             await started(
                 "prometheus",
-                [
-                    PROMETHEUS,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={folder / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                    "--log.level=warn",
-                ],
+                prometheus_argv(PROMETHEUS, config, folder, port),
             )
             timeout = aiohttp.ClientTimeout(total=5)
             async with aiohttp.ClientSession(timeout=timeout) as http:

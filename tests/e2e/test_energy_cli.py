@@ -33,7 +33,7 @@ from servemon.dashboards.rule_names import (
     energy_record_name,
 )
 from servemon.embedded import free_port
-from tests.support.alerting import PrometheusApi, prometheus_file
+from tests.support.alerting import PrometheusApi, prometheus_argv, prometheus_file
 from tests.support.margins import Margin
 from tests.support.processes import (
     READY_EXPORTER,
@@ -369,13 +369,7 @@ async def test_prometheus_with_the_generated_rules_gives_the_runs_figures(
     )
     prometheus = await spawn(
         "prometheus",
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={stack.folder / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ],
+        prometheus_argv(PROMETHEUS, config, stack.folder, port),
         stack.folder,
     )
     try:
@@ -476,13 +470,9 @@ async def test_energy_late_at_the_start_is_read_from_when_it_comes(
         children.append(
             await spawn(
                 "late-prometheus",
-                [
-                    PROMETHEUS,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={stack.folder / 'late-tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                    "--log.level=warn",
-                ],
+                prometheus_argv(
+                    PROMETHEUS, config, stack.folder, prom_port, tsdb="late-tsdb"
+                ),
                 stack.folder,
             )
         )

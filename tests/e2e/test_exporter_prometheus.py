@@ -22,6 +22,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.support.alerting import prometheus_argv
+
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 
@@ -114,11 +116,7 @@ async def prometheus(
     log_path = tmp_path / "prometheus.log"
     log = log_path.open("wb")
     proc = await asyncio.create_subprocess_exec(
-        PROMETHEUS,
-        f"--config.file={config}",
-        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--log.level=warn",
+        *prometheus_argv(PROMETHEUS, config, tmp_path, port),
         stdout=log,
         stderr=log,
         stdin=asyncio.subprocess.DEVNULL,

@@ -98,6 +98,7 @@ from tests.support.alerting import (
     PrometheusApi,
     Webhook,
     alertmanager_file,
+    prometheus_argv,
     prometheus_file,
 )
 from tests.support.margins import Margin
@@ -343,13 +344,7 @@ async def fleet(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Fleet
             )
             await started(
                 "prometheus",
-                [
-                    PROMETHEUS,
-                    f"--config.file={prom_config}",
-                    f"--storage.tsdb.path={tmp / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                    "--log.level=warn",
-                ],
+                prometheus_argv(PROMETHEUS, prom_config, tmp, prom_port),
             )
             fleet = Fleet(
                 http=http,

@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.alerting import prometheus_file
+from tests.support.alerting import prometheus_argv, prometheus_file
 from tests.support.fleet import COORDINATOR, clock_env, sent_one_schedule
 from tests.support.margins import Margin
 from tests.support.netns import Namespace, Network, Process, network
@@ -170,13 +170,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         serving.append(
             fleet.start(
                 "prometheus",
-                [
-                    PROMETHEUS,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={folder / 'tsdb'}",
-                    f"--web.listen-address={fleet.address}:{PROMETHEUS_PORT}",
-                    "--log.level=warn",
-                ],
+                prometheus_argv(
+                    PROMETHEUS, config, folder, PROMETHEUS_PORT, host=fleet.address
+                ),
             )
         )
         made = Stack(net, fleet, coord, workers, serving, folder)

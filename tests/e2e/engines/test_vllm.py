@@ -46,7 +46,7 @@ from tests.e2e.engines.test_real_engines import (
 )
 from tests.e2e.engines.vllm_servers import VLLM_BLOCK_SIZE, VLLM_MODEL
 from tests.e2e.test_alerting_stack import PROMETHEUS
-from tests.support.alerting import prometheus_file
+from tests.support.alerting import prometheus_argv, prometheus_file
 from tests.support.margins import Margin
 
 pytestmark = pytest.mark.timeout(600)
@@ -539,13 +539,7 @@ def prometheus_over(
     )
     with (folder / "prometheus.log").open("wb") as log:
         proc = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={folder / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
+            prometheus_argv(PROMETHEUS, config, folder, port),
             stdout=log,
             stderr=subprocess.STDOUT,
         )

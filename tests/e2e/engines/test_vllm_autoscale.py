@@ -54,7 +54,7 @@ from tests.e2e.engines.conftest import Engine, VllmModel
 from tests.e2e.engines.test_real_engines import run
 from tests.e2e.engines.test_vllm import tok, wait_idle
 from tests.e2e.test_alerting_stack import PROMETHEUS
-from tests.support.alerting import PrometheusApi, prometheus_file
+from tests.support.alerting import PrometheusApi, prometheus_argv, prometheus_file
 from tests.support.autoscaling import (
     HorizontalRule,
     Scaler,
@@ -112,13 +112,7 @@ async def balanced(
     nginx = await spawn("nginx", nginx_argv(nginx_dir, conf), folder)
     prometheus = await spawn(
         "prometheus",
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={folder / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{prom_port}",
-            "--log.level=warn",
-        ],
+        prometheus_argv(PROMETHEUS, config, folder, prom_port),
         folder,
     )
     try:
