@@ -184,8 +184,8 @@ _in_memory: list[Path] = []
 def tsdb_path(folder: Path, name: str = "tsdb") -> Path:
     """A fresh TSDB folder for a Prometheus of ``folder``'s test: in
     :data:`MEMORY` where that is a writable folder with room (``folder / name``
-    links to it; both are removed when this process exits), else ``folder /
-    name``."""
+    links to it; the folder is removed when this process exits, the link left
+    dangling), else ``folder / name``."""
     link = folder / name
     if not (MEMORY.is_dir() and os.access(MEMORY, os.W_OK)):
         return link
